@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1
+# Image of the price-alert pipeline: `alert-pipeline` (the entrypoint) and `txn-demo`.
+# Built by `docker compose build` (see docker-compose.yml) or `docker build -t price-alerts .`.
+
+# ---- build ----
+# rust:1-bookworm carries what rdkafka's bundled librdkafka needs to build: a C toolchain, make,
+# pkg-config, and the OpenSSL and zlib headers.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+# The cache mounts keep the crate registry and compiled dependencies between builds; the binaries
+# are copied out of the cached target folder, which is not part of the image layer.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins \
+    && mkdir -p /out \
+    && cp target/release/alert-pipeline target/release/txn-demo /out/
+
+# ---- runtime ----
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/alert-pipeline /out/txn-demo /usr/local/bin/
+# Not root: the pipeline needs no privileges.
+RUN useradd --system --uid 10001 --no-create-home alerts
+USER alerts
+ENTRYPOINT ["alert-pipeline"]

@@ -1,0 +1,544 @@
+#!/usr/bin/env bash
+# scripts/kafka.sh: runs a real single-node Apache Kafka (KRaft, broker and controller in one JVM)
+# on this machine without Docker, for the tests, the benchmarks and local runs of the pipeline.
+# Kafka's own jars (the version pinned in scripts/kafka/pom.xml) are fetched from Maven Central
+# with Maven; nothing is installed outside the repository.
+#
+# Usage:
+#   scripts/kafka.sh up               start the broker (or reuse one already answering), wait until
+#                                     it answers metadata requests
+#   scripts/kafka.sh down [--wipe]    stop the broker that `up` started; --wipe also deletes its data
+#   scripts/kafka.sh status           is our broker running, does anything answer at KAFKA_BOOTSTRAP
+#                                     (exit 0 if something answers, 1 if not)
+#   scripts/kafka.sh logs [-f] [N]    last N (default 100) lines of the broker log; -f follows it
+#   scripts/kafka.sh classpath        print the Java classpath of Kafka's jars (fetching them if
+#                                     needed); its first entry, scripts/kafka/, holds the
+#                                     log4j2.properties that keeps tools at WARN on stderr; e.g.
+#                                       java -cp "$(scripts/kafka.sh classpath)" \
+#                                         org.apache.kafka.tools.ProducerPerformance ...
+#   scripts/kafka.sh tool CLASS ARGS  run one of Kafka's Java tools with that classpath, e.g.
+#                                       scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand \
+#                                         --bootstrap-server 127.0.0.1:9092 --list
+#
+# All state lives in .kafka/ at the repository's top (git-ignored):
+#   .kafka/jars/              the jars; .kafka/jars/.stamp holds the hash of pom.xml they came from,
+#                             so a change to the pom fetches them again
+#   .kafka/data/              the KRaft log dirs (kept across down/up; `down --wipe` deletes them)
+#   .kafka/server.properties  generated on every `up`
+#   .kafka/broker.log         the broker's stdout/stderr (the previous run's is kept as broker.log.1)
+#   .kafka/broker.pid         the pid of the broker `up` started
+#   .kafka/mvn.log, .kafka/format.log   output of the last jar fetch and storage format
+#   .kafka/probe-admin.properties       short timeouts for the admin-client readiness probe
+#
+# Environment variables read:
+#   KAFKA_PORT                 client (PLAINTEXT) port of the broker started here; default 9092
+#   KAFKA_CONTROLLER_PORT      KRaft controller port of the broker started here; default KAFKA_PORT+1
+#   KAFKA_BOOTSTRAP            where `up` and `status` look for a broker that already answers;
+#                              default 127.0.0.1:KAFKA_PORT (the first host:port of a list is used)
+#   KAFKA_AUTO_CREATE_TOPICS   auto.create.topics.enable of the broker; default false, so the code
+#                              under test must create its topics itself
+#   KAFKA_START_TIMEOUT        seconds `up` waits for the broker to answer; default 90
+#   KAFKA_STOP_TIMEOUT         seconds `down` waits after SIGTERM before SIGKILL; default 30
+#   KAFKA_HEAP_OPTS            broker heap options; default "-Xms512m -Xmx1g"
+#   KAFKA_JVM_OPTS             extra JVM options for the broker; default none
+#   KAFKA_TOOL_OPTS            extra JVM options for `tool`; default none
+#   KAFKA_WIPE                 1: `down` deletes .kafka/data as with --wipe
+#   JAVA                       the java binary; default the `java` found on PATH (Java 17 or newer)
+#   MVN                        the Maven binary; default the `mvn` found on PATH (only needed while
+#                              the jars are not fetched yet)
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
+POM="$SCRIPT_DIR/kafka/pom.xml"
+# The folder holding log4j2.properties; first on the classpath so Kafka's tools find it by itself.
+LOG_CONF_DIR="$SCRIPT_DIR/kafka"
+STATE="$ROOT/.kafka"
+JARS="$STATE/jars"
+DATA="$STATE/data"
+PROPS="$STATE/server.properties"
+LOG="$STATE/broker.log"
+PIDFILE="$STATE/broker.pid"
+
+KAFKA_PORT=${KAFKA_PORT:-9092}
+KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
+KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}
+KAFKA_AUTO_CREATE_TOPICS=${KAFKA_AUTO_CREATE_TOPICS:-false}
+KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
+KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
+KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}
+KAFKA_JVM_OPTS=${KAFKA_JVM_OPTS:-}
+KAFKA_TOOL_OPTS=${KAFKA_TOOL_OPTS:-}
+KAFKA_WIPE=${KAFKA_WIPE:-0}
+JAVA=${JAVA:-java}
+MVN=${MVN:-mvn}
+
+# The main classes used (checked against the 4.4.0 jars).
+BROKER_CLASS=kafka.Kafka
+STORAGE_TOOL_CLASS=kafka.tools.StorageTool
+TOPIC_TOOL_CLASS=org.apache.kafka.tools.TopicCommand
+
+log() { printf 'kafka.sh: %s\n' "$*" >&2; }
+die() { printf 'kafka.sh: error: %s\n' "$*" >&2; exit 1; }
+
+now_ms() {
+  local t
+  t=$(date +%s%N 2>/dev/null || true)
+  if [[ $t =~ ^[0-9]+$ && ${#t} -gt 12 ]]; then echo $((t / 1000000)); else echo $(($(date +%s) * 1000)); fi
+}
+elapsed() { # elapsed START_MS -> "12.3 s"
+  local ms=$(($(now_ms) - $1))
+  printf '%d.%d s' $((ms / 1000)) $((ms % 1000 / 100))
+}
+
+# ---------------------------------------------------------------------------------------------
+# Tools and jars
+
+need_java() {
+  command -v "$JAVA" >/dev/null 2>&1 \
+    || die "java not found: install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless) or set JAVA"
+  local version major
+  version=$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n 1) || true
+  major=${version%%.*}
+  if [[ $major == 1 ]]; then major=$(echo "$version" | cut -d. -f2); fi
+  if [[ $major =~ ^[0-9]+$ ]] && ((major < 17)); then
+    die "Kafka 4 needs Java 17 or newer, $JAVA is $version: install openjdk-17-jre-headless or set JAVA"
+  fi
+}
+
+need_mvn() {
+  command -v "$MVN" >/dev/null 2>&1 \
+    || die "mvn not found: install Maven 3.6+ (e.g. apt-get install maven) or set MVN; it fetches Kafka's jars once"
+}
+
+pom_hash() {
+  if command -v sha256sum >/dev/null 2>&1; then
+    sha256sum "$POM" | cut -d' ' -f1
+  else
+    shasum -a 256 "$POM" | cut -d' ' -f1
+  fi
+}
+
+jars_ready() {
+  [[ -f $JARS/.stamp ]] && [[ "$(cat "$JARS/.stamp")" == "$(pom_hash)" ]]
+}
+
+# Fetch the jars unless those of the current pom.xml are all there. Maven copies into a fresh
+# folder that replaces .kafka/jars only once complete, so an interrupted fetch is redone next time.
+ensure_jars() {
+  jars_ready && return 0
+  lock_state # one fetch at a time; another may have finished while we waited
+  jars_ready && return 0
+  need_mvn
+  mkdir -p "$STATE"
+  local tmp="$STATE/jars.tmp.$$" start
+  start=$(now_ms)
+  rm -rf "$tmp"
+  log "fetching Kafka's jars with Maven (once; cached in .kafka/jars) ..."
+  if ! "$MVN" -q -B -f "$POM" dependency:copy-dependencies \
+    -DoutputDirectory="$tmp" -DincludeScope=runtime >"$STATE/mvn.log" 2>&1; then
+    rm -rf "$tmp"
+    tail -n 40 "$STATE/mvn.log" >&2
+    die "mvn could not fetch Kafka's jars (output above and in .kafka/mvn.log; is Maven Central reachable?)"
+  fi
+  if ! compgen -G "$tmp/kafka_2.13-*.jar" >/dev/null || ! compgen -G "$tmp/kafka-tools-*.jar" >/dev/null; then
+    rm -rf "$tmp"
+    die "mvn finished but kafka_2.13 or kafka-tools jar is missing from its output"
+  fi
+  pom_hash >"$tmp/.stamp"
+  rm -rf "$JARS"
+  mv "$tmp" "$JARS"
+  log "fetched $(find "$JARS" -name '*.jar' | wc -l) jars in $(elapsed "$start")"
+}
+
+classpath() {
+  local cp="$LOG_CONF_DIR" jar
+  for jar in "$JARS"/*.jar; do cp+=":$jar"; done
+  printf '%s\n' "$cp"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Probes
+
+bootstrap_host() { local first=${KAFKA_BOOTSTRAP%%,*}; echo "${first%:*}"; }
+bootstrap_port() { local first=${KAFKA_BOOTSTRAP%%,*}; echo "${first##*:}"; }
+
+# Is a TCP port open? (bash's /dev/tcp; no JVM)
+port_open() { # HOST PORT
+  # shellcheck disable=SC2016 # $1 and $2 are expanded by the inner bash
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
+}
+
+# Does a Kafka broker answer a Metadata request with at least one live broker? Sends Metadata v4
+# (api key 3; within what every Kafka 2.x-4.x broker supports) for no topics in particular and
+# reads the brokers-array length from the response: a fenced or still starting broker lists none.
+# Pure bash, about 10 ms, so readiness loops need no JVM per attempt.
+# Returns 0: answers with a live broker; 3: a Kafka broker that lists no live broker yet;
+# 2: not Kafka (an answer that is not Kafka's, or no answer in 3 s); 4: the connection failed or
+# was closed without an answer (also what a Kafka broker that no longer supports v4 would do).
+kafka_metadata_ok() { # HOST PORT
+  local out rc=0
+  # shellcheck disable=SC2016 # $1 and $2 are expanded by the inner bash
+  # size=20 | api_key=3 | version=4 | correlation_id=1 | client_id="probe" | topics=null | auto_create=false
+  out=$(timeout 3 bash -c '
+      exec 3<>"/dev/tcp/$1/$2" || exit 1
+      printf "\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x01\x00\x05probe\xff\xff\xff\xff\x00" >&3
+      head -c 16 <&3 | od -An -tu1 -v
+    ' _ "$1" "$2" 2>/dev/null) || rc=$?
+  ((rc == 124)) && return 2
+  local -a b
+  read -r -a b <<<"$(echo "$out" | tr -s ' \n' '  ')"
+  ((${#b[@]} == 0)) && return 4
+  ((${#b[@]} >= 16)) || return 2
+  # bytes 4..7: correlation id (must be 1); 12..15: number of live brokers
+  ((b[4] == 0 && b[5] == 0 && b[6] == 0 && b[7] == 1)) || return 2
+  (((b[12] << 24) | (b[13] << 16) | (b[14] << 8) | b[15])) || return 3
+  return 0
+}
+
+# The real check with Kafka's own admin client: list topics (a metadata round trip).
+kafka_tool_ok() { # HOST:PORT
+  jars_ready && command -v "$JAVA" >/dev/null 2>&1 || return 1
+  # Short admin-client timeouts: a probe must fail in seconds, not after the default 60 s.
+  printf '%s\n' request.timeout.ms=5000 default.api.timeout.ms=8000 socket.connection.setup.timeout.max.ms=5000 \
+    >"$STATE/probe-admin.properties"
+  timeout 15 "$JAVA" -cp "$(classpath)" "$TOPIC_TOOL_CLASS" --bootstrap-server "$1" \
+    --command-config "$STATE/probe-admin.properties" --list >/dev/null 2>&1
+}
+
+# 0: a Kafka broker answers at HOST PORT. 1: nothing listens. 2: something listens but does not
+# answer as a Kafka broker. 3: a Kafka broker answers but lists no live broker (still starting).
+answers() { # HOST PORT
+  port_open "$1" "$2" || return 1
+  local rc=0
+  kafka_metadata_ok "$1" "$2" || rc=$?
+  case $rc in
+    0 | 2 | 3) return "$rc" ;;
+  esac
+  # Closed without an answer: maybe a broker that refuses the raw probe; ask Kafka's own tool.
+  kafka_tool_ok "$1:$2" && return 0
+  return 2
+}
+
+# ---------------------------------------------------------------------------------------------
+# Our broker process
+
+# Is PID our broker (java running kafka.Kafka with this repository's server.properties)?
+is_our_broker() { # PID
+  local args
+  [[ $1 =~ ^[0-9]+$ ]] || return 1
+  if [[ -r /proc/$1/cmdline ]]; then
+    args=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+  else
+    args=$(ps -ww -o args= -p "$1" 2>/dev/null) || return 1
+  fi
+  [[ $args == *java* && $args == *" $BROKER_CLASS "* && $args == *"$PROPS"* ]]
+}
+
+# The pid of our running broker, from the pid file or (if that was lost) the process table.
+our_pid() {
+  local pid
+  if [[ -f $PIDFILE ]]; then
+    pid=$(cat "$PIDFILE" 2>/dev/null || true)
+    if is_our_broker "$pid"; then echo "$pid"; return 0; fi
+  fi
+  command -v pgrep >/dev/null 2>&1 || return 1
+  for pid in $(pgrep -f 'kafka\.Kafka' 2>/dev/null || true); do
+    if is_our_broker "$pid"; then echo "$pid"; return 0; fi
+  done
+  return 1
+}
+
+print_log_tail() {
+  if [[ -f $LOG ]]; then
+    echo "---- last 40 lines of $LOG ----" >&2
+    tail -n 40 "$LOG" >&2
+    echo "----" >&2
+  fi
+}
+
+stop_pid() { # PID
+  local pid=$1 waited=0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((waited >= KAFKA_STOP_TIMEOUT * 10)); then
+      log "broker (pid $pid) still running after ${KAFKA_STOP_TIMEOUT}s: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.5
+      break
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
+write_server_properties() {
+  cat >"$PROPS" <<EOF
+# Generated by scripts/kafka.sh on every \`up\`: edits here are overwritten.
+# One node that is both the KRaft controller and the broker, for tests on one machine.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$DATA
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=$KAFKA_AUTO_CREATE_TOPICS
+# Internal topics on one node: replication 1, and fewer partitions than the default 50, so the
+# first consumer group and the first transactional producer do not wait for 50 partitions.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=10
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+# No 3 s wait before the first rebalance of a new group.
+group.initial.rebalance.delay.ms=0
+EOF
+}
+
+# Wait until the broker PID answers at 127.0.0.1:KAFKA_PORT. Returns 1 if the process died, 2 on
+# timeout.
+wait_ready() { # PID
+  local pid=$1 deadline
+  deadline=$(($(now_ms) + KAFKA_START_TIMEOUT * 1000))
+  while :; do
+    kill -0 "$pid" 2>/dev/null || return 1
+    # The raw probe (no JVM) every 0.25 s; once it sees a live broker, confirm with Kafka's own
+    # admin tool (a JVM, 1-2 s), at most once a second.
+    if kafka_metadata_ok 127.0.0.1 "$KAFKA_PORT"; then
+      kafka_tool_ok "127.0.0.1:$KAFKA_PORT" && return 0
+      (($(now_ms) < deadline)) || return 2
+      sleep 1
+    else
+      (($(now_ms) < deadline)) || return 2
+      sleep 0.25
+    fi
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+lock_state() {
+  mkdir -p "$STATE"
+  if command -v flock >/dev/null 2>&1; then
+    exec 9>"$STATE/.lock"
+    flock 9
+  fi
+}
+
+cmd_up() {
+  local start host port rc pid
+  start=$(now_ms)
+  lock_state
+  host=$(bootstrap_host)
+  port=$(bootstrap_port)
+
+  rc=0
+  answers "$host" "$port" || rc=$?
+  if ((rc == 0)); then
+    if pid=$(our_pid); then
+      log "our broker (pid $pid) already answers at $host:$port: reusing it"
+    else
+      log "a Kafka broker already answers at $host:$port (not started by this script): reusing it"
+    fi
+    return 0
+  fi
+
+  need_java
+  ensure_jars
+
+  if pid=$(our_pid); then
+    # Started by an earlier `up` that is still starting it: wait for it too, unless it was
+    # started for another port.
+    local running_port
+    running_port=$(sed -n 's|^advertised\.listeners=PLAINTEXT://[^:]*:\([0-9]*\).*|\1|p' "$PROPS" 2>/dev/null || true)
+    if [[ -n $running_port && $running_port != "$KAFKA_PORT" ]]; then
+      die "our broker (pid $pid) already runs on port $running_port, not KAFKA_PORT=$KAFKA_PORT: run scripts/kafka.sh down first"
+    fi
+    log "our broker (pid $pid) is running but does not answer yet: waiting for it"
+  else
+    if [[ "$host:$port" != "127.0.0.1:$KAFKA_PORT" && "$host:$port" != "localhost:$KAFKA_PORT" ]]; then
+      log "nothing answers at KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP; starting a local broker on 127.0.0.1:$KAFKA_PORT"
+    fi
+    if port_open 127.0.0.1 "$KAFKA_PORT"; then
+      die "port $KAFKA_PORT is in use by something that is not a ready Kafka broker: free it or set KAFKA_PORT"
+    fi
+    if port_open 127.0.0.1 "$KAFKA_CONTROLLER_PORT"; then
+      die "controller port $KAFKA_CONTROLLER_PORT is in use: free it or set KAFKA_CONTROLLER_PORT"
+    fi
+
+    local cp
+    cp=$(classpath)
+    write_server_properties
+    mkdir -p "$DATA"
+    if [[ ! -f $DATA/meta.properties ]]; then
+      local cluster_id
+      cluster_id=$("$JAVA" -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
+      log "formatting $DATA (cluster id $cluster_id)"
+      if ! "$JAVA" -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$PROPS" \
+        >"$STATE/format.log" 2>&1; then
+        cat "$STATE/format.log" >&2
+        die "formatting the KRaft storage in $DATA failed"
+      fi
+    fi
+
+    if [[ -f $LOG ]]; then mv -f "$LOG" "$LOG.1"; fi
+    local -a jvm
+    read -r -a jvm <<<"$KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true $KAFKA_JVM_OPTS"
+    # setsid: the broker outlives the shell (and terminal) that ran `up`. 9>&-: it must not
+    # inherit the lock.
+    local launcher=()
+    if command -v setsid >/dev/null 2>&1; then launcher=(setsid); fi
+    (
+      cd "$STATE"
+      exec ${launcher[@]+"${launcher[@]}"} nohup "$JAVA" "${jvm[@]}" \
+        -Dkafka.log.level=INFO -Dkafka.log.target=SYSTEM_OUT \
+        -Dlog4j2.configurationFile="$LOG_CONF_DIR/log4j2.properties" \
+        -cp "$cp" "$BROKER_CLASS" "$PROPS" </dev/null >"$LOG" 2>&1 9>&-
+    ) &
+    pid=$!
+    # $! is the broker itself (the subshell execs setsid, which execs nohup, which execs java)
+    # unless setsid had to fork; then find the broker by its command line.
+    local tries=0
+    until is_our_broker "$pid"; do
+      if ((tries >= 50)) || ! kill -0 "$pid" 2>/dev/null; then
+        if ! pid=$(our_pid); then
+          print_log_tail
+          die "the broker did not start; its log: $LOG"
+        fi
+        break
+      fi
+      sleep 0.1
+      tries=$((tries + 1))
+    done
+    echo "$pid" >"$PIDFILE"
+    log "started broker (pid $pid) on 127.0.0.1:$KAFKA_PORT, controller 127.0.0.1:$KAFKA_CONTROLLER_PORT; waiting up to ${KAFKA_START_TIMEOUT}s"
+  fi
+
+  rc=0
+  wait_ready "$pid" || rc=$?
+  case $rc in
+    0)
+      log "broker ready at 127.0.0.1:$KAFKA_PORT (pid $pid); up took $(elapsed "$start")"
+      ;;
+    1)
+      rm -f "$PIDFILE"
+      print_log_tail
+      die "the broker (pid $pid) exited before answering; its log: $LOG"
+      ;;
+    *)
+      print_log_tail
+      log "stopping the broker (pid $pid) that did not answer in ${KAFKA_START_TIMEOUT}s"
+      stop_pid "$pid"
+      rm -f "$PIDFILE"
+      die "the broker did not answer at 127.0.0.1:$KAFKA_PORT within ${KAFKA_START_TIMEOUT}s (KAFKA_START_TIMEOUT); its log: $LOG"
+      ;;
+  esac
+}
+
+cmd_down() {
+  local wipe=$KAFKA_WIPE pid start
+  while (($#)); do
+    case $1 in
+      --wipe) wipe=1 ;;
+      *) die "down: unknown argument '$1' (usage: down [--wipe])" ;;
+    esac
+    shift
+  done
+  start=$(now_ms)
+  lock_state
+  if pid=$(our_pid); then
+    log "stopping broker (pid $pid)"
+    stop_pid "$pid"
+    if kill -0 "$pid" 2>/dev/null; then die "broker (pid $pid) is still running"; fi
+    log "stopped in $(elapsed "$start")"
+  else
+    log "no broker started by this script is running"
+  fi
+  rm -f "$PIDFILE"
+  if [[ $wipe == 1 ]]; then
+    rm -rf "$DATA"
+    log "deleted $DATA"
+  fi
+}
+
+cmd_status() {
+  local host port pid rc=0
+  host=$(bootstrap_host)
+  port=$(bootstrap_port)
+  if pid=$(our_pid); then
+    echo "our broker: running (pid $pid), 127.0.0.1:$KAFKA_PORT, log $LOG"
+  else
+    echo "our broker: not running"
+  fi
+  answers "$host" "$port" || rc=$?
+  case $rc in
+    0) echo "$host:$port: a Kafka broker answers"; return 0 ;;
+    1) echo "$host:$port: nothing listens"; return 1 ;;
+    3) echo "$host:$port: a Kafka broker answers but lists no live broker yet (starting?)"; return 1 ;;
+    *) echo "$host:$port: something listens but does not answer as a Kafka broker"; return 1 ;;
+  esac
+}
+
+cmd_logs() {
+  local follow=0 lines=100
+  while (($#)); do
+    case $1 in
+      -f | --follow) follow=1 ;;
+      -n) shift; lines=${1:-100} ;;
+      [0-9]*) lines=$1 ;;
+      *) die "logs: unknown argument '$1' (usage: logs [-f] [N])" ;;
+    esac
+    shift
+  done
+  [[ -f $LOG ]] || die "no broker log yet ($LOG): run scripts/kafka.sh up"
+  if ((follow)); then exec tail -n "$lines" -F "$LOG"; fi
+  tail -n "$lines" "$LOG"
+}
+
+cmd_classpath() {
+  ensure_jars
+  classpath
+}
+
+cmd_tool() {
+  (($#)) || die "usage: scripts/kafka.sh tool CLASS [ARGS...]  (e.g. org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list)"
+  need_java
+  ensure_jars
+  local cls=$1 cp
+  shift
+  cp=$(classpath)
+  local -a opts=()
+  if [[ -n $KAFKA_TOOL_OPTS ]]; then read -r -a opts <<<"$KAFKA_TOOL_OPTS"; fi
+  exec "$JAVA" ${opts[@]+"${opts[@]}"} -cp "$cp" "$cls" "$@"
+}
+
+usage() {
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+}
+
+main() {
+  local cmd=${1:-}
+  (($#)) && shift
+  case $cmd in
+    up) cmd_up "$@" ;;
+    down) cmd_down "$@" ;;
+    status) cmd_status "$@" ;;
+    logs) cmd_logs "$@" ;;
+    classpath) cmd_classpath "$@" ;;
+    tool) cmd_tool "$@" ;;
+    -h | --help | help) usage ;;
+    '') usage >&2; exit 2 ;;
+    *) log "unknown command '$cmd'"; usage >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

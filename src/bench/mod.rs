@@ -1,0 +1,1 @@
+//! Benchmarks: producer throughput by mode (see `producer-bench`).

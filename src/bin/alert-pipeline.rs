@@ -1,0 +1,27 @@
+//! `alert-pipeline`: the exactly-once price-alert processor.
+
+use clap::Parser;
+use price_alerts::cli::{init_logging, PipelineArgs};
+use price_alerts::pipeline;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    init_logging();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("alert-pipeline: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let opts = PipelineArgs::parse().options()?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let stats = pipeline::run(opts, price_alerts::cli::shutdown_signal()).await?;
+        eprintln!("alert-pipeline: stopped cleanly: {stats:?}");
+        Ok(())
+    })
+}

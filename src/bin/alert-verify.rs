@@ -1,0 +1,48 @@
+//! `alert-verify`: the oracle. Recomputes the expected notifications from the input topic with the
+//! crossing rule and compares them with what read_committed readers find. Exit 1 on any missing,
+//! duplicate or unexpected notification.
+
+use clap::Parser;
+use price_alerts::cli::{init_logging, KafkaArgs};
+use price_alerts::rules::Rules;
+use price_alerts::verify::verify;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(version, about = "Check that every crossing gave exactly one committed notification")]
+struct Cli {
+    #[command(flatten)]
+    kafka: KafkaArgs,
+    /// The rules the pipeline ran with.
+    #[arg(long)]
+    rules: PathBuf,
+    #[arg(long, default_value = "market-updates")]
+    input: String,
+    #[arg(long, default_value = "notifications")]
+    output: String,
+    /// Same limit as the pipeline's --max-tick-bytes.
+    #[arg(long, default_value_t = price_alerts::tick::DEFAULT_MAX_TICK_BYTES)]
+    max_tick_bytes: usize,
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("alert-verify: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<bool> {
+    let cli = Cli::parse();
+    let kafka = cli.kafka.config()?;
+    let rules = Rules::load(&cli.rules)?;
+    let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes)?;
+    println!("{report}");
+    Ok(report.ok())
+}

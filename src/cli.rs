@@ -1,0 +1,172 @@
+//! Command-line pieces shared by the binaries: the connection flags and logging setup.
+
+use crate::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use clap::Args;
+
+/// `--bootstrap` and `-X key=value`, as every binary takes them.
+#[derive(Debug, Clone, Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = DEFAULT_BOOTSTRAP)]
+    pub bootstrap: String,
+    /// A librdkafka property for every client, as key=value (repeatable), e.g.
+    /// -X security.protocol=SASL_SSL. Properties the exactly-once guarantee rests on are refused.
+    #[arg(short = 'X', value_name = "KEY=VALUE")]
+    pub properties: Vec<String>,
+}
+
+impl KafkaArgs {
+    pub fn config(&self) -> anyhow::Result<KafkaConfig> {
+        KafkaConfig::new(&self.bootstrap).with_overrides(&self.properties)
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: info for this crate, warn for others).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,price_alerts=info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// A short random suffix for fresh names (topics, groups) per run.
+pub fn unique_suffix() -> String {
+    use rand::Rng;
+    let n: u32 = rand::rng().random();
+    format!("{n:08x}")
+}
+
+/// Resolves on SIGINT or SIGTERM (or never, if the handlers cannot be installed, which is logged).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut int, mut term) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(i), Ok(t)) => (i, t),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = int.recv() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+/// The processor's command line.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "alert-pipeline", version, about = "Exactly-once price alerts: Kafka to Kafka in one transaction per batch")]
+pub struct PipelineArgs {
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Alert rules (TOML: [symbols] SYMBOL = ["threshold", ...]).
+    #[arg(long, env = "ALERT_RULES")]
+    pub rules: std::path::PathBuf,
+    /// Optional config file; its [librdkafka] table is passed to every client (like -X).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Application id: consumer group, transactional-id prefix, changelog name (<app>-state).
+    #[arg(long, default_value = "price-alerts")]
+    pub app_id: String,
+    /// Instance id, stable across restarts of this instance (transactional.id = <app>-<instance>).
+    #[arg(long, env = "INSTANCE_ID", default_value = "0")]
+    pub instance_id: String,
+    /// Input topic.
+    #[arg(long, default_value = "market-updates")]
+    pub input: String,
+    /// Output topic.
+    #[arg(long, default_value = "notifications")]
+    pub output: String,
+    /// Dead-letter topic (default: <input>.dlq).
+    #[arg(long)]
+    pub dlq: Option<String>,
+    /// Commit the open transaction when it is this old.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub commit_interval: std::time::Duration,
+    /// Commit the open transaction when it holds this many input records.
+    #[arg(long, default_value_t = crate::pipeline::DEFAULT_MAX_BATCH)]
+    pub max_batch: u64,
+    /// Producer transaction.timeout.ms.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub transaction_timeout: std::time::Duration,
+    /// How long a graceful shutdown may take before exiting non-zero.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: std::time::Duration,
+    /// Ticks larger than this many bytes are dead-lettered as oversize.
+    #[arg(long, default_value_t = crate::tick::DEFAULT_MAX_TICK_BYTES)]
+    pub max_tick_bytes: usize,
+    /// Partitions of the input topic when it has to be created.
+    #[arg(long, default_value_t = 6)]
+    pub partitions: i32,
+    /// Dynamic group membership instead of static (group.instance.id); static membership lets a
+    /// restarted instance take its partitions back without waiting for the session timeout.
+    #[arg(long)]
+    pub dynamic_membership: bool,
+    /// Stop once idle this long with nothing open (demos, benchmarks).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub exit_when_idle: Option<std::time::Duration>,
+    /// TEST ONLY: abort every n-th transaction instead of committing it.
+    #[arg(long, hide = true)]
+    pub test_abort_every: Option<u64>,
+}
+
+/// The `[librdkafka]` table of a config file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    /// librdkafka properties for every client.
+    #[serde(default)]
+    librdkafka: std::collections::BTreeMap<String, toml::Value>,
+}
+
+impl PipelineArgs {
+    /// Validates the arguments, reads the rules and config files, and builds the options.
+    pub fn options(&self) -> anyhow::Result<crate::pipeline::PipelineOptions> {
+        use anyhow::Context as _;
+        let mut kafka = self.kafka.config()?;
+        if let Some(path) = &self.config {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let file: FileConfig = toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?;
+            for (k, v) in file.librdkafka {
+                let v = match v {
+                    toml::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                // -X on the command line wins over the file.
+                if !self.kafka.properties.iter().any(|p| p.split_once('=').is_some_and(|(pk, _)| pk.trim() == k)) {
+                    kafka.set(&k, &v).with_context(|| format!("config file {}", path.display()))?;
+                }
+            }
+        }
+        let rules = crate::rules::Rules::load(&self.rules)?;
+        if rules.is_empty() {
+            anyhow::bail!("{}: no symbols: nothing would ever alert", self.rules.display());
+        }
+        if self.max_batch == 0 {
+            anyhow::bail!("--max-batch must be at least 1");
+        }
+        if self.commit_interval >= self.transaction_timeout {
+            anyhow::bail!("--commit-interval must be well below --transaction-timeout");
+        }
+        let mut topics = crate::topics::Topics::with(self.input.clone(), self.output.clone(), &self.app_id);
+        if let Some(dlq) = &self.dlq {
+            topics.dlq = dlq.clone();
+        }
+        Ok(crate::pipeline::PipelineOptions {
+            engine: crate::engine::EngineSettings {
+                kafka,
+                app_id: self.app_id.clone(),
+                instance_id: self.instance_id.clone(),
+                topics,
+                rules: std::sync::Arc::new(rules),
+                max_tick_bytes: self.max_tick_bytes,
+                transaction_timeout: self.transaction_timeout,
+                static_membership: !self.dynamic_membership,
+            },
+            commit_interval: self.commit_interval,
+            max_batch: self.max_batch,
+            shutdown_timeout: self.shutdown_timeout,
+            input_partitions: Some(self.partitions),
+            exit_when_idle: self.exit_when_idle,
+            abort_every: self.test_abort_every,
+        })
+    }
+}

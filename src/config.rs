@@ -1,0 +1,245 @@
+//! One place that builds every rdkafka client of the project.
+//!
+//! Every option set here carries a one-line reason. Users reach anything else librdkafka offers
+//! (SASL, TLS, tuning) through pass-through properties (`-X key=value`, as in kcat, or the
+//! `[librdkafka]` table of a config file). The properties the exactly-once guarantee rests on are
+//! owned by this module: a pass-through that tries to change one is refused with a message naming
+//! it, instead of silently weakening the guarantee.
+
+use anyhow::{bail, Context as _};
+use rdkafka::config::ClientConfig;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Default bootstrap address: the local single-node broker of `scripts/kafka.sh`.
+pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
+
+/// Default transaction timeout. Kafka Streams uses 10 s under EOS: long enough for a batch and
+/// its commit, short enough that a crashed instance's open transaction does not stall read_committed
+/// readers (the LSO) for long when it is not restarted with the same transactional.id.
+pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Properties that the pipeline sets itself and that a pass-through may not override.
+const MANAGED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "use --bootstrap (or KAFKA_BOOTSTRAP)"),
+    ("group.id", "the group is derived from the application id"),
+    ("group.instance.id", "it is derived from the instance id"),
+    ("transactional.id", "it is derived from the application and instance ids"),
+    ("enable.auto.commit", "offsets are committed inside the transaction"),
+    ("enable.auto.offset.store", "offsets are committed inside the transaction"),
+    ("isolation.level", "the pipeline reads read_committed by design"),
+    ("enable.idempotence", "transactions and the at-least-once mode both require it"),
+    ("transaction.timeout.ms", "use --transaction-timeout"),
+];
+
+/// Connection settings shared by every client, plus the user's pass-through properties.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers` of every client.
+    pub bootstrap: String,
+    /// Raw librdkafka properties applied to every client after ours (already validated).
+    pub properties: BTreeMap<String, String>,
+}
+
+/// How a standalone reader (verifier, state restore) sees transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// Settings for `bootstrap` with no pass-through properties.
+    pub fn new(bootstrap: impl Into<String>) -> Self {
+        KafkaConfig { bootstrap: bootstrap.into(), properties: BTreeMap::new() }
+    }
+
+    /// Adds pass-through properties (`key=value` strings), refusing malformed and managed ones.
+    pub fn with_overrides<S: AsRef<str>>(mut self, pairs: &[S]) -> anyhow::Result<Self> {
+        for pair in pairs {
+            let pair = pair.as_ref();
+            let Some((k, v)) = pair.split_once('=') else {
+                bail!("librdkafka property {pair:?} must be written key=value");
+            };
+            self.set(k.trim(), v.trim())?;
+        }
+        Ok(self)
+    }
+
+    /// Adds one pass-through property, refusing the managed ones.
+    pub fn set(&mut self, key: &str, value: &str) -> anyhow::Result<()> {
+        if key.is_empty() {
+            bail!("librdkafka property with an empty name");
+        }
+        if let Some((_, why)) = MANAGED.iter().find(|(k, _)| *k == key) {
+            bail!("librdkafka property {key} cannot be overridden: {why}");
+        }
+        self.properties.insert(key.to_owned(), value.to_owned());
+        Ok(())
+    }
+
+    fn base(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap);
+        c
+    }
+
+    fn producer_base(&self) -> ClientConfig {
+        let mut c = self.base();
+        // librdkafka's default (consistent_random) differs from the Java client's murmur2: match
+        // Java so that every client of the same topic puts a symbol on the same partition.
+        c.set("partitioner", "murmur2_random");
+        c
+    }
+
+    fn finish(&self, mut c: ClientConfig) -> ClientConfig {
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// Admin client (topic creation, metadata).
+    pub fn admin(&self) -> ClientConfig {
+        self.finish(self.base())
+    }
+
+    /// The processor's group consumer.
+    pub fn group_consumer(&self, group_id: &str, instance_id: Option<&str>) -> ClientConfig {
+        let mut c = self.base();
+        c.set("group.id", group_id);
+        if let Some(id) = instance_id {
+            // Static membership (KIP-345): a restarted instance takes its partitions back at once
+            // instead of waiting session.timeout.ms for its dead predecessor to be evicted.
+            c.set("group.instance.id", id);
+        }
+        // Offsets are committed by the producer inside the transaction, never by the consumer.
+        c.set("enable.auto.commit", "false");
+        c.set("enable.auto.offset.store", "false");
+        // Set explicitly (librdkafka's default today): never process an aborted upstream record.
+        c.set("isolation.level", "read_committed");
+        // Incremental rebalances: only the partitions that move are revoked, so the others keep
+        // their open transaction and their state.
+        c.set("partition.assignment.strategy", "cooperative-sticky");
+        // A new group starts at the beginning of the input: no tick is skipped.
+        c.set("auto.offset.reset", "earliest");
+        self.finish(c)
+    }
+
+    /// A standalone reader (no group, nothing committed) that reports the end of each partition.
+    pub fn reader(&self, isolation: Isolation) -> ClientConfig {
+        let mut c = self.base();
+        // librdkafka wants a group.id even for assign(); nothing is ever committed with it.
+        c.set("group.id", "price-alerts-reader");
+        c.set("enable.auto.commit", "false");
+        c.set("enable.auto.offset.store", "false");
+        // Readers count records up to the end of a partition, so they need the EOF event.
+        c.set("enable.partition.eof", "true");
+        c.set("isolation.level", isolation.as_str());
+        c.set("auto.offset.reset", "earliest");
+        self.finish(c)
+    }
+
+    /// The transactional producer of one processor instance.
+    pub fn transactional_producer(&self, transactional_id: &str, txn_timeout: Duration) -> anyhow::Result<ClientConfig> {
+        let mut c = self.producer_base();
+        // Stable per instance: a restart fences its predecessor and aborts what it left open.
+        c.set("transactional.id", transactional_id);
+        c.set("transaction.timeout.ms", txn_timeout.as_millis().to_string());
+        // Implied by transactional.id; set so that the configuration reads as what it is.
+        c.set("enable.idempotence", "true");
+        c.set("acks", "all");
+        // A message must fail before its transaction can time out, or a stuck send would surface as
+        // a confusing coordinator timeout instead of a delivery error (librdkafka requires it).
+        let message_timeout = txn_timeout.saturating_sub(Duration::from_secs(1)).max(Duration::from_millis(1000));
+        c.set("message.timeout.ms", message_timeout.as_millis().to_string());
+        let c = self.finish(c);
+        check_message_timeout(&c, txn_timeout)?;
+        Ok(c)
+    }
+
+    /// An idempotent, non-transactional producer (at-least-once mode, input loaders).
+    pub fn idempotent_producer(&self) -> ClientConfig {
+        let mut c = self.producer_base();
+        // No duplicates or reordering from producer retries.
+        c.set("enable.idempotence", "true");
+        c.set("acks", "all");
+        self.finish(c)
+    }
+
+    /// A plain producer without idempotence (benchmarks only).
+    pub fn plain_producer(&self, acks: &str) -> ClientConfig {
+        let mut c = self.producer_base();
+        c.set("enable.idempotence", "false");
+        c.set("acks", acks);
+        self.finish(c)
+    }
+}
+
+/// Refuses a message.timeout.ms (possibly from a pass-through) not below the transaction timeout.
+fn check_message_timeout(c: &ClientConfig, txn_timeout: Duration) -> anyhow::Result<()> {
+    let Some(v) = c.get("message.timeout.ms") else { return Ok(()) };
+    let ms: u128 = v.parse().with_context(|| format!("message.timeout.ms={v} is not a number"))?;
+    if ms >= txn_timeout.as_millis() {
+        bail!(
+            "message.timeout.ms={ms} must be below the transaction timeout ({} ms)",
+            txn_timeout.as_millis()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn managed_properties_are_refused() {
+        let err = KafkaConfig::new("x").with_overrides(&["enable.auto.commit=true"]).unwrap_err();
+        assert!(err.to_string().contains("enable.auto.commit"), "{err}");
+        assert!(KafkaConfig::new("x").with_overrides(&["isolation.level=read_uncommitted"]).is_err());
+        assert!(KafkaConfig::new("x").with_overrides(&["no-equals-sign"]).is_err());
+    }
+
+    #[test]
+    fn pass_through_reaches_every_client() {
+        let k = KafkaConfig::new("h:1").with_overrides(&["security.protocol=SSL", "linger.ms=7"]).unwrap();
+        for c in [
+            k.admin(),
+            k.group_consumer("g", None),
+            k.reader(Isolation::ReadCommitted),
+            k.transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT).unwrap(),
+            k.idempotent_producer(),
+        ] {
+            assert_eq!(c.get("security.protocol"), Some("SSL"));
+            assert_eq!(c.get("bootstrap.servers"), Some("h:1"));
+        }
+    }
+
+    #[test]
+    fn consumer_settings_the_guarantee_rests_on() {
+        let c = KafkaConfig::new("h:1").group_consumer("g", Some("i"));
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert_eq!(c.get("partition.assignment.strategy"), Some("cooperative-sticky"));
+        assert_eq!(c.get("group.instance.id"), Some("i"));
+    }
+
+    #[test]
+    fn message_timeout_below_transaction_timeout() {
+        let c = KafkaConfig::new("h:1").transactional_producer("t", Duration::from_secs(10)).unwrap();
+        assert_eq!(c.get("message.timeout.ms"), Some("9000"));
+        let k = KafkaConfig::new("h:1").with_overrides(&["message.timeout.ms=60000"]).unwrap();
+        let err = k.transactional_producer("t", Duration::from_secs(10)).unwrap_err();
+        assert!(err.to_string().contains("must be below"), "{err}");
+    }
+}

@@ -1,0 +1,601 @@
+//! The transactional consume-process-produce step: one consumer, one transactional producer, the
+//! per-partition state, and what happens on commit, abort and rebalance.
+//!
+//! ```text
+//!  poll ──► record of partition p ──► (restore p if needed) ──► begin if no txn open
+//!             │
+//!             ├─ tick ok ─► crossing rule ─► notifications (send) + p's symbol marked dirty
+//!             ├─ bad tick ─► DLQ record (send)
+//!             └─ offsets[p] = offset + 1
+//!  commit ──► dirty states to changelog partition p ─► send_offsets_to_transaction(offsets,
+//!             group metadata) ─► commit_transaction
+//! ```
+//!
+//! # Invariants
+//! - Everything a batch produces (notifications, DLQ records, state) and the offsets that move past
+//!   its input commit in one transaction, or not at all.
+//! - The in-memory state of a partition is the committed one plus the effects of the open
+//!   transaction. After an abort it is dropped and restored from the changelog, and the consumer is
+//!   rewound to the committed offsets, so the redo sees exactly the committed world.
+//! - A partition's state is restored (read_committed, to its end) before any of its ticks is
+//!   processed, and only after its committed offset could be fetched as stable: an open transaction
+//!   of a previous owner is resolved first.
+//!
+//! # Rebalances
+//! The consumer uses cooperative-sticky assignment. On revoke, the open transaction is committed
+//! (aborted if the assignment was lost) before the partitions go, inside the rebalance callback, as
+//! librdkafka's `transactions.c` does; the callback gets the consumer, so it sends fresh group
+//! metadata. On assign, the new partitions are marked for restore.
+//!
+//! # Error handling
+//! Transactional errors are classified by [`crate::txn::classify`]: abortable ones lead to
+//! [`Engine::abort`] (abort, rewind, restore) and processing goes on; fatal ones stop the engine
+//! with the error. All of this runs on one thread: the rebalance callback runs inside `poll`, so
+//! the mutex around the shared state is never contended; it exists because the callback reaches
+//! that state through the consumer's context.
+
+use crate::alert::{apply_rules, Notification, Outcome, Source};
+use crate::config::{Isolation, KafkaConfig};
+use crate::dlq;
+use crate::reader::{reader, Reader};
+use crate::rules::Rules;
+use crate::state::{self, StateStore};
+use crate::tick;
+use crate::topics::Topics;
+use crate::txn::{TxnError, TxnErrorClass, TxnProducer};
+use anyhow::{anyhow, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::BaseRecord;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tracing::{debug, error, info, warn};
+
+/// Bound on broker round trips of the rewind (committed offsets, seek).
+const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What one processor instance is.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// Connection and pass-through properties.
+    pub kafka: KafkaConfig,
+    /// Application id: the consumer group, and the prefix of the transactional id.
+    pub app_id: String,
+    /// Instance id, stable across restarts of this instance: with the app id it makes the
+    /// transactional id, so a restart fences its predecessor.
+    pub instance_id: String,
+    /// Topics read and written.
+    pub topics: Topics,
+    /// Alert thresholds per symbol.
+    pub rules: Arc<Rules>,
+    /// Largest tick payload accepted; larger ones are dead-lettered as oversize.
+    pub max_tick_bytes: usize,
+    /// transaction.timeout.ms of the producer.
+    pub transaction_timeout: Duration,
+    /// Use static group membership (group.instance.id = transactional id).
+    pub static_membership: bool,
+}
+
+impl EngineSettings {
+    pub fn group_id(&self) -> &str {
+        &self.app_id
+    }
+
+    pub fn transactional_id(&self) -> String {
+        format!("{}-{}", self.app_id, self.instance_id)
+    }
+}
+
+/// Counters of one engine; logged at shutdown and exported as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Input records processed inside committed transactions.
+    pub committed_records: u64,
+    /// Notifications inside committed transactions.
+    pub committed_notifications: u64,
+    /// Dead-lettered ticks inside committed transactions.
+    pub committed_dead_letters: u64,
+    /// Stale ticks (seq not newer) inside committed transactions.
+    pub committed_stale: u64,
+    /// Ticks of symbols without rules inside committed transactions.
+    pub committed_unwatched: u64,
+    pub commits: u64,
+    pub aborts: u64,
+    /// Partition restores from the changelog.
+    pub restores: u64,
+}
+
+/// The batch inside the open transaction.
+#[derive(Debug)]
+struct OpenTxn {
+    started: Instant,
+    records: u64,
+    notifications: u64,
+    dead_letters: u64,
+    stale: u64,
+    unwatched: u64,
+    /// Next offset to read, per input partition with records in this transaction.
+    offsets: BTreeMap<i32, i64>,
+    /// Symbols whose state changed, per partition: written to the changelog at commit, once each.
+    dirty: BTreeMap<i32, BTreeSet<String>>,
+    /// State and offsets are already in the transaction; only commit or abort may follow.
+    staged: bool,
+}
+
+impl OpenTxn {
+    fn new() -> Self {
+        OpenTxn {
+            started: Instant::now(),
+            records: 0,
+            notifications: 0,
+            dead_letters: 0,
+            stale: 0,
+            unwatched: 0,
+            offsets: BTreeMap::new(),
+            dirty: BTreeMap::new(),
+            staged: false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    txn: Option<OpenTxn>,
+    state: StateStore,
+    /// A fatal error raised inside the rebalance callback, reported after `poll` returns.
+    fatal: Option<TxnError>,
+    stats: Stats,
+}
+
+/// What the engine and its rebalance callback share.
+struct Shared {
+    producer: Arc<TxnProducer>,
+    settings: EngineSettings,
+    inner: Mutex<Inner>,
+}
+
+/// The consumer's context: the rebalance callbacks.
+pub struct RebalanceHandler {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for RebalanceHandler {}
+
+impl ConsumerContext for RebalanceHandler {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else { return };
+        let shared = &self.shared;
+        let revoked: Vec<i32> = partitions_of(tpl, &shared.settings.topics.input);
+        let mut inner = match shared.lock() {
+            Ok(g) => g,
+            Err(e) => return error!(error = %e, "state lock poisoned in rebalance"),
+        };
+        let lost = consumer.assignment_lost();
+        info!(partitions = ?revoked, lost, open_txn = inner.txn.is_some(), "partitions revoked");
+        if inner.txn.is_some() {
+            let remaining: Vec<i32> = inner.state.owned().filter(|p| !revoked.contains(p)).collect();
+            let result = if lost {
+                // Another member may own these partitions already: our outputs must not commit.
+                shared.abort_and_rewind(&mut inner, consumer, &remaining)
+            } else {
+                match shared.commit_open(&mut inner, consumer) {
+                    Err(e) if e.class == TxnErrorClass::Abortable => {
+                        warn!(error = %e, "commit on revoke failed; aborting");
+                        shared.abort_and_rewind(&mut inner, consumer, &remaining)
+                    }
+                    other => other,
+                }
+            };
+            if let Err(e) = result {
+                error!(error = %e, "transaction could not be closed on revoke");
+                inner.fatal.get_or_insert(e);
+            }
+        }
+        for p in revoked {
+            inner.state.revoke(p);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let assigned = partitions_of(tpl, &self.shared.settings.topics.input);
+                info!(partitions = ?assigned, "partitions assigned");
+                if let Ok(mut inner) = self.shared.lock() {
+                    for p in assigned {
+                        inner.state.assign(p);
+                    }
+                }
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
+    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition()).collect()
+}
+
+impl Shared {
+    fn lock(&self) -> anyhow::Result<MutexGuard<'_, Inner>> {
+        // A poisoned lock means a panic while the state was half-updated: nothing can be trusted.
+        self.inner.lock().map_err(|_| anyhow!("engine state lock poisoned by an earlier panic"))
+    }
+
+    /// Writes the batch's changed states to the changelog and adds its offsets (with fresh group
+    /// metadata) to the open transaction. Idempotent per transaction.
+    fn stage(&self, inner: &mut Inner, consumer: &BaseConsumer<RebalanceHandler>) -> Result<(), TxnError> {
+        let Inner { txn, state, .. } = inner;
+        let Some(txn) = txn.as_mut() else { return Ok(()) };
+        if txn.staged {
+            return Ok(());
+        }
+        let topics = &self.settings.topics;
+        for (&p, symbols) in &txn.dirty {
+            let Some(states) = state.get(p) else { continue };
+            for symbol in symbols {
+                let Some(s) = states.get(symbol) else { continue };
+                let value = serde_json::to_vec(s).unwrap_or_default();
+                let record = BaseRecord::to(&topics.changelog)
+                    .partition(p)
+                    .key(symbol.as_bytes())
+                    .payload(value.as_slice());
+                self.producer.send(record).map_err(|e| TxnError::new("produce state", e))?;
+            }
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (&p, &next) in &txn.offsets {
+            tpl.add_partition_offset(&topics.input, p, Offset::Offset(next))
+                .map_err(|e| TxnError::new("offsets", e))?;
+        }
+        // Present for every consumer with a group.id, which this one always has.
+        let group = consumer.group_metadata().ok_or_else(|| TxnError {
+            step: "group_metadata",
+            class: TxnErrorClass::Fatal,
+            source: KafkaError::Global(RDKafkaErrorCode::InvalidGroupId),
+        })?;
+        self.producer.send_offsets(&tpl, &group)?;
+        txn.staged = true;
+        Ok(())
+    }
+
+    /// Commits the open transaction, if any: dirty states, then offsets, then commit.
+    fn commit_open(&self, inner: &mut Inner, consumer: &BaseConsumer<RebalanceHandler>) -> Result<(), TxnError> {
+        if inner.txn.is_none() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.stage(inner, consumer)?;
+        self.producer.commit()?;
+        let Some(txn) = inner.txn.take() else { return Ok(()) };
+        let s = &mut inner.stats;
+        s.commits += 1;
+        s.committed_records += txn.records;
+        s.committed_notifications += txn.notifications;
+        s.committed_dead_letters += txn.dead_letters;
+        s.committed_stale += txn.stale;
+        s.committed_unwatched += txn.unwatched;
+        debug!(
+            records = txn.records,
+            notifications = txn.notifications,
+            commit_ms = started.elapsed().as_millis() as u64,
+            offsets = ?txn.offsets,
+            "transaction committed"
+        );
+        Ok(())
+    }
+
+    /// Aborts the open transaction and rewinds `partitions` (input position and state) to the
+    /// last commit.
+    fn abort_and_rewind(
+        &self,
+        inner: &mut Inner,
+        consumer: &BaseConsumer<RebalanceHandler>,
+        partitions: &[i32],
+    ) -> Result<(), TxnError> {
+        if let Some(txn) = inner.txn.take() {
+            self.producer.abort()?;
+            inner.stats.aborts += 1;
+            info!(records = txn.records, "transaction aborted");
+        }
+        inner.state.invalidate_all();
+        if let Err(e) = self.rewind(consumer, partitions) {
+            // Without a rewind the redo would skip records: stop rather than lose them.
+            return Err(TxnError {
+                step: "rewind",
+                class: TxnErrorClass::Fatal,
+                source: e.downcast::<KafkaError>().unwrap_or(KafkaError::Seek("rewind failed".into())),
+            });
+        }
+        Ok(())
+    }
+
+    /// Seeks each partition to its committed offset (the beginning when none is committed).
+    fn rewind(&self, consumer: &BaseConsumer<RebalanceHandler>, partitions: &[i32]) -> anyhow::Result<()> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        let input = &self.settings.topics.input;
+        let mut tpl = TopicPartitionList::new();
+        for &p in partitions {
+            tpl.add_partition(input, p);
+        }
+        let committed = consumer.committed_offsets(tpl, REWIND_TIMEOUT)?;
+        let mut seek = TopicPartitionList::new();
+        for e in committed.elements() {
+            let to = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            seek.add_partition_offset(input, e.partition(), to)?;
+        }
+        let result = consumer.seek_partitions(seek, REWIND_TIMEOUT)?;
+        for e in result.elements() {
+            if let Err(err) = e.error() {
+                return Err(anyhow!(err).context(format!("seeking {input}/{}", e.partition())));
+            }
+        }
+        info!(rewound = ?partitions, "input rewound to the committed offsets");
+        Ok(())
+    }
+}
+
+/// One processor instance: consumer, transactional producer, state.
+pub struct Engine {
+    consumer: BaseConsumer<RebalanceHandler>,
+    shared: Arc<Shared>,
+    /// Reads the changelog on restores; kept so each restore does not pay a new connection.
+    restore_reader: Reader,
+}
+
+impl Engine {
+    /// Creates the clients, registers the transactional id (fencing a predecessor) and subscribes.
+    /// Blocking: call it off the async runtime.
+    pub fn start(settings: EngineSettings) -> anyhow::Result<Self> {
+        let txn_id = settings.transactional_id();
+        let producer_cfg = settings.kafka.transactional_producer(&txn_id, settings.transaction_timeout)?;
+        let producer = TxnProducer::new(&producer_cfg).context("starting the transactional producer")?;
+        let instance = settings.static_membership.then_some(txn_id.as_str());
+        let consumer_cfg = settings.kafka.group_consumer(settings.group_id(), instance);
+        let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted).context("creating the restore reader")?;
+        let input = settings.topics.input.clone();
+        let shared = Arc::new(Shared { producer, settings, inner: Mutex::new(Inner::default()) });
+        let consumer: BaseConsumer<RebalanceHandler> = consumer_cfg
+            .create_with_context(RebalanceHandler { shared: Arc::clone(&shared) })
+            .context("creating the consumer")?;
+        consumer.subscribe(&[&input]).context("subscribing")?;
+        info!(transactional_id = %txn_id, group = shared.settings.group_id(), input = %input, "engine started");
+        Ok(Engine { consumer, shared, restore_reader })
+    }
+
+    /// Polls once (rebalance callbacks run here), restores newly owned partitions, and processes
+    /// the record polled, if any. Returns whether a record was processed.
+    pub fn poll_once(&self, timeout: Duration) -> anyhow::Result<bool> {
+        let polled = self.consumer.poll(timeout);
+        if let Some(e) = self.shared.lock()?.fatal.take() {
+            return Err(e.into());
+        }
+        self.restore_pending()?;
+        match polled {
+            None => Ok(false),
+            Some(Ok(m)) => match self.process(&m) {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    self.handle(e)?;
+                    Ok(false)
+                }
+            },
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                Err(anyhow!("fatal consumer error: {code}"))
+            }
+            Some(Err(e)) => {
+                // Broker transport errors and the like: librdkafka recovers by itself.
+                warn!(error = %e, "consumer error");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Restores the state of owned partitions that have none loaded.
+    fn restore_pending(&self) -> anyhow::Result<()> {
+        let pending = self.shared.lock()?.state.pending();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let topics = &self.shared.settings.topics;
+        // Fetching the committed offsets of a read_committed consumer waits until no transaction
+        // holds pending offsets on these partitions (KIP-447 "require stable"): a previous owner's
+        // last transaction is resolved before its changelog is read.
+        let mut tpl = TopicPartitionList::new();
+        for &p in &pending {
+            tpl.add_partition(&topics.input, p);
+        }
+        let committed = self.consumer.committed_offsets(tpl, state::RESTORE_TIMEOUT).context("fetching committed offsets")?;
+        let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
+        let mut inner = self.shared.lock()?;
+        for (p, s) in restored {
+            inner.state.install(p, s);
+        }
+        inner.stats.restores += pending.len() as u64;
+        debug!(committed = ?committed.to_topic_map(), "restore done");
+        Ok(())
+    }
+
+    /// Applies one input record inside the open transaction (beginning one if none is open).
+    fn process(&self, m: &BorrowedMessage<'_>) -> Result<(), TxnError> {
+        let shared = &self.shared;
+        let settings = &shared.settings;
+        let p = m.partition();
+        let mut inner = shared.lock().map_err(|_| poisoned())?;
+        if m.topic() != settings.topics.input || inner.state.get(p).is_none() {
+            // Not ours (any more): librdkafka drops fetched records of revoked partitions, so this
+            // is a safety net, and the record is not acknowledged.
+            warn!(topic = m.topic(), partition = p, offset = m.offset(), "record of a partition not owned; ignored");
+            return Ok(());
+        }
+        if inner.txn.is_none() {
+            shared.producer.begin()?;
+            inner.txn = Some(OpenTxn::new());
+        }
+        let Inner { txn, state, .. } = &mut *inner;
+        let txn = txn.as_mut().expect("begun above");
+        let states = state.get_mut(p).expect("checked above");
+        match tick::decode(m.payload(), settings.max_tick_bytes) {
+            Err(e) => {
+                let failure = dlq::Failure { class: e.class(), message: e.to_string(), attempts: 1 };
+                warn!(partition = p, offset = m.offset(), class = e.class(), error = %e, "tick dead-lettered");
+                let rec = dlq::record(m, settings.group_id(), &failure);
+                let mut record = BaseRecord::to(&settings.topics.dlq).headers(rec.headers);
+                if let Some(k) = rec.key.as_deref() {
+                    record = record.key(k);
+                }
+                if let Some(v) = rec.value.as_deref() {
+                    record = record.payload(v);
+                }
+                shared.producer.send(record).map_err(|e| TxnError::new("produce dead letter", e))?;
+                txn.dead_letters += 1;
+            }
+            Ok(tick) => {
+                let mut current = states.get(&tick.symbol).cloned();
+                match apply_rules(&settings.rules, &mut current, &tick) {
+                    Outcome::Accepted { crossings } => {
+                        let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
+                        for c in &crossings {
+                            let source = Source { topic: m.topic().to_owned(), partition: p, offset: m.offset() };
+                            let n = Notification::new(&tick, c, tick_ts.clone(), source);
+                            let value = serde_json::to_vec(&n).unwrap_or_default();
+                            let record = BaseRecord::to(&settings.topics.notifications)
+                                .key(tick.symbol.as_bytes())
+                                .payload(value.as_slice());
+                            shared.producer.send(record).map_err(|e| TxnError::new("produce notification", e))?;
+                            txn.notifications += 1;
+                        }
+                        if let Some(s) = current {
+                            states.insert(tick.symbol.clone(), s);
+                        }
+                        txn.dirty.entry(p).or_default().insert(tick.symbol);
+                    }
+                    Outcome::Stale { last_seq } => {
+                        debug!(symbol = %tick.symbol, seq = tick.seq, last_seq, "stale tick ignored");
+                        txn.stale += 1;
+                    }
+                    Outcome::Unwatched => txn.unwatched += 1,
+                }
+            }
+        }
+        txn.records += 1;
+        txn.offsets.insert(p, m.offset() + 1);
+        Ok(())
+    }
+
+    /// Handles a transactional error: abortable ones abort and rewind, others stop the engine.
+    fn handle(&self, e: TxnError) -> anyhow::Result<()> {
+        if e.class != TxnErrorClass::Abortable {
+            return Err(e.into());
+        }
+        warn!(error = %e, "abortable transactional error; aborting and rewinding");
+        self.abort()
+    }
+
+    /// Whether a transaction is open, and since when.
+    pub fn open_since(&self) -> anyhow::Result<Option<(Instant, u64)>> {
+        Ok(self.shared.lock()?.txn.as_ref().map(|t| (t.started, t.records)))
+    }
+
+    /// Commits the open transaction (if any). An abortable failure aborts and rewinds, and is not
+    /// an error; a fatal one is.
+    pub fn commit(&self) -> anyhow::Result<bool> {
+        let mut inner = self.shared.lock()?;
+        match self.shared.commit_open(&mut inner, &self.consumer) {
+            Ok(()) => Ok(true),
+            Err(e) if e.class == TxnErrorClass::Abortable => {
+                warn!(error = %e, "commit failed; aborting and rewinding");
+                let owned: Vec<i32> = inner.state.owned().collect();
+                self.shared.abort_and_rewind(&mut inner, &self.consumer, &owned)?;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Puts the batch's state and offsets into the open transaction and waits until every record of
+    /// it is in the log, uncommitted: what the demo does before aborting, so that the aborted
+    /// records stay in the log behind an abort marker instead of being purged from the local
+    /// queue. Processing must not continue in this transaction afterwards; commit or abort.
+    pub fn stage_and_flush(&self) -> anyhow::Result<()> {
+        let mut inner = self.shared.lock()?;
+        self.shared.stage(&mut inner, &self.consumer)?;
+        self.shared.producer.flush(Duration::from_secs(30))?;
+        Ok(())
+    }
+
+    /// Aborts the open transaction (if any), rewinds every owned partition to its committed offset
+    /// and drops the state, which is restored before the next record.
+    pub fn abort(&self) -> anyhow::Result<()> {
+        let mut inner = self.shared.lock()?;
+        let owned: Vec<i32> = inner.state.owned().collect();
+        self.shared.abort_and_rewind(&mut inner, &self.consumer, &owned)?;
+        Ok(())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> anyhow::Result<Stats> {
+        Ok(self.shared.lock()?.stats.clone())
+    }
+
+    /// A copy of the state of every owned, loaded partition.
+    pub fn state_snapshot(&self) -> anyhow::Result<BTreeMap<i32, state::PartitionState>> {
+        Ok(self.shared.lock()?.state.snapshot())
+    }
+
+    /// Owned input partitions.
+    pub fn owned_partitions(&self) -> anyhow::Result<Vec<i32>> {
+        Ok(self.shared.lock()?.state.owned().collect())
+    }
+
+    /// The settings the engine runs with.
+    pub fn settings(&self) -> &EngineSettings {
+        &self.shared.settings
+    }
+
+    /// Commits what is open, then leaves the group (which revokes every partition).
+    pub fn close(self) -> anyhow::Result<Stats> {
+        let committed = self.commit();
+        self.consumer.unsubscribe();
+        // Serve the revoke triggered by unsubscribe, so the group sees us go now.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && !self.shared.lock()?.state.owned().next().is_none() {
+            let _ = self.consumer.poll(Duration::from_millis(100));
+        }
+        committed?;
+        if let Some(e) = self.shared.lock()?.fatal.take() {
+            return Err(e.into());
+        }
+        self.stats()
+    }
+}
+
+fn poisoned() -> TxnError {
+    TxnError {
+        step: "state lock",
+        class: TxnErrorClass::Fatal,
+        source: KafkaError::Global(RDKafkaErrorCode::Fail),
+    }
+}
+
+/// The record timestamp as RFC 3339 (stands in for a tick without `ts`).
+fn record_ts(m: &BorrowedMessage<'_>) -> String {
+    let ms = m.timestamp().to_millis().unwrap_or_else(|| {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    });
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}

@@ -1,0 +1,127 @@
+//! The long-running processor: batches of the engine's transactional step, and shutdown.
+//!
+//! ```text
+//!   ┌─────────────── dedicated thread (transactional calls block) ────────────────┐
+//!   │ loop: poll ≤100 ms ─► process ─► commit when the batch is commit-interval   │
+//!   │       old or max-batch records big; no transaction begins without data      │
+//!   └──────────────────────────────▲───────────────────────────────────────────────┘
+//!            stop flag set by ─────┘  the async side: SIGINT/SIGTERM (any future)
+//! ```
+//!
+//! Shutdown is a parameter: [`run`] takes any future, the binary passes the signals and tests
+//! pass what they like. On shutdown the loop stops polling, commits the open transaction (aborting
+//! it if the commit fails), leaves the group and returns; if that takes longer than the shutdown
+//! timeout, [`run`] returns an error so the process exits non-zero, and the broker aborts the open
+//! transaction when its timeout expires or when this instance restarts.
+
+use crate::engine::{Engine, EngineSettings, Stats};
+use crate::topics;
+use anyhow::{bail, Context as _};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Default commit interval: as Kafka Streams under exactly-once.
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+/// Default largest batch, in input records.
+pub const DEFAULT_MAX_BATCH: u64 = 5_000;
+/// Longest single poll: bounds how late a commit deadline or a stop request is noticed.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// How the processor batches and stops.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    pub engine: EngineSettings,
+    /// Commit when the open transaction is this old.
+    pub commit_interval: Duration,
+    /// Commit when the open transaction holds this many input records.
+    pub max_batch: u64,
+    /// How long shutdown may take before the process gives up and exits non-zero.
+    pub shutdown_timeout: Duration,
+    /// Partitions of the input topic if it has to be created.
+    pub input_partitions: Option<i32>,
+    /// Stop once no record arrived for this long and nothing is open (demos and benchmarks).
+    pub exit_when_idle: Option<Duration>,
+    /// Test only: abort every n-th transaction instead of committing it, as Kafka's own
+    /// transactional copier test does, to prove that aborts lose and double nothing.
+    pub abort_every: Option<u64>,
+}
+
+/// Runs the processor until `shutdown` resolves (or it idles out, or fails).
+pub async fn run(opts: PipelineOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
+    let partitions = topics::ensure(&opts.engine.kafka, &opts.engine.topics, opts.input_partitions).await?;
+    info!(input = %opts.engine.topics.input, partitions, "topics ready");
+    let stop = Arc::new(AtomicBool::new(false));
+    let shutdown_timeout = opts.shutdown_timeout;
+    let worker = {
+        let stop = Arc::clone(&stop);
+        tokio::task::spawn_blocking(move || run_blocking(&opts, &stop))
+    };
+    tokio::pin!(worker);
+    tokio::select! {
+        // The worker's own end (error or idle exit) wins over a shutdown that arrives at the same
+        // moment, so its result is never dropped.
+        biased;
+        done = &mut worker => return done.context("the processing thread panicked")?,
+        () = shutdown => info!("shutdown requested"),
+    }
+    stop.store(true, Ordering::Relaxed);
+    match tokio::time::timeout(shutdown_timeout, worker).await {
+        Ok(done) => done.context("the processing thread panicked")?,
+        Err(_) => bail!("shutdown did not finish within {shutdown_timeout:?}; the broker will abort the open transaction"),
+    }
+}
+
+/// The processing loop. Blocking: run it on a thread of its own.
+pub fn run_blocking(opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result<Stats> {
+    let engine = Engine::start(opts.engine.clone())?;
+    let result = process_until_stopped(&engine, opts, stop);
+    // Close (commit what is open, leave the group) also after an error, unless it was fatal to
+    // the transaction: then closing would only fail again.
+    match result {
+        Ok(()) => {
+            let stats = engine.close()?;
+            info!(?stats, "processor stopped");
+            Ok(stats)
+        }
+        Err(e) => {
+            warn!(error = format!("{e:#}"), "processor failed");
+            Err(e)
+        }
+    }
+}
+
+fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result<()> {
+    let mut transactions = 0u64;
+    let mut last_record = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let timeout = match engine.open_since()? {
+            Some((started, _)) => (started + opts.commit_interval).saturating_duration_since(Instant::now()),
+            None => POLL_SLICE,
+        };
+        if engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))? {
+            last_record = Instant::now();
+        }
+        match engine.open_since()? {
+            Some((started, records)) if started.elapsed() >= opts.commit_interval || records >= opts.max_batch => {
+                transactions += 1;
+                if opts.abort_every.is_some_and(|n| n > 0 && transactions % n == 0) {
+                    info!(transaction = transactions, "test switch: aborting this transaction");
+                    engine.abort()?;
+                } else {
+                    engine.commit()?;
+                }
+            }
+            Some(_) => {}
+            None => {
+                if opts.exit_when_idle.is_some_and(|idle| last_record.elapsed() >= idle) {
+                    info!("idle; stopping");
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! Per-symbol state, kept per input partition, and its restore from the changelog.
+//!
+//! The state of a symbol read from input partition p lives in changelog partition p (key =
+//! symbol, value = [`SymbolState`] as JSON). Keeping it per partition is what makes rebalances
+//! and aborts cheap and exact: a revoked partition's map is dropped, an assigned one is restored
+//! from its own changelog partition, and after an abort every owned partition is restored, so the
+//! state in force is always exactly the committed one.
+
+use crate::alert::SymbolState;
+use crate::reader::{read_partitions_to_end, Reader};
+use anyhow::Context as _;
+use rdkafka::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Bound on restoring one batch of partitions.
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Symbol -> state of one partition.
+pub type PartitionState = HashMap<String, SymbolState>;
+
+/// State of every owned partition; `None` until restored.
+#[derive(Debug, Default)]
+pub struct StateStore {
+    partitions: BTreeMap<i32, Option<PartitionState>>,
+}
+
+impl StateStore {
+    /// Takes ownership of `p`; its state must be restored before use.
+    pub fn assign(&mut self, p: i32) {
+        self.partitions.insert(p, None);
+    }
+
+    /// Gives `p` up.
+    pub fn revoke(&mut self, p: i32) {
+        self.partitions.remove(&p);
+    }
+
+    /// Forgets the in-memory state of every owned partition (after an abort).
+    pub fn invalidate_all(&mut self) {
+        for s in self.partitions.values_mut() {
+            *s = None;
+        }
+    }
+
+    pub fn owned(&self) -> impl Iterator<Item = i32> + '_ {
+        self.partitions.keys().copied()
+    }
+
+    pub fn is_owned(&self, p: i32) -> bool {
+        self.partitions.contains_key(&p)
+    }
+
+    /// Owned partitions whose state is not loaded.
+    pub fn pending(&self) -> Vec<i32> {
+        self.partitions.iter().filter(|(_, s)| s.is_none()).map(|(p, _)| *p).collect()
+    }
+
+    /// Loaded state of `p`.
+    pub fn get_mut(&mut self, p: i32) -> Option<&mut PartitionState> {
+        self.partitions.get_mut(&p).and_then(Option::as_mut)
+    }
+
+    pub fn get(&self, p: i32) -> Option<&PartitionState> {
+        self.partitions.get(&p).and_then(Option::as_ref)
+    }
+
+    /// Installs restored state for an owned partition (ignored if `p` was revoked meanwhile).
+    pub fn install(&mut self, p: i32, state: PartitionState) {
+        if let Some(slot) = self.partitions.get_mut(&p) {
+            *slot = Some(state);
+        }
+    }
+
+    /// Number of symbols held, over all partitions.
+    pub fn symbols(&self) -> usize {
+        self.partitions.values().flatten().map(HashMap::len).sum()
+    }
+
+    /// A copy of every loaded partition's state (tests compare restored and uninterrupted runs).
+    pub fn snapshot(&self) -> BTreeMap<i32, PartitionState> {
+        self.partitions.iter().filter_map(|(p, s)| s.clone().map(|s| (*p, s))).collect()
+    }
+}
+
+/// Reads changelog partitions to their (read_committed) end and returns each one's state.
+pub fn restore(
+    reader: &Reader,
+    changelog: &str,
+    partitions: &[i32],
+) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
+    let mut out: BTreeMap<i32, PartitionState> = partitions.iter().map(|&p| (p, HashMap::new())).collect();
+    let mut skipped = 0u64;
+    let n = read_partitions_to_end(reader, changelog, partitions, RESTORE_TIMEOUT, |m| {
+        let (Some(key), Some(value)) = (m.key(), m.payload()) else {
+            // A tombstone or a keyless record: nothing to restore (this code writes neither).
+            skipped += 1;
+            return Ok(());
+        };
+        let symbol = String::from_utf8_lossy(key).into_owned();
+        let state: SymbolState = serde_json::from_slice(value)
+            .with_context(|| format!("changelog {changelog}/{} offset {} is not a state record", m.partition(), m.offset()))?;
+        if let Some(map) = out.get_mut(&m.partition()) {
+            map.insert(symbol, state);
+        }
+        Ok(())
+    })?;
+    if skipped > 0 {
+        warn!(changelog, skipped, "changelog records without key or value ignored");
+    }
+    info!(
+        changelog,
+        partitions = ?partitions,
+        records = n,
+        symbols = out.values().map(HashMap::len).sum::<usize>(),
+        "state restored"
+    );
+    Ok(out)
+}

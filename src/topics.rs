@@ -1,0 +1,140 @@
+//! Topic names of one deployment and their creation.
+//!
+//! The processor creates what it needs when missing: the state changelog compacted and with the
+//! input's partition count (restoring input partition p reads changelog partition p, so the two
+//! counts must match), the notifications and DLQ topics with the input's count as a sensible
+//! default. An existing changelog with another partition count is refused: using it would restore
+//! the wrong state. Lacking the right to create a topic is reported as such.
+
+use crate::config::KafkaConfig;
+use crate::reader::partition_count;
+use anyhow::{anyhow, bail, Context as _};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::RDKafkaErrorCode;
+use std::time::Duration;
+
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The topics one processor reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topics {
+    /// Ticks, key = symbol.
+    pub input: String,
+    /// Notifications, key = symbol.
+    pub notifications: String,
+    /// Compacted per-symbol state, partition-aligned with `input`.
+    pub changelog: String,
+    /// Dead-lettered ticks.
+    pub dlq: String,
+}
+
+impl Topics {
+    /// The names of DESIGN.md: `market-updates`, `notifications`, `<app>-state`, `<input>.dlq`.
+    pub fn standard(app_id: &str) -> Self {
+        Self::with("market-updates".into(), "notifications".into(), app_id)
+    }
+
+    /// Names derived from an input and an output topic.
+    pub fn with(input: String, notifications: String, app_id: &str) -> Self {
+        Topics { dlq: format!("{input}.dlq"), changelog: format!("{app_id}-state"), input, notifications }
+    }
+
+    /// The standard names behind a prefix (tests and demos use a fresh prefix per run).
+    pub fn prefixed(prefix: &str, app_id: &str) -> Self {
+        Self::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &format!("{prefix}{app_id}"))
+    }
+}
+
+/// A topic to create if missing.
+#[derive(Debug, Clone)]
+pub struct TopicSpec {
+    pub name: String,
+    pub partitions: i32,
+    pub compacted: bool,
+}
+
+/// Creates the topics that do not exist yet. Replication factor: the broker's default.
+pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = kafka.admin().create().context("creating an admin client")?;
+    let new: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|s| {
+            let t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(-1));
+            if s.compacted {
+                t.set("cleanup.policy", "compact")
+            } else {
+                t
+            }
+        })
+        .collect();
+    let results = admin
+        .create_topics(&new, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
+        .await
+        .context("creating topics")?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed)) => {
+                bail!("not allowed to create topic {name}: create it beforehand or grant CREATE on it")
+            }
+            Err((name, code)) => bail!("cannot create topic {name}: {code}"),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes topics (tests and demos clean up after themselves); missing ones are fine.
+pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = kafka.admin().create()?;
+    let results = admin.delete_topics(names, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT))).await?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((name, code)) => bail!("cannot delete topic {name}: {code}"),
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure every topic of `topics` exists: the input must (or is created with
+/// `input_partitions` when given), the others are created to match it. Returns the input's
+/// partition count.
+pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Option<i32>) -> anyhow::Result<i32> {
+    let probe: BaseConsumer = kafka.admin().create().context("creating a metadata client")?;
+    let input = match partition_count(&probe, &topics.input, ADMIN_TIMEOUT) {
+        Ok(n) => n,
+        Err(e) => {
+            let Some(n) = input_partitions else {
+                return Err(e.context(format!("input topic {} is missing", topics.input)));
+            };
+            create_topics(kafka, &[TopicSpec { name: topics.input.clone(), partitions: n, compacted: false }]).await?;
+            n
+        }
+    };
+    let specs = [
+        TopicSpec { name: topics.notifications.clone(), partitions: input, compacted: false },
+        TopicSpec { name: topics.changelog.clone(), partitions: input, compacted: true },
+        TopicSpec { name: topics.dlq.clone(), partitions: input, compacted: false },
+    ];
+    let mut missing = Vec::new();
+    for s in &specs {
+        if partition_count(&probe, &s.name, ADMIN_TIMEOUT).is_err() {
+            missing.push(s.clone());
+        }
+    }
+    if !missing.is_empty() {
+        create_topics(kafka, &missing).await?;
+    }
+    let changelog = partition_count(&probe, &topics.changelog, ADMIN_TIMEOUT)?;
+    if changelog != input {
+        return Err(anyhow!(
+            "changelog {} has {changelog} partitions but input {} has {input}: restoring partition p reads \
+             changelog partition p, so they must match",
+            topics.changelog,
+            topics.input
+        ));
+    }
+    Ok(input)
+}

@@ -1,0 +1,144 @@
+//! The oracle: what the notifications should be, against what read_committed readers find.
+//!
+//! The expected notifications are computed from the committed input with the same pure crossing
+//! rule, partition by partition in offset order, per symbol: exactly what an uninterrupted
+//! processor would do. Ticks that do not decode are skipped here (the processor dead-letters
+//! them). The found notifications are read with read_committed to the end of every partition and
+//! compared by id (`symbol:seq:threshold:direction`): missing, duplicate and unexpected ids are
+//! listed, and any of them makes the verdict fail.
+
+use crate::alert::{apply_rules, Notification, Outcome, SymbolState};
+use crate::config::{Isolation, KafkaConfig};
+use crate::reader::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use crate::rules::Rules;
+use crate::tick;
+use anyhow::Context as _;
+use rdkafka::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// The verdict.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Input records read (read_committed).
+    pub input_records: u64,
+    /// Input records that did not decode as ticks.
+    pub bad_ticks: u64,
+    /// Stale ticks in the input.
+    pub stale_ticks: u64,
+    /// Notifications the input implies.
+    pub expected: u64,
+    /// Notifications found (read_committed), duplicates included.
+    pub found: u64,
+    /// Expected ids not found.
+    pub missing: Vec<String>,
+    /// Ids found more than once, with their count.
+    pub duplicate: Vec<(String, u64)>,
+    /// Ids found that the input does not imply.
+    pub unexpected: Vec<String>,
+    /// The final state per (partition, symbol) an uninterrupted run ends with.
+    pub final_state: BTreeMap<i32, BTreeMap<String, SymbolState>>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.missing.is_empty() && self.duplicate.is_empty() && self.unexpected.is_empty()
+    }
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{:<12} {:>10}", "input ticks", self.input_records)?;
+        writeln!(f, "{:<12} {:>10}", "bad ticks", self.bad_ticks)?;
+        writeln!(f, "{:<12} {:>10}", "stale ticks", self.stale_ticks)?;
+        writeln!(f, "{:<12} {:>10}", "expected", self.expected)?;
+        writeln!(f, "{:<12} {:>10}", "found", self.found)?;
+        writeln!(f, "{:<12} {:>10}", "missing", self.missing.len())?;
+        writeln!(f, "{:<12} {:>10}", "duplicate", self.duplicate.len())?;
+        writeln!(f, "{:<12} {:>10}", "unexpected", self.unexpected.len())?;
+        for id in self.missing.iter().take(10) {
+            writeln!(f, "  missing    {id}")?;
+        }
+        for (id, n) in self.duplicate.iter().take(10) {
+            writeln!(f, "  duplicate  {id} x{n}")?;
+        }
+        for id in self.unexpected.iter().take(10) {
+            writeln!(f, "  unexpected {id}")?;
+        }
+        write!(f, "{}", if self.ok() { "VERDICT: exactly once" } else { "VERDICT: DIFFERENCES FOUND" })
+    }
+}
+
+/// Expected notification ids of a committed input, computed with the crossing rule.
+pub fn expected_from_input(
+    kafka: &KafkaConfig,
+    input: &str,
+    rules: &Rules,
+    max_tick_bytes: usize,
+    report: &mut VerifyReport,
+) -> anyhow::Result<Vec<String>> {
+    let mut state: BTreeMap<i32, HashMap<String, Option<SymbolState>>> = BTreeMap::new();
+    let mut expected = Vec::new();
+    report.input_records = read_topic_to_end(kafka, input, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
+        let Ok(t) = tick::decode(m.payload(), max_tick_bytes) else {
+            report.bad_ticks += 1;
+            return Ok(());
+        };
+        let s = state.entry(m.partition()).or_default().entry(t.symbol.clone()).or_insert(None);
+        match apply_rules(rules, s, &t) {
+            Outcome::Accepted { crossings } => {
+                expected.extend(crossings.iter().map(|c| Notification::id_of(&t.symbol, t.seq, c.threshold, c.direction)))
+            }
+            Outcome::Stale { .. } => report.stale_ticks += 1,
+            Outcome::Unwatched => {}
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading input {input}"))?;
+    report.final_state = state
+        .into_iter()
+        .map(|(p, m)| (p, m.into_iter().filter_map(|(s, st)| st.map(|st| (s, st))).collect()))
+        .collect();
+    Ok(expected)
+}
+
+/// Compares the notifications implied by `input` with those committed to `notifications`.
+pub fn verify(
+    kafka: &KafkaConfig,
+    input: &str,
+    notifications: &str,
+    rules: &Rules,
+    max_tick_bytes: usize,
+) -> anyhow::Result<VerifyReport> {
+    let mut report = VerifyReport::default();
+    let expected = expected_from_input(kafka, input, rules, max_tick_bytes, &mut report)?;
+    let mut found: HashMap<String, u64> = HashMap::new();
+    report.found = read_topic_to_end(kafka, notifications, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
+        let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())
+            .with_context(|| format!("{notifications}/{} offset {} is not a notification", m.partition(), m.offset()))?;
+        *found.entry(n.id).or_default() += 1;
+        Ok(())
+    })
+    .with_context(|| format!("reading notifications {notifications}"))?;
+    report.expected = expected.len() as u64;
+    let mut expected_count: HashMap<&str, u64> = HashMap::new();
+    for id in &expected {
+        *expected_count.entry(id).or_default() += 1;
+    }
+    for (id, &want) in &expected_count {
+        match found.get(*id) {
+            None => report.missing.push((*id).to_owned()),
+            Some(&got) if got > want => report.duplicate.push(((*id).to_owned(), got)),
+            Some(_) => {}
+        }
+    }
+    for id in found.keys() {
+        if !expected_count.contains_key(id.as_str()) {
+            report.unexpected.push(id.clone());
+        }
+    }
+    report.missing.sort();
+    report.duplicate.sort();
+    report.unexpected.sort();
+    Ok(report)
+}
