@@ -136,6 +136,7 @@ impl PipelineArgs {
                 }
             }
         }
+        kafka.validate()?;
         let rules = crate::rules::Rules::load(&self.rules)?;
         if rules.is_empty() {
             anyhow::bail!("{}: no symbols: nothing would ever alert", self.rules.display());

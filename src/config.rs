@@ -87,6 +87,20 @@ impl KafkaConfig {
         Ok(())
     }
 
+    /// Checks every pass-through property against librdkafka itself, so a misspelt or invalid one
+    /// is refused at start with its name instead of failing deep inside a client.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (k, v) in &self.properties {
+            let mut c = ClientConfig::new();
+            c.set(k, v);
+            // No bootstrap.servers: the client is created and dropped without connecting.
+            if let Err(e) = c.create::<rdkafka::producer::BaseProducer>() {
+                bail!("librdkafka property {k}={v} refused: {e}");
+            }
+        }
+        Ok(())
+    }
+
     fn base(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap);

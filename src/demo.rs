@@ -102,8 +102,8 @@ impl fmt::Display for Report {
         writeln!(f, "notifications topic: {}", self.topics.notifications)?;
         writeln!(
             f,
-            "{:<9} {:<7} {:>14} {:>16}  {:<24} {}",
-            "phase", "end", "read_committed", "read_uncommitted", "committed offsets", "check"
+            "{:<9} {:<7} {:>14} {:>16}  {:<24} check",
+            "phase", "end", "read_committed", "read_uncommitted", "committed offsets"
         )?;
         for p in &self.phases {
             let mut check = String::new();

@@ -300,6 +300,13 @@ impl Shared {
         partitions: &[i32],
     ) -> Result<(), TxnError> {
         if let Some(txn) = inner.txn.take() {
+            // Let in-flight produce requests finish first: with records still in flight, Kafka 4.x
+            // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
+            // forced-abort test. Delivery errors here are expected and change nothing: the
+            // transaction is being aborted anyway.
+            if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
+                debug!(error = %e, "flush before abort did not complete");
+            }
             self.producer.abort()?;
             inner.stats.aborts += 1;
             info!(records = txn.records, "transaction aborted");
@@ -570,7 +577,7 @@ impl Engine {
         self.consumer.unsubscribe();
         // Serve the revoke triggered by unsubscribe, so the group sees us go now.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && !self.shared.lock()?.state.owned().next().is_none() {
+        while Instant::now() < deadline && self.shared.lock()?.state.owned().next().is_some() {
             let _ = self.consumer.poll(Duration::from_millis(100));
         }
         committed?;

@@ -7,7 +7,7 @@ use crate::config::KafkaConfig;
 use crate::tick::{encode, Tick};
 use anyhow::{anyhow, Context as _};
 use futures::future::join_all;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,33 +21,52 @@ pub struct Landed {
     pub offset: i64,
 }
 
-/// Produces raw (key, value) records and waits for all of them; returns where each landed.
-pub fn produce_raw(kafka: &KafkaConfig, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) -> anyhow::Result<Vec<Landed>> {
-    let producer: FutureProducer = kafka.idempotent_producer().create().context("creating the loader")?;
-    let mut landed = Vec::with_capacity(records.len());
-    // Chunks stay well below librdkafka's local queue (100,000 messages by default), so a send
-    // never waits for room, which would need an async runtime's timer.
-    for chunk in records.chunks(LOAD_CHUNK) {
-        let futures = chunk.iter().map(|(k, v)| {
-            let mut r = FutureRecord::<[u8], [u8]>::to(topic).payload(v.as_slice());
-            if let Some(k) = k {
-                r = r.key(k.as_slice());
-            }
-            producer.send(r, Timeout::After(Duration::from_secs(30)))
-        });
-        for r in futures::executor::block_on(join_all(futures)) {
-            let d = r.map_err(|(e, _)| anyhow!(e).context(format!("loading a record into {topic}")))?;
-            landed.push(Landed { partition: d.partition, offset: d.offset });
-        }
-    }
-    producer.flush(Duration::from_secs(30)).context("flushing the loader")?;
-    Ok(landed)
+/// An upstream feed: one idempotent producer, reused for every batch.
+pub struct Loader {
+    producer: FutureProducer,
 }
 
-/// Produces ticks keyed by symbol and waits for all of them.
+impl Loader {
+    pub fn new(kafka: &KafkaConfig) -> anyhow::Result<Self> {
+        Ok(Loader { producer: kafka.idempotent_producer().create().context("creating the loader")? })
+    }
+
+    /// Produces raw (key, value) records and waits for all of them; returns where each landed.
+    pub fn send_raw(&self, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) -> anyhow::Result<Vec<Landed>> {
+        let mut landed = Vec::with_capacity(records.len());
+        // Chunks stay well below librdkafka's local queue (100,000 messages by default), so a send
+        // never waits for room, which would need an async runtime's timer.
+        for chunk in records.chunks(LOAD_CHUNK) {
+            let futures = chunk.iter().map(|(k, v)| {
+                let mut r = FutureRecord::<[u8], [u8]>::to(topic).payload(v.as_slice());
+                if let Some(k) = k {
+                    r = r.key(k.as_slice());
+                }
+                self.producer.send(r, Timeout::After(Duration::from_secs(30)))
+            });
+            for r in futures::executor::block_on(join_all(futures)) {
+                let d = r.map_err(|(e, _)| anyhow!(e).context(format!("loading a record into {topic}")))?;
+                landed.push(Landed { partition: d.partition, offset: d.offset });
+            }
+        }
+        Ok(landed)
+    }
+
+    /// Produces ticks keyed by symbol and waits for all of them.
+    pub fn send_ticks(&self, topic: &str, ticks: &[Tick]) -> anyhow::Result<Vec<Landed>> {
+        let records: Vec<_> = ticks.iter().map(|t| (Some(t.symbol.as_bytes().to_vec()), encode(t))).collect();
+        self.send_raw(topic, &records)
+    }
+}
+
+/// Produces raw records with a one-off loader.
+pub fn produce_raw(kafka: &KafkaConfig, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) -> anyhow::Result<Vec<Landed>> {
+    Loader::new(kafka)?.send_raw(topic, records)
+}
+
+/// Produces ticks with a one-off loader.
 pub fn produce_ticks(kafka: &KafkaConfig, topic: &str, ticks: &[Tick]) -> anyhow::Result<Vec<Landed>> {
-    let records: Vec<_> = ticks.iter().map(|t| (Some(t.symbol.as_bytes().to_vec()), encode(t))).collect();
-    produce_raw(kafka, topic, &records)
+    Loader::new(kafka)?.send_ticks(topic, ticks)
 }
 
 /// The next offset after the last record landed in each partition (what a consumer that processed

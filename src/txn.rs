@@ -98,6 +98,14 @@ impl ProducerContext for DeliveryContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, m)) = result {
+            if matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight)
+            ) {
+                // Purged by our own abort: the record was meant to vanish with its transaction.
+                debug!(topic = m.topic(), "record purged by abort");
+                return;
+            }
             self.failures.fetch_add(1, Ordering::Relaxed);
             warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             if let Ok(mut last) = self.last_error.lock() {

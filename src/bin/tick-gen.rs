@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use price_alerts::cli::{init_logging, KafkaArgs};
 use price_alerts::generate::{generate, GenOptions};
-use price_alerts::load::produce_ticks;
+use price_alerts::load::Loader;
 use price_alerts::topics::{create_topics, TopicSpec};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -74,8 +74,9 @@ fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     // With a rate, send one-second slices and wait for the next second; otherwise all at once.
     let slice = if cli.rate == 0 { ticks.len().max(1) } else { cli.rate as usize };
+    let loader = Loader::new(&kafka)?;
     for (i, chunk) in ticks.chunks(slice).enumerate() {
-        produce_ticks(&kafka, &cli.topic, chunk)?;
+        loader.send_ticks(&cli.topic, chunk)?;
         if cli.rate > 0 {
             let next = started + Duration::from_secs(i as u64 + 1);
             std::thread::sleep(next.saturating_duration_since(Instant::now()));

@@ -38,3 +38,129 @@ pub fn settings(prefix: &str, rules: Rules) -> EngineSettings {
 pub fn create_topics(s: &EngineSettings, partitions: i32) {
     futures::executor::block_on(topics::ensure(&s.kafka, &s.topics, Some(partitions))).expect("creating topics");
 }
+
+/// A running `alert-pipeline` child process.
+pub struct Pipeline {
+    pub child: std::process::Child,
+    pub instance: String,
+}
+
+/// Where a pipeline run reads and writes, and with which rules.
+pub struct Run {
+    pub prefix: String,
+    pub app_id: String,
+    pub input: String,
+    pub output: String,
+    pub rules_path: std::path::PathBuf,
+    pub rules: Rules,
+    /// Extra arguments for every instance.
+    pub extra: Vec<String>,
+}
+
+impl Run {
+    /// A fresh run of `test` with `rules` written to a temp file.
+    pub fn new(test: &str, rules: Rules) -> Self {
+        let prefix = prefix(test);
+        let dir = std::env::temp_dir().join(format!("{prefix}rules"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let rules_path = dir.join("rules.toml");
+        std::fs::write(&rules_path, rules.to_toml()).expect("writing rules");
+        Run {
+            app_id: format!("{prefix}app"),
+            input: format!("{prefix}market-updates"),
+            output: format!("{prefix}notifications"),
+            prefix,
+            rules_path,
+            rules,
+            extra: Vec::new(),
+        }
+    }
+
+    pub fn topics(&self) -> Topics {
+        Topics::with(self.input.clone(), self.output.clone(), &self.app_id)
+    }
+
+    /// Creates the input topic and the processor's topics.
+    pub fn create_topics(&self, partitions: i32) {
+        futures::executor::block_on(topics::ensure(&kafka(), &self.topics(), Some(partitions))).expect("topics");
+    }
+
+    /// Starts instance `instance` of the pipeline as a child process.
+    pub fn spawn(&self, instance: &str) -> Pipeline {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_alert-pipeline"))
+            .args(["--rules", self.rules_path.to_str().expect("utf-8 path")])
+            .args(["--app-id", &self.app_id, "--instance-id", instance])
+            .args(["--input", &self.input, "--output", &self.output])
+            .args(["--bootstrap", &kafka().bootstrap])
+            .args(&self.extra)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("starting alert-pipeline");
+        Pipeline { child, instance: instance.to_owned() }
+    }
+
+    /// Sum of the group's committed offsets over the input partitions.
+    pub fn committed(&self) -> i64 {
+        price_alerts::reader::committed_offsets(&kafka(), &self.app_id, &self.input)
+            .expect("committed offsets")
+            .into_iter()
+            .flatten()
+            .sum()
+    }
+
+    /// Waits until the group's committed offsets reach `target` on every partition (the position
+    /// after the last loaded record), or fails after `timeout`.
+    pub fn wait_committed(&self, target: &std::collections::BTreeMap<i32, i64>, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let committed = price_alerts::reader::committed_offsets(&kafka(), &self.app_id, &self.input)
+                .expect("committed offsets");
+            if target.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "committed {committed:?} never reached {target:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The verifier's report for this run.
+    pub fn verify(&self) -> price_alerts::verify::VerifyReport {
+        price_alerts::verify::verify(&kafka(), &self.input, &self.output, &self.rules, DEFAULT_MAX_TICK_BYTES)
+            .expect("verifier runs")
+    }
+}
+
+impl Pipeline {
+    /// Sends a signal (SIGKILL, SIGTERM) to the child.
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .args([format!("-{sig}"), self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{sig} failed");
+    }
+
+    /// Waits for the child to exit, at most `timeout`; returns its exit status.
+    pub fn wait(mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("instance {} did not exit within {timeout:?}", self.instance);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // A failing test must not leave processors running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,245 @@
+//! The processor as people run it: a child process on the real broker, checked by the verifier
+//! (expected notifications from the input through the crossing rule, against what read_committed
+//! readers find). Crashes are real SIGKILLs, shutdowns real SIGTERMs.
+
+mod common;
+
+use common::{kafka, Run};
+use price_alerts::config::Isolation;
+use price_alerts::generate::{generate, GenOptions};
+use price_alerts::load::{next_offsets, produce_ticks, Landed, Loader};
+use price_alerts::reader::{count_records, reader};
+use price_alerts::rules::Rules;
+use price_alerts::state;
+use price_alerts::tick::Tick;
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const CAUGHT_UP: Duration = Duration::from_secs(180);
+const EXIT: Duration = Duration::from_secs(40);
+
+fn stream(symbols: usize, ticks: usize, seed: u64) -> (Rules, Vec<Tick>) {
+    generate(&GenOptions { symbols, ticks, seed, stale_every: 97 })
+}
+
+/// Loads `ticks` in `chunks` slices spread over about `spread`, from a thread of its own, so the
+/// processor works on a live stream; returns where every tick landed.
+fn load_slowly(input: String, ticks: Vec<Tick>, chunks: usize, spread: Duration) -> thread::JoinHandle<Vec<Landed>> {
+    thread::spawn(move || {
+        let loader = Loader::new(&kafka()).expect("loader");
+        let size = ticks.len().div_ceil(chunks);
+        let pause = spread / chunks as u32;
+        let mut landed = Vec::new();
+        for chunk in ticks.chunks(size) {
+            landed.extend(loader.send_ticks(&input, chunk).expect("loading ticks"));
+            thread::sleep(pause); // input pacing, not a wait for a condition
+        }
+        landed
+    })
+}
+
+/// Waits until the group's committed offsets have moved `by` past `from` (summed over partitions).
+fn wait_progress(run: &Run, from: i64, by: i64) -> i64 {
+    let deadline = Instant::now() + CAUGHT_UP;
+    loop {
+        let now = run.committed();
+        if now >= from + by {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "no progress past {now} (wanted {})", from + by);
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn assert_exactly_once(run: &Run, ticks: usize) -> price_alerts::verify::VerifyReport {
+    let report = run.verify();
+    println!("{report}");
+    assert_eq!(report.input_records, ticks as u64);
+    assert!(report.expected > 500, "the stream should cross often, got {}", report.expected);
+    assert!(report.missing.is_empty(), "missing: {:?}", &report.missing[..report.missing.len().min(5)]);
+    assert!(report.duplicate.is_empty(), "duplicates: {:?}", &report.duplicate[..report.duplicate.len().min(5)]);
+    assert!(report.unexpected.is_empty(), "unexpected: {:?}", &report.unexpected[..report.unexpected.len().min(5)]);
+    assert_eq!(report.found, report.expected);
+    report
+}
+
+/// The committed changelog, read as a restoring instance reads it.
+fn committed_state(run: &Run, partitions: i32) -> BTreeMap<i32, BTreeMap<String, price_alerts::alert::SymbolState>> {
+    let r = reader(&kafka(), Isolation::ReadCommitted).unwrap();
+    let all: Vec<i32> = (0..partitions).collect();
+    state::restore(&r, &run.topics().changelog, &all)
+        .unwrap()
+        .into_iter()
+        .map(|(p, m)| (p, m.into_iter().collect()))
+        .filter(|(_, m): &(i32, BTreeMap<_, _>)| !m.is_empty())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn end_to_end_ten_thousand_ticks_exactly_once() {
+    let (rules, ticks) = stream(50, 10_000, 1);
+    let run = Run::new("e2e", rules);
+    run.create_topics(6);
+    let landed = produce_ticks(&kafka(), &run.input, &ticks).unwrap();
+    let started = Instant::now();
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    println!("10,000 ticks processed and committed in {:.1}s", started.elapsed().as_secs_f64());
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "graceful shutdown exits 0");
+    let report = assert_exactly_once(&run, 10_000);
+    assert!(report.stale_ticks > 50, "stale duplicates were in the input");
+    assert_eq!(committed_state(&run, 6), report.final_state, "changelog = state of the oracle");
+}
+
+/// Notifications in the log that read_committed readers do not see: output of open or aborted
+/// transactions. Committed readers are counted first: a commit between the two reads can then
+/// only add to the figure, never hide an open transaction.
+fn uncommitted_output(run: &Run) -> u64 {
+    let rc = count_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap();
+    let ru = count_records(&kafka(), &run.output, Isolation::ReadUncommitted).unwrap();
+    ru.saturating_sub(rc)
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
+    let (rules, ticks) = stream(50, 12_000, 2);
+    let mut run = Run::new("crash", rules);
+    // One-second batches over a steady stream: a transaction is open nearly all the time.
+    run.extra = vec!["--commit-interval".into(), "1s".into()];
+    run.create_topics(6);
+    let started = Instant::now();
+    let loader = load_slowly(run.input.clone(), ticks, 120, Duration::from_secs(15));
+    let mut kills = 0;
+    let mut committed = 0;
+    let mut hidden = 0;
+    let mut p = run.spawn("0");
+    while kills < 3 {
+        committed = wait_progress(&run, committed, 1_000);
+        // Kill while a transaction has output in the log: uncommitted output grew since the last
+        // kill (what earlier kills left behind is aborted and never shrinks).
+        let deadline = Instant::now() + CAUGHT_UP;
+        loop {
+            let now = uncommitted_output(&run);
+            if now > hidden {
+                hidden = now;
+                break;
+            }
+            assert!(Instant::now() < deadline, "no open transaction with output seen");
+        }
+        p.signal("KILL");
+        let status = p.wait(EXIT);
+        assert!(!status.success(), "SIGKILL ends the process abnormally");
+        kills += 1;
+        println!("kill {kills} at committed position {committed}, {hidden} uncommitted notifications in the log");
+        // The same instance id: the restart fences the dead one and aborts its open transaction.
+        p = run.spawn("0");
+    }
+    let landed = loader.join().expect("loader");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+    let report = assert_exactly_once(&run, 12_000);
+    let aborted = uncommitted_output(&run);
+    println!(
+        "crash test: 12000 ticks, {kills} kills, expected {} found {} missing 0 duplicate 0; \
+         notifications of killed transactions (aborted): {aborted}; wall {:.1}s",
+        report.expected,
+        report.found,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(aborted > 0, "at least one kill landed in a transaction with output, which stays aborted");
+    assert_eq!(committed_state(&run, 6), report.final_state, "restored state = uninterrupted run's");
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn two_instances_share_the_work_and_one_is_replaced() {
+    let (rules, ticks) = stream(50, 10_000, 3);
+    let mut run = Run::new("group", rules);
+    // Static members that stop are only evicted after the session timeout: keep it short here.
+    run.extra = vec!["-X".into(), "session.timeout.ms=6000".into()];
+    run.create_topics(6);
+    let loader = load_slowly(run.input.clone(), ticks, 25, Duration::from_secs(10));
+    let a = run.spawn("0");
+    let b = run.spawn("1");
+    let committed = wait_progress(&run, 0, 2_500);
+    b.signal("TERM");
+    assert!(b.wait(EXIT).success(), "the stopped instance exits 0");
+    println!("instance 1 stopped at committed position {committed}");
+    let c = run.spawn("2");
+    let landed = loader.join().expect("loader");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    a.signal("TERM");
+    c.signal("TERM");
+    assert!(a.wait(EXIT).success());
+    assert!(c.wait(EXIT).success());
+    assert_exactly_once(&run, 10_000);
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn every_third_transaction_aborted_still_exactly_once() {
+    let (rules, ticks) = stream(50, 10_000, 4);
+    let mut run = Run::new("aborts", rules);
+    run.extra = ["--test-abort-every", "3", "--commit-interval", "50ms", "--max-batch", "400"]
+        .map(String::from)
+        .to_vec();
+    run.create_topics(6);
+    let landed = produce_ticks(&kafka(), &run.input, &ticks).unwrap();
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+    let report = assert_exactly_once(&run, 10_000);
+    let ru = count_records(&kafka(), &run.output, Isolation::ReadUncommitted).unwrap();
+    println!("forced aborts: committed {} notifications, {} more in aborted transactions", report.found, ru - report.found);
+    assert!(ru > report.found, "aborted transactions left output behind abort markers");
+    assert_eq!(committed_state(&run, 6), report.final_state);
+}
+
+/// Runs the pipeline binary with `args` and returns (exit code, stderr).
+fn refused(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_alert-pipeline")).args(args).output().expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_rules_and_bad_properties_are_refused_with_a_clear_message() {
+    let dir = std::env::temp_dir().join(format!("{}cfg", common::prefix("cfg")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[symbols]\nBBCA = [\"10000\"]\nTLKM = [3000.5]\n").unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "[symbols]\nBBCA = [\"10000\"]\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    let good = good.to_str().unwrap();
+
+    let (code, err) = refused(&["--rules", bad]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("bad.toml:3") && err.contains("float"), "{err}");
+
+    let (code, err) = refused(&["--rules", "/nonexistent/rules.toml"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("/nonexistent/rules.toml"), "{err}");
+
+    let (code, err) = refused(&["--rules", good, "-X", "no.such.property=1"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no.such.property"), "{err}");
+
+    let (code, err) = refused(&["--rules", good, "-X", "linger.ms=soon"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("linger.ms"), "{err}");
+
+    let (code, err) = refused(&["--rules", good, "-X", "isolation.level=read_uncommitted"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("isolation.level cannot be overridden"), "{err}");
+
+    let (code, err) = refused(&["--rules", good, "-X", "malformed"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("key=value"), "{err}");
+}
