@@ -103,9 +103,30 @@ pub struct PipelineArgs {
     /// Stop once idle this long with nothing open (demos, benchmarks).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub exit_when_idle: Option<std::time::Duration>,
+    /// Delivery guarantee; at-least-once exists to compare against (it repeats outputs after a
+    /// crash between produce and commit).
+    #[arg(long, value_enum, default_value = "exactly-once")]
+    pub guarantee: crate::engine::Guarantee,
+    /// Attempts per tick (the first included) before a failing tick is dead-lettered as poison.
+    #[arg(long, default_value_t = 4)]
+    pub max_attempts: u32,
+    /// Largest total backoff per tick before it is dead-lettered as transient.exhausted; keep it
+    /// far below max.poll.interval.ms and the transaction timeout.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub retry_budget: std::time::Duration,
+    /// Deterministic fault injection: seq % 25 == 0 always fails (poison), seq % 7 == 0 fails its
+    /// first two attempts (flaky).
+    #[arg(long)]
+    pub inject_faults: bool,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9898).
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// TEST ONLY: abort every n-th transaction instead of committing it.
     #[arg(long, hide = true)]
     pub test_abort_every: Option<u64>,
+    /// TEST ONLY: crash (abort the process) at the n-th commit, after its outputs are in the log.
+    #[arg(long, hide = true)]
+    pub test_crash_before_commit: Option<u64>,
 }
 
 /// The `[librdkafka]` table of a config file.
@@ -141,6 +162,12 @@ impl PipelineArgs {
         if rules.is_empty() {
             anyhow::bail!("{}: no symbols: nothing would ever alert", self.rules.display());
         }
+        if self.max_attempts == 0 {
+            anyhow::bail!("--max-attempts must be at least 1");
+        }
+        if self.retry_budget * 4 > self.transaction_timeout {
+            anyhow::bail!("--retry-budget must stay well below --transaction-timeout (at most a quarter)");
+        }
         if self.max_batch == 0 {
             anyhow::bail!("--max-batch must be at least 1");
         }
@@ -153,14 +180,24 @@ impl PipelineArgs {
         }
         Ok(crate::pipeline::PipelineOptions {
             engine: crate::engine::EngineSettings {
-                kafka,
-                app_id: self.app_id.clone(),
-                instance_id: self.instance_id.clone(),
-                topics,
-                rules: std::sync::Arc::new(rules),
                 max_tick_bytes: self.max_tick_bytes,
                 transaction_timeout: self.transaction_timeout,
                 static_membership: !self.dynamic_membership,
+                guarantee: self.guarantee,
+                retry: crate::failure::RetryPolicy {
+                    max_attempts: self.max_attempts,
+                    budget: self.retry_budget,
+                    ..crate::failure::RetryPolicy::default()
+                },
+                faults: crate::failure::FaultInjection { enabled: self.inject_faults },
+                crash_before_commit: self.test_crash_before_commit,
+                ..crate::engine::EngineSettings::new(
+                    kafka,
+                    &self.app_id,
+                    &self.instance_id,
+                    topics,
+                    std::sync::Arc::new(rules),
+                )
             },
             commit_interval: self.commit_interval,
             max_batch: self.max_batch,

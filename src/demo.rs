@@ -16,12 +16,12 @@
 //! one) resumes there, restores the state of batch A from the changelog, and redoes batch B.
 //! Every figure is checked; [`Report::ok`] says whether all matched.
 
-use crate::config::{Isolation, KafkaConfig, DEFAULT_TRANSACTION_TIMEOUT};
+use crate::config::{Isolation, KafkaConfig};
 use crate::engine::{Engine, EngineSettings};
 use crate::load::{next_offsets, produce_ticks};
 use crate::reader::{committed_offsets, count_records};
 use crate::rules::Rules;
-use crate::tick::{Tick, DEFAULT_MAX_TICK_BYTES};
+use crate::tick::Tick;
 use crate::topics::{self, Topics};
 use anyhow::{bail, Context as _};
 use rust_decimal::Decimal;
@@ -165,16 +165,13 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
     let threshold = Decimal::from(100);
     let rules = Rules::from_pairs((0..SYMBOLS).map(|i| (symbol(i), vec![threshold])));
-    let settings = EngineSettings {
-        kafka: kafka.clone(),
-        app_id: format!("{}{app_id}", opts.prefix),
-        instance_id: "0".into(),
-        topics: topics.clone(),
-        rules: Arc::new(rules),
-        max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
-        transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
-        static_membership: true,
-    };
+    let settings = EngineSettings::new(
+        kafka.clone(),
+        &format!("{}{app_id}", opts.prefix),
+        "0",
+        topics.clone(),
+        Arc::new(rules),
+    );
     let group = settings.group_id().to_owned();
     let half = SYMBOLS / 2;
     let mut phases = Vec::new();

@@ -5,6 +5,7 @@
 //! moves past the failed tick, so a tick is either processed or dead-lettered, never skipped: if
 //! the DLQ write fails, the transaction aborts and the offset stays where it was.
 
+use crate::failure::Failure;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::Message;
 use std::time::SystemTime;
@@ -18,17 +19,6 @@ pub const MAX_ERROR_MESSAGE: usize = 256;
 pub const SERVICE: &str = env!("CARGO_PKG_NAME");
 /// Version written to `dlq.service.version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// Why a tick is dead-lettered.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    /// Dotted class, e.g. `permanent.bad_decimal`, `transient.exhausted`, `poison`.
-    pub class: &'static str,
-    /// Human-readable reason; sanitized before it is written.
-    pub message: String,
-    /// Attempts made before giving up (1 for permanent failures).
-    pub attempts: u32,
-}
 
 /// A dead-letter record ready to produce.
 pub struct DlqRecord {
@@ -50,9 +40,9 @@ pub fn record(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> DlqR
     let offset = msg.offset().to_string();
     let origin = format!("{topic}/{partition}/{offset}");
     let timestamp = msg.timestamp().to_millis().map(|ms| ms.to_string()).unwrap_or_default();
-    let attempts = failure.attempts.to_string();
+    let attempts = failure.attempts().to_string();
     let failed_at = now_rfc3339();
-    let message = sanitize(&failure.message);
+    let message = sanitize(&failure.message());
     for (k, v) in [
         ("dlq.origin", origin.as_str()),
         ("dlq.original.topic", topic),
@@ -60,7 +50,7 @@ pub fn record(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> DlqR
         ("dlq.original.offset", offset.as_str()),
         ("dlq.original.timestamp", timestamp.as_str()),
         ("dlq.consumer.group", group),
-        ("dlq.error.class", failure.class),
+        ("dlq.error.class", failure.class()),
         ("dlq.error.message", message.as_str()),
         ("dlq.attempts", attempts.as_str()),
         ("dlq.failed.at", failed_at.as_str()),

@@ -37,6 +37,8 @@
 use crate::alert::{apply_rules, Notification, Outcome, Source};
 use crate::config::{Isolation, KafkaConfig};
 use crate::dlq;
+use crate::failure::{Failure, FaultInjection, RetryPolicy};
+use crate::metrics as m;
 use crate::reader::{reader, Reader};
 use crate::rules::Rules;
 use crate::state::{self, StateStore};
@@ -44,7 +46,7 @@ use crate::tick;
 use crate::topics::Topics;
 use crate::txn::{TxnError, TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, Context as _};
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::BaseRecord;
@@ -79,9 +81,48 @@ pub struct EngineSettings {
     pub transaction_timeout: Duration,
     /// Use static group membership (group.instance.id = transactional id).
     pub static_membership: bool,
+    /// Exactly-once (transactions) or at-least-once (idempotent producer, offsets committed after
+    /// the outputs are acknowledged); the latter exists to compare against.
+    pub guarantee: Guarantee,
+    /// Bounds of the inline retry of a failing tick.
+    pub retry: RetryPolicy,
+    /// Deterministic fault injection (off by default).
+    pub faults: FaultInjection,
+    /// TEST ONLY: exit abruptly at the n-th commit, after the batch's outputs are in the log and
+    /// before its offsets are committed: a crash placed between produce and commit.
+    pub crash_before_commit: Option<u64>,
+}
+
+/// The delivery guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Guarantee {
+    /// Outputs, state and offsets in one transaction.
+    #[default]
+    ExactlyOnce,
+    /// No transaction: outputs acknowledged, then offsets committed; a crash in between repeats
+    /// the batch's outputs.
+    AtLeastOnce,
 }
 
 impl EngineSettings {
+    /// Settings with the defaults of everything but the deployment's names and rules.
+    pub fn new(kafka: KafkaConfig, app_id: &str, instance_id: &str, topics: Topics, rules: Arc<Rules>) -> Self {
+        EngineSettings {
+            kafka,
+            app_id: app_id.to_owned(),
+            instance_id: instance_id.to_owned(),
+            topics,
+            rules,
+            max_tick_bytes: crate::tick::DEFAULT_MAX_TICK_BYTES,
+            transaction_timeout: crate::config::DEFAULT_TRANSACTION_TIMEOUT,
+            static_membership: true,
+            guarantee: Guarantee::ExactlyOnce,
+            retry: RetryPolicy::default(),
+            faults: FaultInjection::default(),
+            crash_before_commit: None,
+        }
+    }
+
     pub fn group_id(&self) -> &str {
         &self.app_id
     }
@@ -100,6 +141,8 @@ pub struct Stats {
     pub committed_notifications: u64,
     /// Dead-lettered ticks inside committed transactions.
     pub committed_dead_letters: u64,
+    /// Ticks that succeeded only after retries, inside committed transactions.
+    pub committed_retried: u64,
     /// Stale ticks (seq not newer) inside committed transactions.
     pub committed_stale: u64,
     /// Ticks of symbols without rules inside committed transactions.
@@ -116,7 +159,10 @@ struct OpenTxn {
     started: Instant,
     records: u64,
     notifications: u64,
-    dead_letters: u64,
+    /// Dead-lettered ticks per class.
+    dead_letters: BTreeMap<&'static str, u64>,
+    /// Ticks that succeeded after retries.
+    retried: u64,
     stale: u64,
     unwatched: u64,
     /// Next offset to read, per input partition with records in this transaction.
@@ -133,7 +179,8 @@ impl OpenTxn {
             started: Instant::now(),
             records: 0,
             notifications: 0,
-            dead_letters: 0,
+            dead_letters: BTreeMap::new(),
+            retried: 0,
             stale: 0,
             unwatched: 0,
             offsets: BTreeMap::new(),
@@ -249,20 +296,53 @@ impl Shared {
                 self.producer.send(record).map_err(|e| TxnError::new("produce state", e))?;
             }
         }
-        let mut tpl = TopicPartitionList::new();
-        for (&p, &next) in &txn.offsets {
-            tpl.add_partition_offset(&topics.input, p, Offset::Offset(next))
-                .map_err(|e| TxnError::new("offsets", e))?;
+        if self.settings.guarantee == Guarantee::ExactlyOnce {
+            // Present for every consumer with a group.id, which this one always has.
+            let group = consumer.group_metadata().ok_or_else(|| TxnError {
+                step: "group_metadata",
+                class: TxnErrorClass::Fatal,
+                source: KafkaError::Global(RDKafkaErrorCode::InvalidGroupId),
+            })?;
+            self.producer.send_offsets(&self.offsets_of(txn)?, &group)?;
         }
-        // Present for every consumer with a group.id, which this one always has.
-        let group = consumer.group_metadata().ok_or_else(|| TxnError {
-            step: "group_metadata",
-            class: TxnErrorClass::Fatal,
-            source: KafkaError::Global(RDKafkaErrorCode::InvalidGroupId),
-        })?;
-        self.producer.send_offsets(&tpl, &group)?;
         txn.staged = true;
         Ok(())
+    }
+
+    /// At least once: waits until everything produced is acknowledged, and fails (abortable: the
+    /// batch is redone) if any record could not be delivered.
+    fn flush_acknowledged(&self) -> Result<(), TxnError> {
+        let failures = self.producer.delivery_failures();
+        self.producer
+            .flush(self.settings.transaction_timeout)
+            .map_err(|e| TxnError { step: "flush", class: TxnErrorClass::Abortable, source: e })?;
+        if self.producer.delivery_failures() > failures {
+            return Err(TxnError {
+                step: "delivery",
+                class: TxnErrorClass::Abortable,
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
+            });
+        }
+        Ok(())
+    }
+
+    fn offsets_of(&self, txn: &OpenTxn) -> Result<TopicPartitionList, TxnError> {
+        let mut tpl = TopicPartitionList::new();
+        for (&p, &next) in &txn.offsets {
+            tpl.add_partition_offset(&self.settings.topics.input, p, Offset::Offset(next))
+                .map_err(|e| TxnError::new("offsets", e))?;
+        }
+        Ok(tpl)
+    }
+
+    /// Exits the process abruptly if the test switch says this commit is the one to crash at.
+    fn maybe_crash(&self, inner: &Inner) {
+        if self.settings.crash_before_commit == Some(inner.stats.commits + 1) {
+            // Outputs first into the log, so the crash lands between produce and commit.
+            let _ = self.producer.flush(Duration::from_secs(30));
+            error!(commit = inner.stats.commits + 1, "test switch: crashing before this commit");
+            std::process::abort();
+        }
     }
 
     /// Commits the open transaction, if any: dirty states, then offsets, then commit.
@@ -271,16 +351,37 @@ impl Shared {
             return Ok(());
         }
         let started = Instant::now();
-        self.stage(inner, consumer)?;
-        self.producer.commit()?;
+        match self.settings.guarantee {
+            Guarantee::ExactlyOnce => {
+                self.stage(inner, consumer)?;
+                self.maybe_crash(inner);
+                self.producer.commit()?;
+            }
+            Guarantee::AtLeastOnce => {
+                // Outputs acknowledged first; state and offsets second. A crash in between repeats
+                // the batch's notifications after the restart: that is at-least-once.
+                self.flush_acknowledged()?;
+                self.maybe_crash(inner);
+                self.stage(inner, consumer)?;
+                self.flush_acknowledged()?;
+                let tpl = inner.txn.as_ref().map(|t| self.offsets_of(t)).transpose()?.unwrap_or_default();
+                consumer.commit(&tpl, CommitMode::Sync).map_err(|e| TxnError {
+                    step: "commit offsets",
+                    class: TxnErrorClass::Abortable,
+                    source: e,
+                })?;
+            }
+        }
         let Some(txn) = inner.txn.take() else { return Ok(()) };
         let s = &mut inner.stats;
         s.commits += 1;
         s.committed_records += txn.records;
         s.committed_notifications += txn.notifications;
-        s.committed_dead_letters += txn.dead_letters;
+        s.committed_dead_letters += txn.dead_letters.values().sum::<u64>();
+        s.committed_retried += txn.retried;
         s.committed_stale += txn.stale;
         s.committed_unwatched += txn.unwatched;
+        m::committed(&txn.dead_letters, txn.records, txn.notifications, txn.stale, txn.retried, started.elapsed());
         debug!(
             records = txn.records,
             notifications = txn.notifications,
@@ -299,7 +400,13 @@ impl Shared {
         consumer: &BaseConsumer<RebalanceHandler>,
         partitions: &[i32],
     ) -> Result<(), TxnError> {
-        if let Some(txn) = inner.txn.take() {
+        if self.settings.guarantee == Guarantee::AtLeastOnce {
+            // No transaction to abort: what was produced stays; the redo may repeat it.
+            if inner.txn.take().is_some() {
+                inner.stats.aborts += 1;
+                m::aborted();
+            }
+        } else if let Some(txn) = inner.txn.take() {
             // Let in-flight produce requests finish first: with records still in flight, Kafka 4.x
             // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
             // forced-abort test. Delivery errors here are expected and change nothing: the
@@ -309,6 +416,7 @@ impl Shared {
             }
             self.producer.abort()?;
             inner.stats.aborts += 1;
+            m::aborted();
             info!(records = txn.records, "transaction aborted");
         }
         inner.state.invalidate_all();
@@ -366,8 +474,14 @@ impl Engine {
     /// Blocking: call it off the async runtime.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Self> {
         let txn_id = settings.transactional_id();
-        let producer_cfg = settings.kafka.transactional_producer(&txn_id, settings.transaction_timeout)?;
-        let producer = TxnProducer::new(&producer_cfg).context("starting the transactional producer")?;
+        let producer = match settings.guarantee {
+            Guarantee::ExactlyOnce => {
+                let cfg = settings.kafka.transactional_producer(&txn_id, settings.transaction_timeout)?;
+                TxnProducer::new(&cfg).context("starting the transactional producer")?
+            }
+            Guarantee::AtLeastOnce => TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
+                .context("starting the idempotent producer")?,
+        };
         let instance = settings.static_membership.then_some(txn_id.as_str());
         let consumer_cfg = settings.kafka.group_consumer(settings.group_id(), instance);
         let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted).context("creating the restore reader")?;
@@ -377,7 +491,13 @@ impl Engine {
             .create_with_context(RebalanceHandler { shared: Arc::clone(&shared) })
             .context("creating the consumer")?;
         consumer.subscribe(&[&input]).context("subscribing")?;
-        info!(transactional_id = %txn_id, group = shared.settings.group_id(), input = %input, "engine started");
+        info!(
+            transactional_id = %txn_id,
+            group = shared.settings.group_id(),
+            input = %input,
+            guarantee = ?shared.settings.guarantee,
+            "engine started"
+        );
         Ok(Engine { consumer, shared, restore_reader })
     }
 
@@ -430,6 +550,7 @@ impl Engine {
             inner.state.install(p, s);
         }
         inner.stats.restores += pending.len() as u64;
+        m::restored(pending.len());
         debug!(committed = ?committed.to_topic_map(), "restore done");
         Ok(())
     }
@@ -447,16 +568,32 @@ impl Engine {
             return Ok(());
         }
         if inner.txn.is_none() {
-            shared.producer.begin()?;
+            if settings.guarantee == Guarantee::ExactlyOnce {
+                shared.producer.begin()?;
+            }
             inner.txn = Some(OpenTxn::new());
         }
         let Inner { txn, state, .. } = &mut *inner;
         let txn = txn.as_mut().expect("begun above");
         let states = state.get_mut(p).expect("checked above");
-        match tick::decode(m.payload(), settings.max_tick_bytes) {
-            Err(e) => {
-                let failure = dlq::Failure { class: e.class(), message: e.to_string(), attempts: 1 };
-                warn!(partition = p, offset = m.offset(), class = e.class(), error = %e, "tick dead-lettered");
+        let decoded = tick::decode(m.payload(), settings.max_tick_bytes).map_err(Failure::Permanent).and_then(|tick| {
+            // The processing step proper. It cannot fail today but for injected faults; the retry
+            // is where a real transient dependency (an enrichment lookup, say) would be retried.
+            let mut rng = rand::rng();
+            let ((), attempts) =
+                settings.retry.run(&mut rng, std::thread::sleep, |n| settings.faults.check(tick.seq, n))?;
+            Ok((tick, attempts))
+        });
+        match decoded {
+            Err(failure) => {
+                warn!(
+                    partition = p,
+                    offset = m.offset(),
+                    class = failure.class(),
+                    attempts = failure.attempts(),
+                    error = %failure.message(),
+                    "tick dead-lettered"
+                );
                 let rec = dlq::record(m, settings.group_id(), &failure);
                 let mut record = BaseRecord::to(&settings.topics.dlq).headers(rec.headers);
                 if let Some(k) = rec.key.as_deref() {
@@ -466,9 +603,13 @@ impl Engine {
                     record = record.payload(v);
                 }
                 shared.producer.send(record).map_err(|e| TxnError::new("produce dead letter", e))?;
-                txn.dead_letters += 1;
+                *txn.dead_letters.entry(failure.class()).or_default() += 1;
             }
-            Ok(tick) => {
+            Ok((tick, attempts)) => {
+                if attempts > 1 {
+                    debug!(symbol = %tick.symbol, seq = tick.seq, attempts, "tick succeeded after retries");
+                    txn.retried += 1;
+                }
                 let mut current = states.get(&tick.symbol).cloned();
                 match apply_rules(&settings.rules, &mut current, &tick) {
                     Outcome::Accepted { crossings } => {

@@ -31,7 +31,9 @@
 //! - [`txn`]: the transactional producer and the error classification.
 //! - [`engine`]: the transactional consume-process-produce step, rebalances, aborts.
 //! - [`state`]: per-partition state and its restore.
+//! - [`failure`]: the failure classes, the bounded retry, fault injection.
 //! - [`dlq`]: dead-letter records.
+//! - [`metrics`]: the counters, in one place.
 //! - [`topics`], [`reader`], [`load`]: topic management, reading to the end, loading input.
 //! - [`pipeline`]: the long-running processor loop and its shutdown.
 //! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
@@ -44,8 +46,10 @@ pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod engine;
+pub mod failure;
 pub mod generate;
 pub mod load;
+pub mod metrics;
 pub mod pipeline;
 pub mod reader;
 pub mod rules;

@@ -2,13 +2,14 @@
 //!
 //! The expected notifications are computed from the committed input with the same pure crossing
 //! rule, partition by partition in offset order, per symbol: exactly what an uninterrupted
-//! processor would do. Ticks that do not decode are skipped here (the processor dead-letters
-//! them). The found notifications are read with read_committed to the end of every partition and
+//! processor would do. Ticks that do not decode, and poison ticks when fault injection is on, are
+//! skipped here (the processor dead-letters them). The found notifications are read with read_committed to the end of every partition and
 //! compared by id (`symbol:seq:threshold:direction`): missing, duplicate and unexpected ids are
 //! listed, and any of them makes the verdict fail.
 
 use crate::alert::{apply_rules, Notification, Outcome, SymbolState};
 use crate::config::{Isolation, KafkaConfig};
+use crate::failure::FaultInjection;
 use crate::reader::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
 use crate::rules::Rules;
 use crate::tick;
@@ -26,6 +27,8 @@ pub struct VerifyReport {
     pub bad_ticks: u64,
     /// Stale ticks in the input.
     pub stale_ticks: u64,
+    /// Ticks that are poison under the fault injection in force.
+    pub poison_ticks: u64,
     /// Notifications the input implies.
     pub expected: u64,
     /// Notifications found (read_committed), duplicates included.
@@ -51,6 +54,7 @@ impl fmt::Display for VerifyReport {
         writeln!(f, "{:<12} {:>10}", "input ticks", self.input_records)?;
         writeln!(f, "{:<12} {:>10}", "bad ticks", self.bad_ticks)?;
         writeln!(f, "{:<12} {:>10}", "stale ticks", self.stale_ticks)?;
+        writeln!(f, "{:<12} {:>10}", "poison ticks", self.poison_ticks)?;
         writeln!(f, "{:<12} {:>10}", "expected", self.expected)?;
         writeln!(f, "{:<12} {:>10}", "found", self.found)?;
         writeln!(f, "{:<12} {:>10}", "missing", self.missing.len())?;
@@ -75,6 +79,7 @@ pub fn expected_from_input(
     input: &str,
     rules: &Rules,
     max_tick_bytes: usize,
+    faults: FaultInjection,
     report: &mut VerifyReport,
 ) -> anyhow::Result<Vec<String>> {
     let mut state: BTreeMap<i32, HashMap<String, Option<SymbolState>>> = BTreeMap::new();
@@ -84,6 +89,11 @@ pub fn expected_from_input(
             report.bad_ticks += 1;
             return Ok(());
         };
+        if faults.is_poison(t.seq) {
+            // Dead-lettered by the processor after its retry budget: no state change, no alert.
+            report.poison_ticks += 1;
+            return Ok(());
+        }
         let s = state.entry(m.partition()).or_default().entry(t.symbol.clone()).or_insert(None);
         match apply_rules(rules, s, &t) {
             Outcome::Accepted { crossings } => {
@@ -109,9 +119,10 @@ pub fn verify(
     notifications: &str,
     rules: &Rules,
     max_tick_bytes: usize,
+    faults: FaultInjection,
 ) -> anyhow::Result<VerifyReport> {
     let mut report = VerifyReport::default();
-    let expected = expected_from_input(kafka, input, rules, max_tick_bytes, &mut report)?;
+    let expected = expected_from_input(kafka, input, rules, max_tick_bytes, faults, &mut report)?;
     let mut found: HashMap<String, u64> = HashMap::new();
     report.found = read_topic_to_end(kafka, notifications, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
         let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())

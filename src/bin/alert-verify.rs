@@ -24,6 +24,9 @@ struct Cli {
     /// Same limit as the pipeline's --max-tick-bytes.
     #[arg(long, default_value_t = price_alerts::tick::DEFAULT_MAX_TICK_BYTES)]
     max_tick_bytes: usize,
+    /// The pipeline ran with --inject-faults: poison ticks imply no notification.
+    #[arg(long)]
+    inject_faults: bool,
 }
 
 fn main() -> ExitCode {
@@ -42,7 +45,8 @@ fn run() -> anyhow::Result<bool> {
     let cli = Cli::parse();
     let kafka = cli.kafka.config()?;
     let rules = Rules::load(&cli.rules)?;
-    let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes)?;
+    let faults = price_alerts::failure::FaultInjection { enabled: cli.inject_faults };
+    let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?;
     println!("{report}");
     Ok(report.ok())
 }

@@ -22,16 +22,8 @@ pub fn prefix(test: &str) -> String {
 /// Settings of one engine instance on fresh topics.
 pub fn settings(prefix: &str, rules: Rules) -> EngineSettings {
     let app_id = format!("{prefix}app");
-    EngineSettings {
-        kafka: kafka(),
-        topics: Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id),
-        app_id,
-        instance_id: "0".into(),
-        rules: Arc::new(rules),
-        max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
-        transaction_timeout: Duration::from_secs(10),
-        static_membership: true,
-    }
+    let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
+    EngineSettings::new(kafka(), &app_id, "0", topics, Arc::new(rules))
 }
 
 /// Creates the topics of `s` with `partitions` input partitions.
@@ -55,6 +47,10 @@ pub struct Run {
     pub rules: Rules,
     /// Extra arguments for every instance.
     pub extra: Vec<String>,
+    /// Fault injection the instances run with (the verifier must know).
+    pub faults: price_alerts::failure::FaultInjection,
+    /// --max-tick-bytes of the instances (the verifier must agree on what is oversize).
+    pub max_tick_bytes: usize,
 }
 
 impl Run {
@@ -73,6 +69,8 @@ impl Run {
             rules_path,
             rules,
             extra: Vec::new(),
+            faults: Default::default(),
+            max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
         }
     }
 
@@ -93,6 +91,8 @@ impl Run {
             .args(["--input", &self.input, "--output", &self.output])
             .args(["--bootstrap", &kafka().bootstrap])
             .args(&self.extra)
+            .args(self.faults.enabled.then_some("--inject-faults"))
+            .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
             .stdin(std::process::Stdio::null())
             .spawn()
@@ -126,7 +126,7 @@ impl Run {
 
     /// The verifier's report for this run.
     pub fn verify(&self) -> price_alerts::verify::VerifyReport {
-        price_alerts::verify::verify(&kafka(), &self.input, &self.output, &self.rules, DEFAULT_MAX_TICK_BYTES)
+        price_alerts::verify::verify(&kafka(), &self.input, &self.output, &self.rules, self.max_tick_bytes, self.faults)
             .expect("verifier runs")
     }
 }

@@ -1,0 +1,288 @@
+//! Failure handling on the real broker: every bad tick ends in the DLQ with its class and headers
+//! in the same transaction as the offset past it, poison ticks exactly once, flaky ticks
+//! processed, an unwritable DLQ holds the offset back, and at-least-once repeats what
+//! exactly-once does not.
+
+mod common;
+
+use common::{kafka, Run};
+use price_alerts::config::Isolation;
+use price_alerts::failure::FaultInjection;
+use price_alerts::generate::{generate, GenOptions};
+use price_alerts::load::{next_offsets, produce_raw, Loader};
+use price_alerts::reader::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use price_alerts::rules::Rules;
+use price_alerts::tick::{self, Tick};
+use price_alerts::topics;
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::Message;
+use rust_decimal::Decimal;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+const CAUGHT_UP: Duration = Duration::from_secs(180);
+const EXIT: Duration = Duration::from_secs(40);
+
+/// A dead-letter record as read back.
+#[derive(Debug)]
+struct DeadLetter {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: BTreeMap<String, String>,
+}
+
+fn dead_letters(topic: &str) -> Vec<DeadLetter> {
+    let mut out = Vec::new();
+    read_topic_to_end(&kafka(), topic, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
+        let mut headers = BTreeMap::new();
+        if let Some(h) = m.headers() {
+            for h in h.iter() {
+                headers.insert(h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
+            }
+        }
+        out.push(DeadLetter { key: m.key().map(<[u8]>::to_vec), value: m.payload().map(<[u8]>::to_vec), headers });
+        Ok(())
+    })
+    .expect("reading the DLQ");
+    out
+}
+
+fn good(symbol: &str, price: &str, seq: u64) -> (Option<Vec<u8>>, Vec<u8>) {
+    let t = Tick { symbol: symbol.into(), price: Decimal::from_str_exact(price).unwrap(), seq, ts: None };
+    (Some(symbol.as_bytes().to_vec()), tick::encode(&t))
+}
+
+fn raw(key: &str, value: &[u8]) -> (Option<Vec<u8>>, Vec<u8>) {
+    (Some(key.as_bytes().to_vec()), value.to_vec())
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
+    let rules = Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]);
+    let mut run = Run::new("dlq", rules);
+    run.max_tick_bytes = 512;
+    run.create_topics(1);
+    let oversize = format!(r#"{{"symbol":"AAA","price":"1","seq":9,"pad":"{}"}}"#, "x".repeat(600));
+    let bad: Vec<(&str, Vec<u8>)> = vec![
+        ("permanent.not_json", b"SECRET-not-json".to_vec()),
+        ("permanent.not_utf8", vec![0xff, 0xfe, 0x00]),
+        ("permanent.wrong_type", br#"{"symbol":"AAA","price":"1","seq":"three"}"#.to_vec()),
+        ("permanent.missing_field", br#"{"symbol":"AAA","price":"1"}"#.to_vec()),
+        ("permanent.bad_decimal", br#"{"symbol":"AAA","price":"SECRET-1.2.3","seq":3}"#.to_vec()),
+        ("permanent.non_positive_price", br#"{"symbol":"AAA","price":"-5","seq":3}"#.to_vec()),
+        ("permanent.bad_symbol", br#"{"symbol":"aaa lower","price":"1","seq":3}"#.to_vec()),
+        ("permanent.oversize", oversize.into_bytes()),
+    ];
+    // Good ticks around the bad ones: below, cross up, cross down, so the partition must keep going.
+    let mut records = vec![good("AAA", "90", 1)];
+    records.extend(bad.iter().map(|(_, v)| raw("AAA", v)));
+    records.push(good("AAA", "110", 2));
+    records.push(good("AAA", "95", 3));
+    let mut landed = produce_raw(&kafka(), &run.input, &records).unwrap();
+    // One more bad record with headers of its own, which the DLQ record must carry over.
+    let producer: FutureProducer = kafka().idempotent_producer().create().unwrap();
+    let headers = OwnedHeaders::new().insert(Header { key: "trace-id", value: Some("abc-123") });
+    let d = futures::executor::block_on(producer.send(
+        FutureRecord::to(&run.input).key("AAA").payload("{not json").headers(headers),
+        Duration::from_secs(30),
+    ))
+    .unwrap();
+    landed.push(price_alerts::load::Landed { partition: d.partition, offset: d.offset });
+
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "the pipeline kept running and stopped cleanly");
+
+    let dlq = dead_letters(&run.topics().dlq);
+    assert_eq!(dlq.len(), bad.len() + 1, "one DLQ record per bad tick");
+    for (i, (class, value)) in bad.iter().enumerate() {
+        let offset = landed[i + 1].offset;
+        let d = dlq
+            .iter()
+            .find(|d| d.headers["dlq.original.offset"] == offset.to_string())
+            .unwrap_or_else(|| panic!("no DLQ record for offset {offset}"));
+        assert_eq!(d.headers["dlq.error.class"], *class, "offset {offset}");
+        assert_eq!(d.value.as_deref(), Some(value.as_slice()), "value bytes untouched");
+        assert_eq!(d.key.as_deref(), Some(b"AAA".as_slice()), "key bytes untouched");
+        assert_eq!(d.headers["dlq.origin"], format!("{}/0/{offset}", run.input));
+        assert_eq!(d.headers["dlq.original.topic"], run.input);
+        assert_eq!(d.headers["dlq.original.partition"], "0");
+        assert_eq!(d.headers["dlq.consumer.group"], run.app_id);
+        assert_eq!(d.headers["dlq.attempts"], "1");
+        assert_eq!(d.headers["dlq.service"], "price-alerts");
+        assert!(!d.headers["dlq.service.version"].is_empty());
+        assert!(d.headers["dlq.original.timestamp"].parse::<i64>().unwrap() > 0);
+        assert!(d.headers["dlq.failed.at"].ends_with('Z'));
+        let msg = &d.headers["dlq.error.message"];
+        assert!(msg.len() <= 256 && !msg.is_empty());
+        assert!(!msg.contains("SECRET"), "the message never echoes the payload: {msg}");
+    }
+    let with_header = dlq.iter().find(|d| d.headers.contains_key("trace-id")).expect("original header kept");
+    assert_eq!(with_header.headers["trace-id"], "abc-123");
+    assert_eq!(with_header.headers["dlq.error.class"], "permanent.not_json");
+
+    let report = run.verify();
+    println!("{report}");
+    assert!(report.ok());
+    assert_eq!(report.expected, 2, "the good ticks around the bad ones still alert: up, then down");
+    assert_eq!(report.bad_ticks, bad.len() as u64 + 1);
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill() {
+    let (rules, ticks) = generate(&GenOptions { symbols: 50, ticks: 10_000, seed: 5, stale_every: 0 });
+    let mut run = Run::new("faults", rules);
+    run.faults = FaultInjection { enabled: true };
+    run.extra = vec!["--commit-interval".into(), "500ms".into()];
+    run.create_topics(6);
+    let poison: BTreeSet<(String, u64)> =
+        ticks.iter().filter(|t| t.seq % 25 == 0).map(|t| (t.symbol.clone(), t.seq)).collect();
+    let flaky = ticks.iter().filter(|t| t.seq % 7 == 0 && t.seq % 25 != 0).count();
+    let landed = Loader::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let started = Instant::now();
+    let mut p = run.spawn("0");
+    for kill in 1..=2 {
+        let deadline = Instant::now() + CAUGHT_UP;
+        while run.committed() < 3_000 * kill {
+            assert!(Instant::now() < deadline, "no progress");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        p.signal("KILL");
+        assert!(!p.wait(EXIT).success());
+        p = run.spawn("0");
+    }
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+
+    let dlq = dead_letters(&run.topics().dlq);
+    let mut seen = BTreeSet::new();
+    for d in &dlq {
+        assert_eq!(d.headers["dlq.error.class"], "poison");
+        assert_eq!(d.headers["dlq.attempts"], "4");
+        let t = tick::decode(d.value.as_deref(), 4096).expect("the DLQ keeps the original tick");
+        assert!(seen.insert((t.symbol, t.seq)), "a poison tick dead-lettered twice");
+    }
+    assert_eq!(seen, poison, "the DLQ holds exactly the poison ticks");
+    let report = run.verify();
+    println!("{report}");
+    assert!(report.ok(), "every flaky tick's notifications present, none doubled");
+    assert_eq!(report.poison_ticks as usize, poison.len());
+    println!(
+        "fault injection: 10000 ticks, {} poison in, {} DLQ records, {flaky} flaky, expected {} found {}, \
+         duplicates {}, 2 SIGKILLs, wall {:.1}s",
+        poison.len(),
+        dlq.len(),
+        report.expected,
+        report.found,
+        report.duplicate.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Reads a counter from the pipeline's Prometheus endpoint (0 when absent).
+fn scrape(addr: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0.0 };
+    let _ = s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes());
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
+    let rules = Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]);
+    let mut run = Run::new("dlqdown", rules);
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    // Short message timeout: a record for the missing topic fails (and the transaction aborts)
+    // after 3 s instead of 9.
+    run.extra = ["--metrics-addr", &addr, "--transaction-timeout", "4s", "-X", "message.timeout.ms=3000"]
+        .map(String::from)
+        .to_vec();
+    run.create_topics(1);
+    let loader = Loader::new(&kafka()).unwrap();
+    let first = loader.send_raw(&run.input, &[good("AAA", "90", 1)]).unwrap();
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&first), CAUGHT_UP);
+
+    let dlq_topic = run.topics().dlq;
+    futures::executor::block_on(topics::delete_topics(&kafka(), &[&dlq_topic])).unwrap();
+    let bad = loader.send_raw(&run.input, &[raw("AAA", b"not json"), good("AAA", "120", 2)]).unwrap();
+    let bad_offset = bad[0].offset;
+
+    // The DLQ write fails, so the transaction aborts; the offset stays at the bad tick.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while scrape(&addr, "alerts_transactions_aborted_total") < 2.0 {
+        assert!(Instant::now() < deadline, "no abort seen while the DLQ was missing");
+        let committed = price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
+        assert_eq!(committed[0], Some(bad_offset), "the offset never moves past an undelivered dead letter");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let committed = price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
+    assert_eq!(committed[0], Some(bad_offset), "still at the bad tick after the aborts");
+    assert_eq!(count_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap(), 0);
+
+    futures::executor::block_on(topics::create_topics(
+        &kafka(),
+        &[topics::TopicSpec { name: dlq_topic.clone(), partitions: 1, compacted: false }],
+    ))
+    .unwrap();
+    run.wait_committed(&next_offsets(&bad), CAUGHT_UP);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+    let dlq = dead_letters(&dlq_topic);
+    assert_eq!(dlq.len(), 1, "the bad tick dead-lettered once, after the DLQ came back");
+    assert_eq!(dlq[0].headers["dlq.original.offset"], bad_offset.to_string());
+    let report = run.verify();
+    println!("{report}");
+    assert!(report.ok());
+    assert_eq!(report.expected, 1, "the good tick behind the bad one was processed");
+}
+
+/// Runs the crash-between-produce-and-commit scenario in `guarantee` mode; returns the verdict.
+fn crash_between_produce_and_commit(guarantee: &str, ticks: &[Tick], rules: &Rules) -> price_alerts::verify::VerifyReport {
+    let mut run = Run::new(&format!("crash-{guarantee}"), rules.clone());
+    let base = ["--guarantee", guarantee, "--max-batch", "300", "--commit-interval", "5s"].map(String::from).to_vec();
+    run.create_topics(3);
+    let landed = Loader::new(&kafka()).unwrap().send_ticks(&run.input, ticks).unwrap();
+    run.extra = [base.clone(), vec!["--test-crash-before-commit".into(), "3".into()]].concat();
+    let p = run.spawn("0");
+    let status = p.wait(CAUGHT_UP);
+    assert!(!status.success(), "{guarantee}: the test switch crashed the process");
+    run.extra = base;
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+    let report = run.verify();
+    println!("{guarantee}:\n{report}");
+    report
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn at_least_once_duplicates_after_a_crash_where_exactly_once_does_not() {
+    let (rules, ticks) = generate(&GenOptions { symbols: 20, ticks: 3_000, seed: 6, stale_every: 0 });
+    let alo = crash_between_produce_and_commit("at-least-once", &ticks, &rules);
+    let eos = crash_between_produce_and_commit("exactly-once", &ticks, &rules);
+    println!(
+        "same input and crash: at-least-once {} duplicates, exactly-once {} duplicates (missing {} / {})",
+        alo.duplicate.len(),
+        eos.duplicate.len(),
+        alo.missing.len(),
+        eos.missing.len()
+    );
+    assert!(alo.missing.is_empty() && alo.unexpected.is_empty(), "at-least-once loses nothing");
+    assert!(!alo.duplicate.is_empty(), "at-least-once repeats the crashed batch's notifications");
+    assert!(eos.ok(), "exactly-once: no duplicate, nothing missing");
+}
