@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# Image of the price-alert pipeline: `alert-pipeline` (the entrypoint) and `txn-demo`.
+# Image of the price-alert pipeline: `alert-pipeline` (the entrypoint) and its companions
+# (`txn-demo`, `tick-gen`, `alert-verify`).
 # Built by `docker compose build` (see docker-compose.yml) or `docker build -t price-alerts .`.
 
 # ---- build ----
@@ -15,14 +16,15 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
     && mkdir -p /out \
-    && cp target/release/alert-pipeline target/release/txn-demo /out/
+    && cp target/release/alert-pipeline target/release/txn-demo target/release/tick-gen \
+          target/release/alert-verify /out/
 
 # ---- runtime ----
 FROM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates libssl3 \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/alert-pipeline /out/txn-demo /usr/local/bin/
+COPY --from=build /out/ /usr/local/bin/
 # Not root: the pipeline needs no privileges.
 RUN useradd --system --uid 10001 --no-create-home alerts
 USER alerts

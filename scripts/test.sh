@@ -30,5 +30,5 @@ trap cleanup EXIT
 SECONDS=0
 cargo build --locked --all-targets
 # Two test threads: the machine has two cores and each broker test runs clients of its own.
-cargo test --locked "$@" -- --include-ignored --test-threads=2
+cargo test --locked --no-fail-fast "$@" -- --include-ignored --test-threads=2
 echo "test.sh: all tests passed in ${SECONDS}s"

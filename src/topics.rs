@@ -110,7 +110,7 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
                 return Err(e.context(format!("input topic {} is missing", topics.input)));
             };
             create_topics(kafka, &[TopicSpec { name: topics.input.clone(), partitions: n, compacted: false }]).await?;
-            n
+            wait_for_partitions(&probe, &topics.input)?
         }
     };
     let specs = [
@@ -127,7 +127,7 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
     if !missing.is_empty() {
         create_topics(kafka, &missing).await?;
     }
-    let changelog = partition_count(&probe, &topics.changelog, ADMIN_TIMEOUT)?;
+    let changelog = wait_for_partitions(&probe, &topics.changelog)?;
     if changelog != input {
         return Err(anyhow!(
             "changelog {} has {changelog} partitions but input {} has {input}: restoring partition p reads \
@@ -137,4 +137,17 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
         ));
     }
     Ok(input)
+}
+
+/// Partition count of a topic that was just created: a broker answers CreateTopics before its
+/// metadata shows the topic, so ask again for a bounded time.
+fn wait_for_partitions(probe: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
+    let deadline = std::time::Instant::now() + ADMIN_TIMEOUT;
+    loop {
+        match partition_count(probe, topic, ADMIN_TIMEOUT) {
+            Ok(n) => return Ok(n),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
