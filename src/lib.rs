@@ -36,6 +36,8 @@
 //! - [`metrics`]: the counters, in one place.
 //! - [`topics`], [`reader`], [`load`]: topic management, reading to the end, loading input.
 //! - [`pipeline`]: the long-running processor loop and its shutdown.
+//! - [`bench`], [`pipeline_bench`]: producer throughput by mode; the pipeline's cost of
+//!   exactly-once.
 //! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
 //! - [`demo`]: the commit/abort experiment (5 versus 10).
 
@@ -51,6 +53,7 @@ pub mod generate;
 pub mod load;
 pub mod metrics;
 pub mod pipeline;
+pub mod pipeline_bench;
 pub mod reader;
 pub mod rules;
 pub mod state;

@@ -1,0 +1,333 @@
+//! What exactly-once costs the pipeline: throughput, end-to-end latency and memory, by mode.
+//!
+//! Each run uses fresh topics and the release `alert-pipeline` binary as a child process, as it
+//! is deployed:
+//! 1. **Throughput.** N ticks are pre-loaded, the pipeline starts, and the group's committed
+//!    offsets are polled. Ticks per second are measured from the first commit seen to the last
+//!    (positions advanced over that window), so process start-up and group join are not counted.
+//! 2. **Latency.** With the backlog done, L more ticks are appended at a steady rate while a
+//!    read_committed consumer tails `notifications`; a notification's latency is the time it
+//!    became visible to that consumer minus the append time of its tick (the record timestamp,
+//!    carried in `tick_ts`). That is what a downstream reader waits: batching plus commit.
+//! 3. **Memory.** Peak RSS of the child (`VmHWM`) before it is stopped with SIGTERM.
+//!
+//! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
+//! hits all of them alike; medians are reported with their spread.
+
+use crate::bench::stats::{median, percentile};
+use crate::config::{Isolation, KafkaConfig};
+use crate::generate::{generate, GenOptions};
+use crate::load::{next_offsets, Loader};
+use crate::reader::committed_offsets;
+use crate::topics::{self, Topics};
+use anyhow::{anyhow, bail, Context as _};
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// One configuration of the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Config {
+    /// `exactly-once` or `at-least-once`.
+    pub guarantee: &'static str,
+    pub commit_interval_ms: u64,
+}
+
+impl Config {
+    pub fn label(&self) -> String {
+        format!("{} {}ms", self.guarantee, self.commit_interval_ms)
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub kafka: KafkaConfig,
+    /// The `alert-pipeline` binary.
+    pub binary: PathBuf,
+    pub configs: Vec<Config>,
+    pub repeats: usize,
+    /// Pre-loaded ticks (throughput phase).
+    pub ticks: usize,
+    /// Paced ticks (latency phase) and their rate per second.
+    pub latency_ticks: usize,
+    pub latency_rate: usize,
+    pub symbols: usize,
+    pub partitions: i32,
+}
+
+/// The figures of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub config: Config,
+    pub repeat: usize,
+    pub ticks_per_sec: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub latency_samples: usize,
+    pub peak_rss_mib: f64,
+}
+
+/// Medians over the repeats of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub config: Config,
+    pub ticks_per_sec: f64,
+    pub ticks_per_sec_min: f64,
+    pub ticks_per_sec_max: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub peak_rss_mib: f64,
+}
+
+/// Runs every configuration `repeats` times, interleaved; `progress` is told of each run.
+pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Result<Vec<RunResult>> {
+    let mut results = Vec::new();
+    for repeat in 0..opts.repeats {
+        for config in &opts.configs {
+            let r = run_one(opts, config, repeat).with_context(|| format!("run {} #{repeat}", config.label()))?;
+            progress(&r);
+            results.push(r);
+        }
+    }
+    Ok(results)
+}
+
+/// Medians per configuration, in the order of `configs`.
+pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
+    configs
+        .iter()
+        .filter_map(|c| {
+            let of = |f: fn(&RunResult) -> f64| -> Vec<f64> {
+                results.iter().filter(|r| &r.config == c).map(f).collect()
+            };
+            let tps = of(|r| r.ticks_per_sec);
+            Some(Summary {
+                config: c.clone(),
+                ticks_per_sec: median(&tps)?,
+                ticks_per_sec_min: tps.iter().copied().fold(f64::INFINITY, f64::min),
+                ticks_per_sec_max: tps.iter().copied().fold(0.0, f64::max),
+                latency_p50_ms: median(&of(|r| r.latency_p50_ms))?,
+                latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
+                peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
+            })
+        })
+        .collect()
+}
+
+/// The summary as a Markdown table.
+pub fn table(summaries: &[Summary]) -> String {
+    let mut out = String::from(
+        "| mode | commit interval | ticks/s (median) | min-max | latency p50 | latency p99 | peak RSS |\n|---|---|---|---|---|---|---|\n",
+    );
+    for s in summaries {
+        out.push_str(&format!(
+            "| {} | {} ms | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.0} MiB |\n",
+            s.config.guarantee,
+            s.config.commit_interval_ms,
+            s.ticks_per_sec,
+            s.ticks_per_sec_min,
+            s.ticks_per_sec_max,
+            s.latency_p50_ms,
+            s.latency_p99_ms,
+            s.peak_rss_mib
+        ));
+    }
+    out
+}
+
+fn run_one(opts: &Options, config: &Config, repeat: usize) -> anyhow::Result<RunResult> {
+    let prefix = format!("pbench-{}-", crate::cli::unique_suffix());
+    let app_id = format!("{prefix}app");
+    let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
+    let kafka = &opts.kafka;
+    futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
+    let result = measure(opts, config, repeat, &app_id, &topics);
+    let names = [&topics.input, &topics.notifications, &topics.changelog, &topics.dlq];
+    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    let _ = futures::executor::block_on(topics::delete_topics(kafka, &names));
+    result
+}
+
+/// The child process, killed if the run fails half-way.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics: &Topics) -> anyhow::Result<RunResult> {
+    let kafka = &opts.kafka;
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: opts.symbols,
+        ticks: opts.ticks + opts.latency_ticks,
+        seed: 1000 + repeat as u64,
+        stale_every: 0,
+    });
+    let rules_path = std::env::temp_dir().join(format!("{app_id}-rules.toml"));
+    std::fs::write(&rules_path, rules.to_toml())?;
+    let loader = Loader::new(kafka)?;
+    let (backlog, paced) = ticks.split_at(opts.ticks);
+    let mut landed = loader.send_ticks(&topics.input, backlog)?;
+
+    let child = Command::new(&opts.binary)
+        .args(["--rules", path_str(&rules_path)?, "--app-id", app_id, "--bootstrap", &kafka.bootstrap])
+        .args(["--input", &topics.input, "--output", &topics.notifications])
+        .args(["--guarantee", config.guarantee, "--commit-interval", &format!("{}ms", config.commit_interval_ms)])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", opts.binary.display()))?;
+    let child = ChildGuard(child);
+
+    // Throughput: first commit seen to last.
+    let target = next_offsets(&landed);
+    let total: i64 = target.values().sum();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut first: Option<(Instant, i64)> = None;
+    let ticks_per_sec = loop {
+        let pos: i64 = committed_offsets(kafka, app_id, &topics.input)?.into_iter().flatten().sum();
+        let now = Instant::now();
+        if pos > 0 && first.is_none() {
+            first = Some((now, pos));
+        }
+        if pos >= total {
+            let (t0, p0) = first.unwrap_or((now, 0));
+            let secs = now.duration_since(t0).as_secs_f64();
+            // A backlog done within one poll gives no window to measure: say so rather than divide.
+            if secs <= 0.0 || pos == p0 {
+                bail!("the backlog was committed within one poll; raise --ticks");
+            }
+            break (pos - p0) as f64 / secs;
+        }
+        if now > deadline {
+            bail!("the pipeline did not catch up with {total} ticks");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+
+    // Latency: paced ticks while a read_committed consumer tails the notifications.
+    let stop = Arc::new(AtomicBool::new(false));
+    let tail = {
+        let (kafka, topic, partitions, stop) = (kafka.clone(), topics.notifications.clone(), opts.partitions, stop.clone());
+        std::thread::spawn(move || tail_latencies(&kafka, &topic, partitions, &stop))
+    };
+    let slices = 20usize;
+    let per_slice = (opts.latency_rate / slices).max(1);
+    let started = Instant::now();
+    for (i, chunk) in paced.chunks(per_slice).enumerate() {
+        landed.extend(loader.send_ticks(&topics.input, chunk)?);
+        let next = started + Duration::from_secs_f64((i + 1) as f64 / slices as f64);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let target = next_offsets(&landed);
+    loop {
+        let committed = committed_offsets(kafka, app_id, &topics.input)?;
+        if target.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the pipeline did not catch up with the paced ticks");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let latencies = tail.join().map_err(|_| anyhow!("latency reader panicked"))??;
+
+    let peak_rss_mib = peak_rss_kib(child.0.id()).unwrap_or(0) as f64 / 1024.0;
+    let status = Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status()?;
+    if !status.success() {
+        bail!("could not stop the pipeline");
+    }
+    let mut child = child;
+    let exit = child.0.wait()?;
+    if !exit.success() {
+        bail!("the pipeline exited with {exit}");
+    }
+    let _ = std::fs::remove_file(&rules_path);
+    Ok(RunResult {
+        config: config.clone(),
+        repeat,
+        ticks_per_sec,
+        latency_p50_ms: percentile(&latencies, 50.0).unwrap_or(f64::NAN),
+        latency_p99_ms: percentile(&latencies, 99.0).unwrap_or(f64::NAN),
+        latency_samples: latencies.len(),
+        peak_rss_mib,
+    })
+}
+
+fn path_str(p: &Path) -> anyhow::Result<&str> {
+    p.to_str().ok_or_else(|| anyhow!("path {} is not UTF-8", p.display()))
+}
+
+/// Tails `topic` read_committed from its current end until `stop` is set and every partition is
+/// at its end; returns the latency of each notification in milliseconds.
+fn tail_latencies(kafka: &KafkaConfig, topic: &str, partitions: i32, stop: &AtomicBool) -> anyhow::Result<Vec<f64>> {
+    let consumer = crate::reader::reader(kafka, Isolation::ReadCommitted)?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::End)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut latencies = Vec::new();
+    loop {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let seen = now_ms();
+                let n: crate::alert::Notification = serde_json::from_slice(m.payload().unwrap_or_default())?;
+                let appended = OffsetDateTime::parse(&n.tick_ts, &Rfc3339)?.unix_timestamp_nanos() as f64 / 1e6;
+                latencies.push(seen - appended);
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                // Done once told to stop and every partition's position is at its end (all output
+                // is committed by then, so the end is the high watermark).
+                if stop.load(Ordering::Relaxed) && caught_up(&consumer, topic, partitions)? {
+                    return Ok(latencies);
+                }
+            }
+            Some(Err(e)) => return Err(e.into()),
+        }
+    }
+}
+
+fn caught_up(consumer: &crate::reader::Reader, topic: &str, partitions: i32) -> anyhow::Result<bool> {
+    let positions = consumer.position()?;
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        let at = match positions.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o,
+            _ => return Ok(high == 0),
+        };
+        if at < high {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+/// Peak resident set of a process, from /proc (Linux).
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
