@@ -208,3 +208,16 @@ impl PipelineArgs {
         })
     }
 }
+
+/// A binary's `main`: logging, then `run`; an error is printed with its whole cause chain
+/// (`{:#}`) and exits 1.
+pub fn main_of(name: &str, run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
+    init_logging();
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

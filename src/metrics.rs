@@ -37,3 +37,19 @@ pub fn aborted() {
 pub fn restored(partitions: usize) {
     counter!("alerts_partitions_restored_total").increment(partitions as u64);
 }
+
+/// Sum of the samples of metric `name` on a Prometheus endpoint (0 while it does not answer):
+/// how the benchmark and the tests read a running pipeline's counters.
+pub fn scrape(addr: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0.0 };
+    if s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).is_err() {
+        return 0.0;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

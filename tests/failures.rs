@@ -184,19 +184,6 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
     );
 }
 
-/// Reads a counter from the pipeline's Prometheus endpoint (0 when absent).
-fn scrape(addr: &str, name: &str) -> f64 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0.0 };
-    let _ = s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes());
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
@@ -222,7 +209,7 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
 
     // The DLQ write fails, so the transaction aborts; the offset stays at the bad tick.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while scrape(&addr, "alerts_transactions_aborted_total") < 2.0 {
+    while price_alerts::metrics::scrape(&addr, "alerts_transactions_aborted_total") < 2.0 {
         assert!(Instant::now() < deadline, "no abort seen while the DLQ was missing");
         let committed = price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
         assert_eq!(committed[0], Some(bad_offset), "the offset never moves past an undelivered dead letter");

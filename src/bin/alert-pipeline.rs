@@ -1,19 +1,12 @@
 //! `alert-pipeline`: the exactly-once price-alert processor.
 
 use clap::Parser;
-use price_alerts::cli::{init_logging, PipelineArgs};
+use price_alerts::cli::{main_of, PipelineArgs};
 use price_alerts::pipeline;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    init_logging();
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("alert-pipeline: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_of("alert-pipeline", || run().map(|()| ExitCode::SUCCESS))
 }
 
 fn run() -> anyhow::Result<()> {

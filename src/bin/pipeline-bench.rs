@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use price_alerts::cli::{init_logging, KafkaArgs};
+use price_alerts::cli::{main_of, KafkaArgs};
 use price_alerts::pipeline_bench::{self, Config, Options};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,14 +40,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    init_logging();
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("pipeline-bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_of("pipeline-bench", || run().map(|()| ExitCode::SUCCESS))
 }
 
 fn run() -> anyhow::Result<()> {

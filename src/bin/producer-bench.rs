@@ -7,20 +7,13 @@
 
 use clap::Parser;
 use price_alerts::bench::{self, options::BenchCli};
-use price_alerts::cli::init_logging;
+use price_alerts::cli::main_of;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 fn main() -> ExitCode {
-    init_logging();
-    match run() {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("producer-bench: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_of("producer-bench", run)
 }
 
 fn run() -> anyhow::Result<ExitCode> {

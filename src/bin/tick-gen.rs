@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use price_alerts::cli::{init_logging, KafkaArgs};
+use price_alerts::cli::{main_of, KafkaArgs};
 use price_alerts::generate::{generate, GenOptions};
 use price_alerts::load::Loader;
 use price_alerts::topics::{create_topics, TopicSpec};
@@ -45,14 +45,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    init_logging();
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tick-gen: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_of("tick-gen", || run().map(|()| ExitCode::SUCCESS))
 }
 
 fn run() -> anyhow::Result<()> {

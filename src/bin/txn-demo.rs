@@ -2,7 +2,7 @@
 //! 10; after a restart 10 and 15). Exits non-zero if any figure differs from the expected one.
 
 use clap::Parser;
-use price_alerts::cli::{init_logging, unique_suffix, KafkaArgs};
+use price_alerts::cli::{main_of, unique_suffix, KafkaArgs};
 use price_alerts::demo::{self, DemoOptions};
 use std::process::ExitCode;
 
@@ -23,14 +23,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    init_logging();
-    match run() {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("txn-demo: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    main_of("txn-demo", run)
 }
 
 fn run() -> anyhow::Result<ExitCode> {
