@@ -32,7 +32,7 @@
 //! - [`engine`]: the transactional consume-process-produce step, rebalances, aborts.
 //! - [`state`]: per-partition state and its restore.
 //! - [`failure`]: the failure classes, the bounded retry, fault injection.
-//! - [`dlq`]: dead-letter records.
+//! - [`dlq`]: dead-letter records; [`replay`]: putting them back, exactly once.
 //! - [`metrics`]: the counters, in one place.
 //! - [`topics`], [`reader`], [`load`]: topic management, reading to the end, loading input.
 //! - [`pipeline`]: the long-running processor loop and its shutdown.
@@ -55,6 +55,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod pipeline_bench;
 pub mod reader;
+pub mod replay;
 pub mod rules;
 pub mod state;
 pub mod tick;
