@@ -158,6 +158,9 @@ impl KafkaConfig {
         c.set("enable.auto.offset.store", "false");
         // Readers count records up to the end of a partition, so they need the EOF event.
         c.set("enable.partition.eof", "true");
+        // A reader waits for the end, not for data: do not let an empty fetch idle for the 500 ms
+        // default before the end is known (restores and verifiers would each pay it).
+        c.set("fetch.wait.max.ms", "20");
         c.set("isolation.level", isolation.as_str());
         c.set("auto.offset.reset", "earliest");
         self.finish(c)
