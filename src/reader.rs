@@ -129,7 +129,10 @@ pub fn count_records(kafka: &KafkaConfig, topic: &str, isolation: Isolation) -> 
 
 /// Committed offsets of `group` on every partition of `topic` (`None` where nothing is committed).
 pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<Vec<Option<i64>>> {
-    let mut cfg = kafka.reader(Isolation::ReadCommitted);
+    // read_uncommitted: an observer wants the offsets committed now, not to wait (up to the
+    // timeout) until no transaction holds pending offsets, as a read_committed consumer's
+    // "require stable" fetch does while a processor is mid-commit.
+    let mut cfg = kafka.reader(Isolation::ReadUncommitted);
     cfg.set("group.id", group);
     let consumer: Reader = cfg.create_with_context(ReaderContext).context("creating an offsets reader")?;
     let n = partition_count(&consumer, topic, DEFAULT_READ_TIMEOUT)?;

@@ -5,7 +5,6 @@
 
 use price_alerts::bench::mode::{expand, ModeKind};
 use price_alerts::bench::options::{BenchOptions, Workload};
-use price_alerts::bench::runner::FlushStyle;
 use price_alerts::bench::{self, write_outputs};
 use price_alerts::cli::unique_suffix;
 use price_alerts::config::{Isolation, KafkaConfig};
@@ -39,7 +38,6 @@ fn reported_counts_equal_the_records_read_back() {
         // The topics are read back below, then deleted here.
         cleanup: false,
         progress: false,
-        flush: FlushStyle::Drain,
     };
     let report = bench::run(&opts, &AtomicBool::new(false)).expect("benchmark run");
     let topics: Vec<String> = report.runs.iter().map(|r| r.topic.clone()).collect();
@@ -113,7 +111,6 @@ fn no_broker_is_a_clear_error() {
         prefix: format!("pb-test-{}-", unique_suffix()),
         cleanup: true,
         progress: false,
-        flush: FlushStyle::Drain,
     };
     let err = bench::run(&opts, &AtomicBool::new(false)).expect_err("no broker at port 1");
     assert!(format!("{err:#}").contains("no Kafka broker answers at 127.0.0.1:1"), "{err:#}");

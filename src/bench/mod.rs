@@ -178,7 +178,6 @@ fn run_plan(
             transactional_id: p.topic.clone(),
             repeat: p.repeat,
             sequence: p.sequence,
-            flush: opts.flush,
         };
         let r = run_once(producers, &spec, stop)
             .with_context(|| format!("run {} of {} ({} B, {})", p.sequence + 1, plan.len(), p.size, p.mode))?;
@@ -229,7 +228,6 @@ fn settings(opts: &BenchOptions, producers: &KafkaConfig) -> anyhow::Result<Sett
         modes: opts.modes.iter().map(|m| m.label()).collect(),
         producer_properties,
         librdkafka_version: rdkafka::util::get_rdkafka_version().1,
-        flush: opts.flush,
     })
 }
 

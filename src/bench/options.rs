@@ -6,7 +6,6 @@
 //! [`BenchCli::options`], with a message naming the flag.
 
 use super::mode::{expand, Mode, ModeKind};
-use super::runner::FlushStyle;
 use crate::cli::{unique_suffix, KafkaArgs};
 use crate::config::KafkaConfig;
 use anyhow::{bail, Context as _};
@@ -69,11 +68,6 @@ pub struct BenchCli {
     /// Keep the benchmark topics instead of deleting them at the end.
     #[arg(long)]
     pub keep_topics: bool,
-    /// How outstanding records are waited for before a commit and at the end of a run: `drain`
-    /// (1 ms flush steps) or `rdkafka` (rust-rdkafka's flush as is, in 100 ms polling steps, as
-    /// the pipeline's TxnProducer commits today).
-    #[arg(long, value_enum, default_value_t = FlushStyle::Drain)]
-    pub flush: FlushStyle,
     /// Run nothing: redraw the plot and CSV files from this results.json, into its folder.
     #[arg(long, value_name = "RESULTS_JSON")]
     pub replot: Option<PathBuf>,
@@ -119,8 +113,6 @@ pub struct BenchOptions {
     pub cleanup: bool,
     /// Draw a progress bar on stderr (only where stderr is a terminal).
     pub progress: bool,
-    /// How outstanding records are waited for.
-    pub flush: FlushStyle,
 }
 
 impl BenchOptions {
@@ -186,7 +178,6 @@ impl BenchCli {
             prefix,
             cleanup: !self.keep_topics,
             progress: true,
-            flush: self.flush,
         })
     }
 }
@@ -253,8 +244,6 @@ mod tests {
         assert!(o.prefix.starts_with("producer-bench-"));
         assert!(o.cleanup);
         assert_eq!(o.out_dir, Some(PathBuf::from("bench/out")));
-        assert_eq!(o.flush, FlushStyle::Drain);
-        assert_eq!(parse(&["--flush", "rdkafka"]).unwrap().flush, FlushStyle::Rdkafka);
         assert_eq!(cli.replot, None);
         assert_eq!(parse(&["--replot", "x/results.json"]).unwrap().replot, Some(PathBuf::from("x/results.json")));
     }

@@ -12,7 +12,7 @@
 //! Summaries are computed by [`summarize`], a pure function of the runs.
 
 use super::mode::Mode;
-use super::runner::{FlushStyle, RunResult};
+use super::runner::RunResult;
 use super::stats::{percentile, ratio, Spread};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -106,8 +106,6 @@ pub struct Settings {
     /// transactional.id left out).
     pub producer_properties: BTreeMap<String, BTreeMap<String, String>>,
     pub librdkafka_version: String,
-    /// How outstanding records were waited for (see `runner::FlushStyle`).
-    pub flush: FlushStyle,
 }
 
 /// The machine the figures come from.
@@ -264,11 +262,10 @@ impl fmt::Display for BenchReport {
         };
         writeln!(
             f,
-            "producer-bench: {} partitions, {} repeats, {workload}, warm-up {} records, flush {:?}, librdkafka {}{}",
+            "producer-bench: {} partitions, {} repeats, {workload}, warm-up {} records, librdkafka {}{}",
             s.partitions,
             s.repeats,
             s.warmup_records,
-            s.flush,
             s.librdkafka_version,
             if self.interrupted { " (INTERRUPTED: partial results)" } else { "" }
         )?;
@@ -345,7 +342,6 @@ mod tests {
             mb_per_s: rps * size as f64 / 1048576.0,
             commit_latencies_ms: commits.to_vec(),
             interrupted: false,
-            flush: FlushStyle::Drain,
         }
     }
 
@@ -363,7 +359,6 @@ mod tests {
                 modes: modes.iter().map(|m| m.label()).collect(),
                 producer_properties: BTreeMap::new(),
                 librdkafka_version: "x".into(),
-                flush: FlushStyle::Drain,
             },
             machine: Machine::this(),
             summaries: summarize(&runs, modes, sizes),

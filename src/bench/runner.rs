@@ -21,14 +21,10 @@
 //! so the modes differ only in their configuration and the commits.
 //!
 //! # Waiting for the outstanding records
-//! rust-rdkafka 0.39's `flush` (which its `commit_transaction` calls first) polls in steps of
-//! 100 ms, and each poll lasts its whole step even when the last delivery report arrives at once:
-//! a flush or commit with anything outstanding takes at least ~100 ms. That would swamp a 10 ms
-//! commit interval and add up to 100 ms to every run. [`FlushStyle::Drain`] (the default) first
-//! waits for the outstanding records with 1 ms flushes, so the commit itself finds nothing to
-//! flush and costs what librdkafka and the broker cost; [`FlushStyle::Rdkafka`] measures the
-//! producer exactly as the pipeline calls it today. Either way the time is inside the measured
-//! time and inside the commit latency (as Java's `commitTransaction`, which flushes too).
+//! [`TxnProducer::flush`] and [`TxnProducer::commit`] wait for outstanding records in 1 ms steps
+//! (rust-rdkafka's own flush waits in 100 ms steps; see `src/txn.rs`), so a commit costs what
+//! librdkafka and the broker cost. That time is inside the measured time and inside the commit
+//! latency, as with Java's `commitTransaction`, which flushes too.
 
 use super::mode::Mode;
 use super::options::Limit;
@@ -36,7 +32,6 @@ use super::stats;
 use crate::config::KafkaConfig;
 use crate::txn::{TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, Context as _};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::BaseRecord;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -48,20 +43,6 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How many sends between two looks at the stop flag.
 const STOP_CHECK_EVERY: u64 = 1024;
-
-/// How a run waits for its outstanding records before a commit and at its end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FlushStyle {
-    /// Flush in 1 ms steps until nothing is outstanding, then commit (nothing left to flush).
-    #[default]
-    Drain,
-    /// rust-rdkafka's flush and commit as they are (100 ms polling steps), as `TxnProducer` does.
-    Rdkafka,
-}
-
-/// Granularity of [`FlushStyle::Drain`].
-const DRAIN_STEP: Duration = Duration::from_millis(1);
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -80,8 +61,6 @@ pub struct RunSpec {
     pub repeat: u32,
     /// Position in the interleaved schedule (0-based).
     pub sequence: usize,
-    /// How outstanding records are waited for (drain or rust-rdkafka's flush).
-    pub flush: FlushStyle,
 }
 
 /// The figures of one run.
@@ -118,8 +97,6 @@ pub struct RunResult {
     pub commit_latencies_ms: Vec<f64>,
     /// The run was cut short by a stop request.
     pub interrupted: bool,
-    /// How outstanding records were waited for.
-    pub flush: FlushStyle,
 }
 
 /// What one phase (warm-up or measurement) achieved.
@@ -174,7 +151,6 @@ pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyho
         mb_per_s: records_per_s * spec.size as f64 / (1024.0 * 1024.0),
         commit_latencies_ms: measured.commits.iter().map(|d| d.as_secs_f64() * 1000.0).collect(),
         interrupted: warm.interrupted || measured.interrupted,
-        flush: spec.flush,
     };
     Ok(result)
 }
@@ -216,17 +192,17 @@ fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: 
         // As ProducerPerformance: commit once the transaction is at least one interval old.
         if let Some(interval) = interval {
             if now.duration_since(txn_start) >= interval {
-                commit(p, spec.flush, &mut phase, in_txn)?;
+                commit(p, &mut phase, in_txn)?;
                 in_txn = 0;
             }
         }
     }
     if interval.is_some() {
         if in_txn > 0 {
-            commit(p, spec.flush, &mut phase, in_txn)?;
+            commit(p, &mut phase, in_txn)?;
         }
     } else {
-        wait_outstanding(p, spec.flush).with_context(|| format!("flushing the records to {}", spec.topic))?;
+        p.flush(FLUSH_TIMEOUT).with_context(|| format!("flushing the records to {}", spec.topic))?;
     }
     phase.failed = p.delivery_failures() - failures_before;
     if interval.is_none() {
@@ -237,11 +213,8 @@ fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: 
 
 /// Commits the open transaction of `records` records; on an abortable failure aborts it and
 /// counts none of them. Any other failure ends the run.
-fn commit(p: &TxnProducer, flush: FlushStyle, phase: &mut Phase, records: u64) -> anyhow::Result<()> {
+fn commit(p: &TxnProducer, phase: &mut Phase, records: u64) -> anyhow::Result<()> {
     let t = Instant::now();
-    if flush == FlushStyle::Drain {
-        wait_outstanding(p, flush).context("waiting for the transaction's records before the commit")?;
-    }
     match p.commit() {
         Ok(()) => {
             phase.commits.push(t.elapsed());
@@ -258,19 +231,3 @@ fn commit(p: &TxnProducer, flush: FlushStyle, phase: &mut Phase, records: u64) -
     }
 }
 
-/// Waits until every enqueued record has had its delivery report.
-fn wait_outstanding(p: &TxnProducer, flush: FlushStyle) -> anyhow::Result<()> {
-    match flush {
-        FlushStyle::Rdkafka => Ok(p.flush(FLUSH_TIMEOUT)?),
-        FlushStyle::Drain => {
-            let deadline = Instant::now() + FLUSH_TIMEOUT;
-            loop {
-                match p.flush(DRAIN_STEP) {
-                    Ok(()) => return Ok(()),
-                    Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) if Instant::now() < deadline => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-}
