@@ -407,10 +407,10 @@ impl Shared {
                 m::aborted();
             }
         } else if let Some(txn) = inner.txn.take() {
-            // Let in-flight produce requests finish first: with records still in flight, Kafka 4.x
+            // Let in-flight produce requests finish first: with records still in flight, Kafka 4.4
             // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
-            // forced-abort test. Delivery errors here are expected and change nothing: the
-            // transaction is being aborted anyway.
+            // forced-abort test (the open librdkafka issue #4849 reports the same). Delivery
+            // errors here are expected and change nothing: the transaction is aborted anyway.
             if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
                 debug!(error = %e, "flush before abort did not complete");
             }
