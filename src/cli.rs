@@ -221,3 +221,48 @@ pub fn main_of(name: &str, run: impl FnOnce() -> anyhow::Result<std::process::Ex
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn files(config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("cli-test-{}", unique_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("rules.toml");
+        std::fs::write(&rules, "[symbols]\nBBCA = [\"10000\"]\n").unwrap();
+        let cfg = dir.join("pipeline.toml");
+        std::fs::write(&cfg, config).unwrap();
+        (rules, cfg)
+    }
+
+    fn options(args: &[&str], config: &str) -> anyhow::Result<crate::pipeline::PipelineOptions> {
+        let (rules, cfg) = files(config);
+        let mut argv = vec!["alert-pipeline", "--rules", rules.to_str().unwrap(), "--config", cfg.to_str().unwrap()];
+        argv.extend_from_slice(args);
+        PipelineArgs::try_parse_from(argv)?.options()
+    }
+
+    #[test]
+    fn config_file_properties_reach_the_clients_and_minus_x_wins() {
+        let o = options(&["-X", "linger.ms=9"], "[librdkafka]\n\"linger.ms\" = 3\n\"socket.keepalive.enable\" = true\n").unwrap();
+        let props = &o.engine.kafka.properties;
+        assert_eq!(props.get("linger.ms").map(String::as_str), Some("9"), "-X wins over the file");
+        assert_eq!(props.get("socket.keepalive.enable").map(String::as_str), Some("true"));
+        assert_eq!(o.engine.transactional_id(), "price-alerts-0");
+        assert_eq!(o.commit_interval, std::time::Duration::from_millis(100));
+    }
+
+    #[test]
+    fn config_file_mistakes_are_refused() {
+        let err = options(&[], "[librdkafka]\n\"no.such.thing\" = 1\n").unwrap_err();
+        assert!(format!("{err:#}").contains("no.such.thing"), "{err:#}");
+        let err = options(&[], "[librdkafka]\n\"enable.auto.commit\" = true\n").unwrap_err();
+        assert!(format!("{err:#}").contains("cannot be overridden"), "{err:#}");
+        let err = options(&[], "[kafka]\nx = 1\n").unwrap_err();
+        assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
+        let err = options(&["--commit-interval", "20s"], "").unwrap_err();
+        assert!(format!("{err:#}").contains("transaction-timeout"), "{err:#}");
+    }
+}

@@ -1,0 +1,61 @@
+//! Topic set-up on the real broker: what the processor creates, and what it refuses.
+
+mod common;
+
+use common::kafka;
+use price_alerts::topics::{self, create_topics, TopicSpec, Topics};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+
+fn cleanup_policy(topic: &str) -> String {
+    let admin: AdminClient<DefaultClientContext> = kafka().admin().create().unwrap();
+    let res = futures::executor::block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new()))
+        .unwrap();
+    let config = res.into_iter().next().unwrap().unwrap();
+    config.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
+    let prefix = common::prefix("topics");
+    let t = Topics::prefixed(&prefix, "app");
+    let n = futures::executor::block_on(topics::ensure(&kafka(), &t, Some(5))).unwrap();
+    assert_eq!(n, 5);
+    let probe: rdkafka::consumer::BaseConsumer = kafka().admin().create().unwrap();
+    for name in [&t.input, &t.notifications, &t.changelog, &t.dlq] {
+        let parts = price_alerts::reader::partition_count(&probe, name, std::time::Duration::from_secs(10)).unwrap();
+        assert_eq!(parts, 5, "{name}");
+    }
+    assert_eq!(cleanup_policy(&t.changelog), "compact");
+    assert_eq!(cleanup_policy(&t.notifications), "delete");
+    // A second start finds everything in place.
+    assert_eq!(futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap(), 5);
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_changelog_with_another_partition_count_is_refused() {
+    let prefix = common::prefix("misaligned");
+    let t = Topics::prefixed(&prefix, "app");
+    futures::executor::block_on(create_topics(
+        &kafka(),
+        &[
+            TopicSpec { name: t.input.clone(), partitions: 4, compacted: false },
+            TopicSpec { name: t.changelog.clone(), partitions: 2, compacted: true },
+        ],
+    ))
+    .unwrap();
+    let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("has 2 partitions but input") && msg.contains("must match"), "{msg}");
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_missing_input_is_refused_when_no_partition_count_is_given() {
+    let prefix = common::prefix("noinput");
+    let t = Topics::prefixed(&prefix, "app");
+    let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
+    assert!(format!("{err:#}").contains("is missing"), "{err:#}");
+}
