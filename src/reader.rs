@@ -140,8 +140,7 @@ pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyho
     for p in 0..n {
         tpl.add_partition(topic, p);
     }
-    let committed = consumer
-        .committed_offsets(tpl, DEFAULT_READ_TIMEOUT)
+    let committed = fetch_committed(&consumer, &tpl, DEFAULT_READ_TIMEOUT)
         .with_context(|| format!("fetching committed offsets of group {group}"))?;
     Ok((0..n)
         .map(|p| match committed.find_partition(topic, p).map(|e| e.offset()) {
@@ -149,4 +148,36 @@ pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyho
             _ => None,
         })
         .collect())
+}
+
+/// The committed offsets of `tpl`'s partitions for the consumer's group. A young broker may still
+/// be electing or loading the group's coordinator, and librdkafka hands those answers back instead
+/// of retrying: ask again until `timeout`.
+pub fn fetch_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    tpl: &TopicPartitionList,
+    timeout: Duration,
+) -> Result<TopicPartitionList, KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match consumer.committed_offsets(tpl.clone(), deadline.saturating_duration_since(Instant::now())) {
+            Err(e) if coordinator_moving(&e) && Instant::now() < deadline => {
+                debug!(error = %e, "group coordinator not ready; asking again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether an error means the group coordinator is moving or loading (worth asking again).
+fn coordinator_moving(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
 }

@@ -90,7 +90,8 @@ pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     for p in 0..partitions {
         tpl.add_partition(&opts.dlq, p);
     }
-    let committed = consumer.committed_offsets(tpl, TIMEOUT).context("reading the replay group's offsets")?;
+    let committed =
+        crate::reader::fetch_committed(&consumer, &tpl, TIMEOUT).context("reading the replay group's offsets")?;
     let mut start = TopicPartitionList::new();
     for e in committed.elements() {
         let at = match e.offset() {

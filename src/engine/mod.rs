@@ -292,7 +292,8 @@ impl Engine {
         for &p in &pending {
             tpl.add_partition(&topics.input, p);
         }
-        let committed = self.consumer.committed_offsets(tpl, state::RESTORE_TIMEOUT).context("fetching committed offsets")?;
+        let committed = crate::reader::fetch_committed(&self.consumer, &tpl, state::RESTORE_TIMEOUT)
+            .context("fetching committed offsets")?;
         let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
         let mut inner = self.shared.lock()?;
         for (p, s) in restored {

@@ -259,7 +259,7 @@ impl Shared {
         for &p in partitions {
             tpl.add_partition(input, p);
         }
-        let committed = consumer.committed_offsets(tpl, REWIND_TIMEOUT)?;
+        let committed = crate::reader::fetch_committed(consumer, &tpl, REWIND_TIMEOUT)?;
         let mut seek = TopicPartitionList::new();
         for e in committed.elements() {
             let to = match e.offset() {
