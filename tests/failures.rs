@@ -189,7 +189,8 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
 fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
     let rules = Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]);
     let mut run = Run::new("dlqdown", rules);
-    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    // A port nothing listens on now, for the pipeline's metrics endpoint.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     // Short message timeout: a record for the missing topic fails (and the transaction aborts)
     // after 3 s instead of 9.
