@@ -194,9 +194,8 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
     let addr = format!("127.0.0.1:{port}");
     // Short message timeout: a record for the missing topic fails (and the transaction aborts)
     // after 3 s instead of 9.
-    run.extra = ["--metrics-addr", &addr, "--transaction-timeout", "4s", "-X", "message.timeout.ms=3000"]
-        .map(String::from)
-        .to_vec();
+    run.extra = ["--metrics-addr", &addr, "-X", "message.timeout.ms=3000"].map(String::from).to_vec();
+    run.transaction_timeout = "4s";
     run.create_topics(1);
     let loader = Loader::new(&kafka()).unwrap();
     let first = loader.send_raw(&run.input, &[good("AAA", "90", 1)]).unwrap();

@@ -51,6 +51,11 @@ pub struct Run {
     pub faults: price_alerts::failure::FaultInjection,
     /// --max-tick-bytes of the instances (the verifier must agree on what is oversize).
     pub max_tick_bytes: usize,
+    /// --transaction-timeout of the instances. Longer than the production default (10 s): a
+    /// shared CI machine once stalled the broker for about 9 s, the coordinator then aborted the
+    /// open transaction for its timeout and fenced the instance, which stops by design. The tests
+    /// restart after SIGKILL with the same id, so the timeout never delays them otherwise.
+    pub transaction_timeout: &'static str,
 }
 
 impl Run {
@@ -71,6 +76,7 @@ impl Run {
             extra: Vec::new(),
             faults: Default::default(),
             max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
+            transaction_timeout: "30s",
         }
     }
 
@@ -93,6 +99,7 @@ impl Run {
             .args(&self.extra)
             .args(self.faults.enabled.then_some("--inject-faults"))
             .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
+            .args(["--transaction-timeout", self.transaction_timeout])
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
             .stdin(std::process::Stdio::null())
             .spawn()
