@@ -40,6 +40,7 @@
 //!   exactly-once.
 //! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
 //! - [`demo`]: the commit/abort experiment (5 versus 10).
+//! - [`cli`]: the command-line pieces the thin binaries in `src/bin/` share.
 
 pub mod alert;
 pub mod bench;
