@@ -1,5 +1,9 @@
 //! Command-line pieces shared by the binaries: the connection flags and logging setup.
 
+// The `///` comments on clap arguments are the --help texts, written for a terminal (<app>,
+// [symbols]), not rustdoc markup.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 use crate::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
 use clap::Args;
 

@@ -36,7 +36,7 @@
 //! - [`metrics`]: the counters, in one place.
 //! - [`topics`], [`reader`], [`load`]: topic management, reading to the end, loading input.
 //! - [`pipeline`]: the long-running processor loop and its shutdown.
-//! - [`bench`], [`pipeline_bench`]: producer throughput by mode; the pipeline's cost of
+//! - [`bench`](mod@bench), [`pipeline_bench`]: producer throughput by mode; the pipeline's cost of
 //!   exactly-once.
 //! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
 //! - [`demo`]: the commit/abort experiment (5 versus 10).

@@ -1,5 +1,9 @@
 //! `dlq-replay`: put dead-lettered ticks back on their source topic, exactly once per replay group.
 
+// The `///` comments on clap arguments are the --help texts, written for a terminal (<app>,
+// [symbols]), not rustdoc markup.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 use clap::Parser;
 use price_alerts::cli::{main_of, KafkaArgs};
 use price_alerts::replay::{replay, ReplayOptions};
