@@ -243,3 +243,64 @@ fn bad_rules_and_bad_properties_are_refused_with_a_clear_message() {
     assert_eq!(code, Some(1));
     assert!(err.contains("key=value"), "{err}");
 }
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
+    let (rules, ticks) = stream(50, 9_000, 7);
+    let mut run = Run::new("zombie", rules);
+    // Short sessions so the paused instance is evicted quickly; long batches so it is paused
+    // with a transaction open.
+    run.extra = ["-X", "session.timeout.ms=6000", "--commit-interval", "2s"].map(String::from).to_vec();
+    run.create_topics(6);
+    let loader = load_slowly(run.input.clone(), ticks, 60, Duration::from_secs(15));
+    let a = run.spawn("0");
+    let b = run.spawn("1");
+    wait_progress(&run, 0, 1_000);
+    // Pause A while a transaction with output is open (uncommitted output in the log grows).
+    let before = uncommitted_output(&run);
+    let deadline = Instant::now() + CAUGHT_UP;
+    while uncommitted_output(&run) <= before {
+        assert!(Instant::now() < deadline, "no open transaction with output seen");
+    }
+    a.signal("STOP");
+    let at_pause = common_committed(&run);
+    // B takes A's partitions once A's session expires: every partition moves on while A sleeps.
+    let deadline = Instant::now() + CAUGHT_UP;
+    loop {
+        let now = common_committed(&run);
+        if now.iter().zip(&at_pause).all(|(n, p)| n > p) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "partitions {at_pause:?} -> {now:?}: B never took over");
+        thread::sleep(Duration::from_millis(200));
+    }
+    // Wake the zombie: its group generation is gone, so its transaction must not commit.
+    a.signal("CONT");
+    let landed = loader.join().expect("loader");
+    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
+    // A may have rejoined and stop cleanly, or have been fenced and stopped already: either is
+    // correct; what matters is the output.
+    let mut a = a;
+    a.signal_if_running("TERM");
+    let a_status = a.wait(EXIT);
+    b.signal("TERM");
+    assert!(b.wait(EXIT).success());
+    let report = assert_exactly_once(&run, 9_000);
+    let aborted = uncommitted_output(&run);
+    println!(
+        "zombie test: expected {} found {}, 0 missing, 0 duplicate; the paused instance exited with {a_status}; \
+         {aborted} notifications in aborted transactions",
+        report.expected, report.found
+    );
+    assert!(aborted > 0, "the zombie's open transaction was aborted, not committed");
+}
+
+/// Committed offsets per partition (0 where none).
+fn common_committed(run: &Run) -> Vec<i64> {
+    price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input)
+        .unwrap()
+        .into_iter()
+        .map(|o| o.unwrap_or(0))
+        .collect()
+}

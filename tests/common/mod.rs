@@ -148,6 +148,13 @@ impl Pipeline {
         assert!(status.success(), "kill -{sig} failed");
     }
 
+    /// Sends a signal unless the child has exited already.
+    pub fn signal_if_running(&mut self, sig: &str) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.signal(sig);
+        }
+    }
+
     /// Waits for the child to exit, at most `timeout`; returns its exit status.
     pub fn wait(mut self, timeout: Duration) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + timeout;
