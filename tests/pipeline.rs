@@ -255,17 +255,24 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
     run.create_topics(6);
     let loader = load_slowly(run.input.clone(), ticks, 60, Duration::from_secs(15));
     let a = run.spawn("0");
-    let b = run.spawn("1");
     wait_progress(&run, 0, 1_000);
-    // Pause A while a transaction with output is open (uncommitted output in the log grows).
-    let before = uncommitted_output(&run);
+    // Pause A, alone in the group so far, while a transaction with output is open: uncommitted
+    // output in the log, still there once A is stopped (if A committed in between, go again).
     let deadline = Instant::now() + CAUGHT_UP;
-    while uncommitted_output(&run) <= before {
-        assert!(Instant::now() < deadline, "no open transaction with output seen");
+    loop {
+        assert!(Instant::now() < deadline, "never caught A with a transaction open");
+        if uncommitted_output(&run) == 0 {
+            continue;
+        }
+        a.signal("STOP");
+        if uncommitted_output(&run) > 0 {
+            break;
+        }
+        a.signal("CONT");
     }
-    a.signal("STOP");
+    let b = run.spawn("1");
     let at_pause = common_committed(&run);
-    // B takes A's partitions once A's session expires: every partition moves on while A sleeps.
+    // B gets every partition once A's session expires: every partition moves on while A sleeps.
     let deadline = Instant::now() + CAUGHT_UP;
     loop {
         let now = common_committed(&run);
