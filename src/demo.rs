@@ -23,7 +23,7 @@ use crate::reader::{committed_offsets, count_records};
 use crate::rules::Rules;
 use crate::tick::Tick;
 use crate::topics::{self, Topics};
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
@@ -141,21 +141,6 @@ fn ticks(range: std::ops::Range<usize>, price: i64, seq: u64) -> Vec<Tick> {
     range.map(|i| Tick { symbol: symbol(i), price: Decimal::from(price), seq, ts: None }).collect()
 }
 
-/// Polls until `n` records have been processed by `engine`.
-fn process(engine: &Engine, n: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + PHASE_TIMEOUT;
-    let mut done = 0;
-    while done < n {
-        if Instant::now() > deadline {
-            bail!("only {done} of {n} records arrived within {PHASE_TIMEOUT:?}");
-        }
-        if engine.poll_once(Duration::from_millis(100))? {
-            done += 1;
-        }
-    }
-    Ok(())
-}
-
 /// Runs the experiment. Blocking.
 pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     let started = Instant::now();
@@ -199,20 +184,20 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     let engine = Engine::start(settings.clone()).context("starting the demo engine")?;
     let landed = produce_ticks(kafka, &topics.input, &ticks(0..SYMBOLS, 90, 1))?;
     landed_all.extend(landed.iter().copied());
-    process(&engine, SYMBOLS as u64)?;
+    engine.process_records(SYMBOLS as u64, PHASE_TIMEOUT)?;
     engine.commit()?;
     observe("phase 0", "commit", 0, 0, next_offsets(&landed_all))?;
 
     let landed = produce_ticks(kafka, &topics.input, &ticks(0..half, 110, 2))?;
     landed_all.extend(landed.iter().copied());
-    process(&engine, half as u64)?;
+    engine.process_records(half as u64, PHASE_TIMEOUT)?;
     engine.commit()?;
     let after_a = next_offsets(&landed_all);
     observe("batch A", "commit", half as u64, half as u64, after_a.clone())?;
 
     let landed = produce_ticks(kafka, &topics.input, &ticks(half..SYMBOLS, 110, 2))?;
     landed_all.extend(landed.iter().copied());
-    process(&engine, (SYMBOLS - half) as u64)?;
+    engine.process_records((SYMBOLS - half) as u64, PHASE_TIMEOUT)?;
     engine.stage_and_flush()?;
     engine.abort()?;
     observe("batch B", "ABORT", half as u64, SYMBOLS as u64, after_a)?;
@@ -221,7 +206,7 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     // A fresh engine of the same instance: fences the first, restores batch A's state from the
     // changelog, resumes at the committed offsets and redoes batch B.
     let engine = Engine::start(settings).context("restarting the demo engine")?;
-    process(&engine, (SYMBOLS - half) as u64)?;
+    engine.process_records((SYMBOLS - half) as u64, PHASE_TIMEOUT)?;
     engine.commit()?;
     observe("restart", "commit", SYMBOLS as u64, (SYMBOLS + half) as u64, next_offsets(&landed_all))?;
     engine.close()?;

@@ -271,11 +271,11 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
         a.signal("CONT");
     }
     let b = run.spawn("1");
-    let at_pause = common_committed(&run);
+    let at_pause = run.committed_per_partition();
     // B gets every partition once A's session expires: every partition moves on while A sleeps.
     let deadline = Instant::now() + CAUGHT_UP;
     loop {
-        let now = common_committed(&run);
+        let now = run.committed_per_partition();
         if now.iter().zip(&at_pause).all(|(n, p)| n > p) {
             break;
         }
@@ -301,13 +301,4 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
         report.expected, report.found
     );
     assert!(aborted > 0, "the zombie's open transaction was aborted, not committed");
-}
-
-/// Committed offsets per partition (0 where none).
-fn common_committed(run: &Run) -> Vec<i64> {
-    price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input)
-        .unwrap()
-        .into_iter()
-        .map(|o| o.unwrap_or(0))
-        .collect()
 }

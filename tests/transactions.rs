@@ -11,7 +11,7 @@ use price_alerts::reader::{committed_offsets, count_records};
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
 use rust_decimal::Decimal;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn rules(n: usize) -> Rules {
     Rules::from_pairs((0..n).map(|i| (format!("S{i}"), vec![Decimal::from(100)])))
@@ -20,17 +20,6 @@ fn rules(n: usize) -> Rules {
 /// Ticks for symbols 0..n at `price` with `seq`.
 fn ticks(n: usize, price: i64, seq: u64) -> Vec<Tick> {
     (0..n).map(|i| Tick { symbol: format!("S{i}"), price: Decimal::from(price), seq, ts: None }).collect()
-}
-
-fn process(engine: &Engine, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut done = 0;
-    while done < n {
-        assert!(Instant::now() < deadline, "only {done} of {n} records processed");
-        if engine.poll_once(Duration::from_millis(100)).expect("poll") {
-            done += 1;
-        }
-    }
 }
 
 #[test]
@@ -67,7 +56,7 @@ fn abort_only_shows_nothing_to_committed_readers_and_keeps_offsets() {
     // Below the threshold first (no notification), then all cross: 8 notifications, aborted.
     produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 90, 1)).unwrap();
     produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 120, 2)).unwrap();
-    process(&engine, 16);
+    engine.process_records(16, Duration::from_secs(60)).expect("records processed");
     engine.stage_and_flush().unwrap();
     engine.abort().unwrap();
     assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(), 0);
@@ -91,7 +80,7 @@ fn commit_makes_outputs_state_and_offsets_visible_together() {
     let engine = Engine::start(s.clone()).unwrap();
     let mut landed = produce_ticks(&s.kafka, &s.topics.input, &ticks(6, 90, 1)).unwrap();
     landed.extend(produce_ticks(&s.kafka, &s.topics.input, &ticks(6, 150, 2)).unwrap());
-    process(&engine, 12);
+    engine.process_records(12, Duration::from_secs(60)).expect("records processed");
     assert!(engine.commit().unwrap());
     assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(), 6);
     assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadUncommitted).unwrap(), 6);

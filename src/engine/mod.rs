@@ -278,6 +278,22 @@ impl Engine {
         }
     }
 
+    /// Polls until `n` records have been processed, or fails after `timeout`: how the demo and the
+    /// tests drive the engine batch by batch, ending each transaction themselves.
+    pub fn process_records(&self, n: u64, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut done = 0;
+        while done < n {
+            if Instant::now() > deadline {
+                anyhow::bail!("only {done} of {n} records arrived within {timeout:?}");
+            }
+            if self.poll_once(Duration::from_millis(100))? {
+                done += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// Restores the state of owned partitions that have none loaded.
     fn restore_pending(&self) -> anyhow::Result<()> {
         let pending = self.shared.lock()?.state.pending();

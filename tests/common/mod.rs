@@ -107,13 +107,18 @@ impl Run {
         Pipeline { child, instance: instance.to_owned() }
     }
 
-    /// Sum of the group's committed offsets over the input partitions.
-    pub fn committed(&self) -> i64 {
+    /// The group's committed offset on each input partition (0 where none).
+    pub fn committed_per_partition(&self) -> Vec<i64> {
         price_alerts::reader::committed_offsets(&kafka(), &self.app_id, &self.input)
             .expect("committed offsets")
             .into_iter()
-            .flatten()
-            .sum()
+            .map(|o| o.unwrap_or(0))
+            .collect()
+    }
+
+    /// Sum of the group's committed offsets over the input partitions.
+    pub fn committed(&self) -> i64 {
+        self.committed_per_partition().into_iter().sum()
     }
 
     /// Waits until the group's committed offsets reach `target` on every partition (the position
