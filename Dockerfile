@@ -10,11 +10,15 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The benchmark crate is a member of the workspace: cargo needs its manifest to resolve the
+# workspace, though only the processor's binaries are built.
+COPY bench/Cargo.toml ./bench/Cargo.toml
+COPY bench/src ./bench/src
 # The cache mounts keep the crate registry and compiled dependencies between builds; the binaries
 # are copied out of the cached target folder, which is not part of the image layer.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins \
+    cargo build --release --locked -p price-alerts --bins \
     && mkdir -p /out \
     && cp target/release/alert-pipeline target/release/txn-demo target/release/tick-gen \
           target/release/alert-verify /out/

@@ -7,7 +7,7 @@
 # enable.idempotence, linger.ms, batch.size, max.in.flight.requests.per.connection, the unsent-data
 # bound (buffer.memory in Java, queue.buffering.max.kbytes in librdkafka), and for the
 # transactional mode a transactional id and the commit interval (--transaction-duration-ms on
-# the Java side). Those values are read from src/bench/mode.rs, so the two sides cannot drift
+# the Java side). Those values are read from bench/src/producer/mode.rs, so the two sides cannot drift
 # apart.
 #
 # Interleaving: for each round, for each size, for each mode, one run of ours and one of theirs
@@ -35,7 +35,7 @@ set -euo pipefail
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
 KAFKA_SH="$ROOT/scripts/kafka.sh"
-MODE_RS="$ROOT/src/bench/mode.rs"
+MODE_RS="$ROOT/bench/src/producer/mode.rs"
 
 KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:9092}
 export KAFKA_BOOTSTRAP
@@ -53,7 +53,7 @@ BIN="$TARGET_DIR/release/producer-bench"
 log() { printf 'compare.sh: %s\n' "$*" >&2; }
 die() { printf 'compare.sh: error: %s\n' "$*" >&2; exit 1; }
 
-# A `pub const NAME: u32 = VALUE;` of src/bench/mode.rs (underscores dropped).
+# A `pub const NAME: u32 = VALUE;` of bench/src/producer/mode.rs (underscores dropped).
 rust_const() {
   local v
   v=$(sed -n "s/^pub const $1: u32 = \([0-9_]*\);.*/\1/p" "$MODE_RS" | tr -d _)
@@ -144,7 +144,7 @@ if ! status=$("$KAFKA_SH" status 2>&1); then
 fi
 
 log "building producer-bench (release)"
-(cd "$ROOT" && cargo build --release --quiet --bin producer-bench) || die "cargo build --release failed"
+(cd "$ROOT" && cargo build --release --quiet -p price-alerts-bench --bin producer-bench) || die "cargo build --release failed"
 [[ -x $BIN ]] || die "$BIN missing after the build (CARGO_TARGET_DIR?)"
 CP=$("$KAFKA_SH" classpath) || die "scripts/kafka.sh classpath failed"
 

@@ -28,7 +28,7 @@ cleanup() {
 trap cleanup EXIT
 
 SECONDS=0
-cargo build --locked --all-targets
+cargo build --locked --workspace --all-targets
 # Two test threads: the machine has two cores and each broker test runs clients of its own.
-cargo test --locked --no-fail-fast "$@" -- --include-ignored --test-threads=2
+cargo test --locked --workspace --no-fail-fast "$@" -- --include-ignored --test-threads=2
 echo "test.sh: all tests passed in ${SECONDS}s"

@@ -1,10 +1,12 @@
-//! Command-line pieces shared by the binaries: the connection flags and logging setup.
+//! The command-line layer: flags shared by the binaries, the processor's command line, logging,
+//! signals. It imports the library; nothing in the library imports it.
 
 // The `///` comments on clap arguments are the --help texts, written for a terminal (<app>,
 // [symbols]), not rustdoc markup.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
-use crate::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use crate::pipeline::{Guarantee, PipelineOptions, TestHooks};
 use clap::Args;
 
 /// `--bootstrap` and `-X key=value`, as every binary takes them.
@@ -30,13 +32,6 @@ pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,price_alerts=info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-}
-
-/// A short random suffix for fresh names (topics, groups) per run.
-pub fn unique_suffix() -> String {
-    use rand::Rng;
-    let n: u32 = rand::rng().random();
-    format!("{n:08x}")
 }
 
 /// Resolves on SIGINT or SIGTERM (or never, if the handlers cannot be installed, which is logged).
@@ -110,7 +105,7 @@ pub struct PipelineArgs {
     /// Delivery guarantee; at-least-once exists to compare against (it repeats outputs after a
     /// crash between produce and commit).
     #[arg(long, value_enum, default_value = "exactly-once")]
-    pub guarantee: crate::engine::Guarantee,
+    pub guarantee: GuaranteeArg,
     /// Attempts per tick (the first included) before a failing tick is dead-lettered as poison.
     #[arg(long, default_value_t = 4)]
     pub max_attempts: u32,
@@ -133,6 +128,25 @@ pub struct PipelineArgs {
     pub test_crash_before_commit: Option<u64>,
 }
 
+/// `--guarantee`, mapped onto [`Guarantee`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GuaranteeArg {
+    /// Outputs, state and offsets in one transaction.
+    ExactlyOnce,
+    /// No transaction: outputs acknowledged, then offsets committed; a crash in between repeats
+    /// the batch's outputs.
+    AtLeastOnce,
+}
+
+impl From<GuaranteeArg> for Guarantee {
+    fn from(g: GuaranteeArg) -> Self {
+        match g {
+            GuaranteeArg::ExactlyOnce => Guarantee::ExactlyOnce,
+            GuaranteeArg::AtLeastOnce => Guarantee::AtLeastOnce,
+        }
+    }
+}
+
 /// The `[librdkafka]` table of a config file.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -144,7 +158,7 @@ struct FileConfig {
 
 impl PipelineArgs {
     /// Validates the arguments, reads the rules and config files, and builds the options.
-    pub fn options(&self) -> anyhow::Result<crate::pipeline::PipelineOptions> {
+    pub fn options(&self) -> anyhow::Result<PipelineOptions> {
         use anyhow::Context as _;
         let mut kafka = self.kafka.config()?;
         if let Some(path) = &self.config {
@@ -178,24 +192,27 @@ impl PipelineArgs {
         if self.commit_interval >= self.transaction_timeout {
             anyhow::bail!("--commit-interval must be well below --transaction-timeout");
         }
-        let mut topics = crate::topics::Topics::with(self.input.clone(), self.output.clone(), &self.app_id);
+        let mut topics = crate::kafka::topics::Topics::with(self.input.clone(), self.output.clone(), &self.app_id);
         if let Some(dlq) = &self.dlq {
             topics.dlq = dlq.clone();
         }
-        Ok(crate::pipeline::PipelineOptions {
-            engine: crate::engine::EngineSettings {
+        Ok(PipelineOptions {
+            engine: crate::pipeline::EngineSettings {
                 max_tick_bytes: self.max_tick_bytes,
                 transaction_timeout: self.transaction_timeout,
                 static_membership: !self.dynamic_membership,
-                guarantee: self.guarantee,
-                retry: crate::failure::RetryPolicy {
+                guarantee: self.guarantee.into(),
+                retry: crate::dlq::RetryPolicy {
                     max_attempts: self.max_attempts,
                     budget: self.retry_budget,
-                    ..crate::failure::RetryPolicy::default()
+                    ..crate::dlq::RetryPolicy::default()
                 },
-                faults: crate::failure::FaultInjection { enabled: self.inject_faults },
-                crash_before_commit: self.test_crash_before_commit,
-                ..crate::engine::EngineSettings::new(
+                faults: crate::dlq::FaultInjection { enabled: self.inject_faults },
+                hooks: TestHooks {
+                    crash_before_commit: self.test_crash_before_commit,
+                    abort_every: self.test_abort_every,
+                },
+                ..crate::pipeline::EngineSettings::new(
                     kafka,
                     &self.app_id,
                     &self.instance_id,
@@ -208,7 +225,6 @@ impl PipelineArgs {
             shutdown_timeout: self.shutdown_timeout,
             input_partitions: Some(self.partitions),
             exit_when_idle: self.exit_when_idle,
-            abort_every: self.test_abort_every,
         })
     }
 }
@@ -232,7 +248,7 @@ mod tests {
     use clap::Parser;
 
     fn files(config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("cli-test-{}", unique_suffix()));
+        let dir = std::env::temp_dir().join(format!("cli-test-{}", crate::kafka::topics::unique_suffix()));
         std::fs::create_dir_all(&dir).unwrap();
         let rules = dir.join("rules.toml");
         std::fs::write(&rules, "[symbols]\nBBCA = [\"10000\"]\n").unwrap();
@@ -241,7 +257,7 @@ mod tests {
         (rules, cfg)
     }
 
-    fn options(args: &[&str], config: &str) -> anyhow::Result<crate::pipeline::PipelineOptions> {
+    fn options(args: &[&str], config: &str) -> anyhow::Result<PipelineOptions> {
         let (rules, cfg) = files(config);
         let mut argv = vec!["alert-pipeline", "--rules", rules.to_str().unwrap(), "--config", cfg.to_str().unwrap()];
         argv.extend_from_slice(args);

@@ -1,40 +1,217 @@
-//! Dead-letter records: a failed tick, untouched, plus headers that say what happened to it.
+//! The failure path, in one file: why a tick could not be processed, the bounded retry that
+//! decides it, and the dead-letter record that carries it.
 //!
+//! Every tick ends in exactly one of two places: processed (its notifications and state change in
+//! the transaction) or dead-lettered (its DLQ record in the same transaction as the offset that
+//! moves past it). If the DLQ write fails, the transaction aborts and the offset stays where it
+//! was: a tick is never skipped. [`admit`] decides which place; [`send`] writes the dead letter.
+//!
+//! | class                 | cause                                              | attempts        |
+//! |-----------------------|----------------------------------------------------|-----------------|
+//! | `permanent.*`         | decode/validation ([`crate::tick::TickError`])     | 1, never retried |
+//! | `poison`              | a processing failure on every attempt of the budget | `max_attempts`  |
+//! | `transient.exhausted` | still failing when the retry time budget ran out    | fewer            |
+//!
+//! # Retries
+//! Transient failures are retried inline with exponential backoff and full jitter
+//! (`base * 2^(n-1)`, capped, times a random factor in [0.5, 1]), at most `max_attempts` attempts and
+//! at most `budget` of total backoff per tick. The budget is kept far below `max.poll.interval.ms`
+//! (default 300 s) and below the transaction timeout, so a bad tick can neither get the consumer
+//! evicted nor time out the transaction it sits in; the partition never stalls behind it.
+//!
+//! # Dead-letter records
 //! The record keeps the original key and value bytes and the original headers, and adds the
-//! `dlq.*` headers of DESIGN.md. It is produced inside the same transaction as the offset that
-//! moves past the failed tick, so a tick is either processed or dead-lettered, never skipped: if
-//! the DLQ write fails, the transaction aborts and the offset stays where it was.
+//! `dlq.*` headers of DESIGN.md (`dlq.origin`, `dlq.original.{topic,partition,offset,timestamp}`,
+//! `dlq.consumer.group`, `dlq.error.class`, `dlq.error.message`, `dlq.attempts`, `dlq.failed.at`,
+//! `dlq.service`, `dlq.service.version`). The error message is sanitized and never holds the
+//! payload. The replay tool ([`crate::tools::replay`]) copies headers back with [`copy_headers`].
+//!
+//! # Fault injection
+//! Off by default. When on, as in the seed experiment: `seq % 25 == 0` fails on every attempt
+//! (poison), `seq % 7 == 0` fails its first two attempts and then succeeds (flaky). A tick that is
+//! both is poison.
 
-use crate::failure::Failure;
+use crate::pipeline::producer::TxnProducer;
+use crate::tick::{self, Tick, TickError};
+use rand::Rng;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use tracing::warn;
 
-/// Longest `dlq.error.message`, in bytes.
-pub const MAX_ERROR_MESSAGE: usize = 256;
-
-/// Service name written to `dlq.service`.
-pub const SERVICE: &str = env!("CARGO_PKG_NAME");
-/// Version written to `dlq.service.version`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// A dead-letter record ready to produce.
-pub struct DlqRecord {
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub headers: OwnedHeaders,
+/// A failure of one processing attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransientError {
+    pub reason: String,
 }
 
-/// Builds the DLQ record of `msg`, consumed by `group`.
-pub fn record(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> DlqRecord {
-    let mut headers = OwnedHeaders::new();
-    if let Some(orig) = msg.headers() {
-        for h in orig.iter() {
-            headers = headers.insert(Header { key: h.key, value: h.value });
+/// Why a tick is dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// It does not decode or validate: retrying the same bytes cannot help.
+    Permanent(TickError),
+    /// Every attempt of the budget failed.
+    Poison { attempts: u32, last: TransientError },
+    /// The retry time budget ran out while it was still failing.
+    TransientExhausted { attempts: u32, last: TransientError },
+}
+
+impl Failure {
+    /// The `dlq.error.class` header and the metrics label.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Failure::Permanent(e) => e.class(),
+            Failure::Poison { .. } => "poison",
+            Failure::TransientExhausted { .. } => "transient.exhausted",
         }
     }
+
+    pub fn attempts(&self) -> u32 {
+        match self {
+            Failure::Permanent(_) => 1,
+            Failure::Poison { attempts, .. } | Failure::TransientExhausted { attempts, .. } => *attempts,
+        }
+    }
+
+    /// A message that never contains the payload.
+    pub fn message(&self) -> String {
+        match self {
+            Failure::Permanent(e) => e.to_string(),
+            Failure::Poison { attempts, last } => format!("failed on all {attempts} attempts: {}", last.reason),
+            Failure::TransientExhausted { attempts, last } => {
+                format!("retry budget exhausted after {attempts} attempts: {}", last.reason)
+            }
+        }
+    }
+}
+
+/// Bounds of the inline retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// Backoff before the second attempt.
+    pub base: Duration,
+    /// Largest single backoff.
+    pub max_backoff: Duration,
+    /// Largest total backoff for one tick.
+    pub budget: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            base: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(100),
+            budget: Duration::from_millis(500),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Backoff before attempt `next` (2, 3, ...): exponential, capped, with jitter in [0.5, 1].
+    pub fn backoff(&self, next: u32, rng: &mut impl Rng) -> Duration {
+        let exp = self.base.saturating_mul(1u32 << (next.saturating_sub(2)).min(20));
+        let capped = exp.min(self.max_backoff);
+        capped.mul_f64(rng.random_range(0.5..=1.0))
+    }
+
+    /// Runs `attempt(n)` for n = 1.. until it succeeds or the budget is spent; `sleep` waits out
+    /// each backoff (a real sleep in the pipeline, a recorder in tests).
+    pub fn run<T>(
+        &self,
+        rng: &mut impl Rng,
+        mut sleep: impl FnMut(Duration),
+        mut attempt: impl FnMut(u32) -> Result<T, TransientError>,
+    ) -> Result<(T, u32), Failure> {
+        let mut waited = Duration::ZERO;
+        let mut n = 1;
+        loop {
+            match attempt(n) {
+                Ok(v) => return Ok((v, n)),
+                Err(last) if n >= self.max_attempts => return Err(Failure::Poison { attempts: n, last }),
+                Err(last) => {
+                    let pause = self.backoff(n + 1, rng);
+                    if waited + pause > self.budget {
+                        return Err(Failure::TransientExhausted { attempts: n, last });
+                    }
+                    sleep(pause);
+                    waited += pause;
+                    n += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Deterministic fault injection by tick seq (off unless enabled).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultInjection {
+    pub enabled: bool,
+}
+
+impl FaultInjection {
+    /// Whether attempt `attempt` (1-based) of the tick with `seq` fails.
+    pub fn check(&self, seq: u64, attempt: u32) -> Result<(), TransientError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if seq % 25 == 0 {
+            return Err(TransientError { reason: format!("injected poison (seq {seq} % 25 == 0)") });
+        }
+        if seq % 7 == 0 && attempt <= 2 {
+            return Err(TransientError { reason: format!("injected flaky failure (seq {seq} % 7 == 0)") });
+        }
+        Ok(())
+    }
+
+    /// Whether the tick with `seq` is poison under this injection (the verifier's view).
+    pub fn is_poison(&self, seq: u64) -> bool {
+        self.enabled && seq % 25 == 0
+    }
+}
+
+/// Decodes a tick and runs the processing step under the retry policy: the tick and the attempts
+/// it took, or the [`Failure`] that dead-letters it. Sleeps out the backoffs (bounded by the
+/// policy's budget).
+pub fn admit(payload: Option<&[u8]>, max_bytes: usize, retry: &RetryPolicy, faults: FaultInjection) -> Result<(Tick, u32), Failure> {
+    let tick = tick::decode(payload, max_bytes).map_err(Failure::Permanent)?;
+    // The processing step proper. It cannot fail today but for injected faults; the retry is where
+    // a real transient dependency (an enrichment lookup, say) would be retried.
+    let ((), attempts) = retry.run(&mut rand::rng(), std::thread::sleep, |n| faults.check(tick.seq, n))?;
+    Ok((tick, attempts))
+}
+
+/// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction, and logs it.
+/// The caller counts it at commit.
+pub fn send(producer: &TxnProducer, topic: &str, msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> Result<(), KafkaError> {
+    warn!(
+        partition = msg.partition(),
+        offset = msg.offset(),
+        class = failure.class(),
+        attempts = failure.attempts(),
+        error = %failure.message(),
+        "tick dead-lettered"
+    );
+    let headers = dead_letter_headers(msg, group, failure);
+    let mut record = BaseRecord::to(topic).headers(headers);
+    if let Some(k) = msg.key() {
+        record = record.key(k);
+    }
+    if let Some(v) = msg.payload() {
+        record = record.payload(v);
+    }
+    producer.send(record)
+}
+
+/// The headers of `msg`'s dead letter: its own headers, then the `dlq.*` ones.
+fn dead_letter_headers(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> OwnedHeaders {
+    let mut headers = copy_headers(msg, |_| true);
     let topic = msg.topic();
     let partition = msg.partition().to_string();
     let offset = msg.offset().to_string();
@@ -59,12 +236,32 @@ pub fn record(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> DlqR
     ] {
         headers = headers.insert(Header { key: k, value: Some(v) });
     }
-    DlqRecord {
-        key: msg.key().map(<[u8]>::to_vec),
-        value: msg.payload().map(<[u8]>::to_vec),
-        headers,
-    }
+    headers
 }
+
+/// The headers of `msg` whose key `keep` accepts, in order.
+pub fn copy_headers(msg: &BorrowedMessage<'_>, keep: impl Fn(&str) -> bool) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new();
+    if let Some(orig) = msg.headers() {
+        for h in orig.iter().filter(|h| keep(h.key)) {
+            headers = headers.insert(Header { key: h.key, value: h.value });
+        }
+    }
+    headers
+}
+
+/// The first value of header `key` of `msg`, if it is UTF-8.
+pub fn header<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
+    msg.headers()?.iter().find(|h| h.key == key).and_then(|h| std::str::from_utf8(h.value?).ok())
+}
+
+/// Longest `dlq.error.message`, in bytes.
+pub const MAX_ERROR_MESSAGE: usize = 256;
+
+/// Service name written to `dlq.service`.
+pub const SERVICE: &str = env!("CARGO_PKG_NAME");
+/// Version written to `dlq.service.version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Current time as RFC 3339 UTC.
 pub fn now_rfc3339() -> String {
@@ -88,6 +285,62 @@ pub fn sanitize(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn run(policy: &RetryPolicy, inj: FaultInjection, seq: u64) -> (Result<u32, Failure>, Vec<Duration>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut slept = Vec::new();
+        let r = policy.run(&mut rng, |d| slept.push(d), |n| inj.check(seq, n)).map(|((), n)| n);
+        (r, slept)
+    }
+
+    #[test]
+    fn flaky_ticks_succeed_on_the_third_attempt() {
+        let on = FaultInjection { enabled: true };
+        let (r, slept) = run(&RetryPolicy::default(), on, 14);
+        assert_eq!(r, Ok(3));
+        assert_eq!(slept.len(), 2);
+    }
+
+    #[test]
+    fn poison_ticks_use_every_attempt() {
+        let on = FaultInjection { enabled: true };
+        let p = RetryPolicy::default();
+        let (r, slept) = run(&p, on, 50);
+        let f = r.unwrap_err();
+        assert_eq!(f.class(), "poison");
+        assert_eq!(f.attempts(), p.max_attempts);
+        assert_eq!(slept.len() as u32, p.max_attempts - 1);
+        assert!(slept.iter().sum::<Duration>() <= p.budget);
+        // seq 175 is both flaky and poison: poison wins.
+        assert_eq!(run(&p, on, 175).0.unwrap_err().class(), "poison");
+    }
+
+    #[test]
+    fn a_small_time_budget_ends_in_transient_exhausted() {
+        let on = FaultInjection { enabled: true };
+        let p = RetryPolicy { max_attempts: 10, budget: Duration::from_millis(12), ..RetryPolicy::default() };
+        let (r, slept) = run(&p, on, 25);
+        let f = r.unwrap_err();
+        assert_eq!(f.class(), "transient.exhausted");
+        assert!(f.attempts() < 10);
+        assert!(slept.iter().sum::<Duration>() <= p.budget);
+    }
+
+    #[test]
+    fn injection_is_off_by_default_and_backoff_grows_with_jitter() {
+        let (r, slept) = run(&RetryPolicy::default(), FaultInjection::default(), 50);
+        assert_eq!(r, Ok(1));
+        assert!(slept.is_empty());
+        let p = RetryPolicy::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for next in 2..8 {
+            let full = p.base.saturating_mul(1 << (next - 2)).min(p.max_backoff);
+            let b = p.backoff(next, &mut rng);
+            assert!(b >= full / 2 && b <= full, "attempt {next}: {b:?} vs {full:?}");
+        }
+    }
 
     #[test]
     fn sanitize_cuts_on_char_boundary_and_strips_controls() {

@@ -15,51 +15,43 @@
 //! ```
 //!
 //! # The exactly-once invariants
-//! 1. Outputs and input offsets commit together ([`engine`]).
+//! 1. Outputs and input offsets commit together ([`pipeline::engine`], [`pipeline::commit`]).
 //! 2. State is read back only as committed (read_committed restore, partition-aligned changelog)
-//!    and after an abort every owned partition is rewound and restored ([`state`]).
+//!    and after an abort every owned partition is rewound and restored ([`pipeline::state`]).
 //! 3. One stable `transactional.id` per instance plus the consumer group metadata in
-//!    `send_offsets_to_transaction` (KIP-447) fence zombies ([`txn`]).
+//!    `send_offsets_to_transaction` (KIP-447) fence zombies ([`pipeline::producer`]).
 //! 4. Counting is by records, never by offset arithmetic: transaction markers occupy offsets
-//!    ([`reader`]).
+//!    ([`kafka::read`]).
 //!
 //! # Module map
+//! The domain, pure and without I/O:
 //! - [`tick`]: decode and validate ticks; the permanent failure classes.
-//! - [`alert`]: the pure crossing rule and the notification record.
+//! - [`alert`]: the crossing rule and the notification record.
 //! - [`rules`]: alert thresholds from TOML.
-//! - [`config`]: the one place that builds rdkafka client configurations.
-//! - [`txn`]: the transactional producer and the error classification.
-//! - [`engine`]: the transactional consume-process-produce step, rebalances, aborts.
-//! - [`state`]: per-partition state and its restore.
-//! - [`failure`]: the failure classes, the bounded retry, fault injection.
-//! - [`dlq`]: dead-letter records; [`replay`]: putting them back, exactly once.
+//!
+//! The processor and its failure path:
+//! - [`pipeline`]: the exactly-once loop, in one folder: driver, engine, commit and rebalance,
+//!   transactional producer and error classes, state, settings.
+//! - [`dlq`]: the failure path in one file: failure classes, bounded retry, fault injection, the
+//!   dead-letter record and its headers.
 //! - [`metrics`]: the counters, in one place.
-//! - [`topics`], [`reader`], [`load`]: topic management, reading to the end, loading input.
-//! - [`pipeline`]: the long-running processor loop and its shutdown.
-//! - [`bench`](mod@bench), [`pipeline_bench`]: producer throughput by mode; the pipeline's cost of
-//!   exactly-once.
-//! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
-//! - [`demo`]: the commit/abort experiment (5 versus 10).
-//! - [`cli`]: the command-line pieces the thin binaries in `src/bin/` share.
+//!
+//! Shared plumbing and the tools around the processor:
+//! - [`kafka`]: client configuration, topics, offsets, readers, the tick feed.
+//! - [`tools`]: the commit/abort experiment, the tick generator, the verifier (oracle), the DLQ
+//!   replay.
+//! - [`cli`]: the command-line layer of the thin binaries in `src/bin/`; the library never
+//!   imports it.
+//!
+//! The benchmarks are a crate of their own (`bench/`), so the processor carries none of their
+//! dependencies.
 
 pub mod alert;
-pub mod bench;
 pub mod cli;
-pub mod config;
-pub mod demo;
 pub mod dlq;
-pub mod engine;
-pub mod failure;
-pub mod generate;
-pub mod load;
+pub mod kafka;
 pub mod metrics;
 pub mod pipeline;
-pub mod pipeline_bench;
-pub mod reader;
-pub mod replay;
 pub mod rules;
-pub mod state;
 pub mod tick;
-pub mod topics;
-pub mod txn;
-pub mod verify;
+pub mod tools;

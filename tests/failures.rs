@@ -6,14 +6,14 @@
 mod common;
 
 use common::{kafka, Run};
-use price_alerts::config::Isolation;
-use price_alerts::failure::FaultInjection;
-use price_alerts::generate::{generate, GenOptions};
-use price_alerts::load::{next_offsets, produce_raw, Loader};
-use price_alerts::reader::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use price_alerts::kafka::Isolation;
+use price_alerts::dlq::FaultInjection;
+use price_alerts::tools::generate::{generate, GenOptions};
+use price_alerts::kafka::feed::{next_offsets, produce_raw, Feed};
+use price_alerts::kafka::read::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
 use price_alerts::rules::Rules;
 use price_alerts::tick::{self, Tick};
-use price_alerts::topics;
+use price_alerts::kafka::topics;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::Message;
@@ -89,7 +89,7 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
         Duration::from_secs(30),
     ))
     .unwrap();
-    landed.push(price_alerts::load::Landed { partition: d.partition, offset: d.offset });
+    landed.push(price_alerts::kafka::feed::Landed { partition: d.partition, offset: d.offset });
 
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
@@ -142,7 +142,7 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
     let poison: BTreeSet<(String, u64)> =
         ticks.iter().filter(|t| t.seq % 25 == 0).map(|t| (t.symbol.clone(), t.seq)).collect();
     let flaky = ticks.iter().filter(|t| t.seq % 7 == 0 && t.seq % 25 != 0).count();
-    let landed = Loader::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
     let started = Instant::now();
     let mut p = run.spawn("0");
     for kill in 1..=2 {
@@ -197,25 +197,25 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
     run.extra = ["--metrics-addr", &addr, "-X", "message.timeout.ms=3000"].map(String::from).to_vec();
     run.transaction_timeout = "4s";
     run.create_topics(1);
-    let loader = Loader::new(&kafka()).unwrap();
-    let first = loader.send_raw(&run.input, &[good("AAA", "90", 1)]).unwrap();
+    let feed = Feed::new(&kafka()).unwrap();
+    let first = feed.send_raw(&run.input, &[good("AAA", "90", 1)]).unwrap();
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&first), CAUGHT_UP);
 
     let dlq_topic = run.topics().dlq;
     futures::executor::block_on(topics::delete_topics(&kafka(), &[&dlq_topic])).unwrap();
-    let bad = loader.send_raw(&run.input, &[raw("AAA", b"not json"), good("AAA", "120", 2)]).unwrap();
+    let bad = feed.send_raw(&run.input, &[raw("AAA", b"not json"), good("AAA", "120", 2)]).unwrap();
     let bad_offset = bad[0].offset;
 
     // The DLQ write fails, so the transaction aborts; the offset stays at the bad tick.
     let deadline = Instant::now() + Duration::from_secs(60);
     while price_alerts::metrics::scrape(&addr, "alerts_transactions_aborted_total") < 2.0 {
         assert!(Instant::now() < deadline, "no abort seen while the DLQ was missing");
-        let committed = price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
+        let committed = price_alerts::kafka::offsets::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
         assert_eq!(committed[0], Some(bad_offset), "the offset never moves past an undelivered dead letter");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let committed = price_alerts::reader::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
+    let committed = price_alerts::kafka::offsets::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
     assert_eq!(committed[0], Some(bad_offset), "still at the bad tick after the aborts");
     assert_eq!(count_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap(), 0);
 
@@ -237,11 +237,11 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
 }
 
 /// Runs the crash-between-produce-and-commit scenario in `guarantee` mode; returns the verdict.
-fn crash_between_produce_and_commit(guarantee: &str, ticks: &[Tick], rules: &Rules) -> price_alerts::verify::VerifyReport {
+fn crash_between_produce_and_commit(guarantee: &str, ticks: &[Tick], rules: &Rules) -> price_alerts::tools::verify::VerifyReport {
     let mut run = Run::new(&format!("crash-{guarantee}"), rules.clone());
     let base = ["--guarantee", guarantee, "--max-batch", "300", "--commit-interval", "5s"].map(String::from).to_vec();
     run.create_topics(3);
-    let landed = Loader::new(&kafka()).unwrap().send_ticks(&run.input, ticks).unwrap();
+    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, ticks).unwrap();
     run.extra = [base.clone(), vec!["--test-crash-before-commit".into(), "3".into()]].concat();
     let p = run.spawn("0");
     let status = p.wait(CAUGHT_UP);

@@ -5,12 +5,12 @@
 mod common;
 
 use common::{kafka, Run};
-use price_alerts::config::Isolation;
-use price_alerts::generate::{generate, GenOptions};
-use price_alerts::load::{next_offsets, produce_ticks, Landed, Loader};
-use price_alerts::reader::{count_records, reader};
+use price_alerts::kafka::Isolation;
+use price_alerts::tools::generate::{generate, GenOptions};
+use price_alerts::kafka::feed::{next_offsets, produce_ticks, Feed, Landed};
+use price_alerts::kafka::read::{count_records, reader};
 use price_alerts::rules::Rules;
-use price_alerts::state;
+use price_alerts::pipeline::state;
 use price_alerts::tick::Tick;
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -28,12 +28,12 @@ fn stream(symbols: usize, ticks: usize, seed: u64) -> (Rules, Vec<Tick>) {
 /// processor works on a live stream; returns where every tick landed.
 fn load_slowly(input: String, ticks: Vec<Tick>, chunks: usize, spread: Duration) -> thread::JoinHandle<Vec<Landed>> {
     thread::spawn(move || {
-        let loader = Loader::new(&kafka()).expect("loader");
+        let feed = Feed::new(&kafka()).expect("tick feed");
         let size = ticks.len().div_ceil(chunks);
         let pause = spread / chunks as u32;
         let mut landed = Vec::new();
         for chunk in ticks.chunks(size) {
-            landed.extend(loader.send_ticks(&input, chunk).expect("loading ticks"));
+            landed.extend(feed.send_ticks(&input, chunk).expect("loading ticks"));
             thread::sleep(pause); // input pacing, not a wait for a condition
         }
         landed
@@ -53,7 +53,7 @@ fn wait_progress(run: &Run, from: i64, by: i64) -> i64 {
     }
 }
 
-fn assert_exactly_once(run: &Run, ticks: usize) -> price_alerts::verify::VerifyReport {
+fn assert_exactly_once(run: &Run, ticks: usize) -> price_alerts::tools::verify::VerifyReport {
     let report = run.verify();
     println!("{report}");
     assert_eq!(report.input_records, ticks as u64);

@@ -4,12 +4,12 @@
 mod common;
 
 use common::{kafka, Run};
-use price_alerts::config::Isolation;
-use price_alerts::failure::FaultInjection;
-use price_alerts::generate::{generate, GenOptions};
-use price_alerts::load::{next_offsets, Loader};
-use price_alerts::reader::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
-use price_alerts::replay::{replay, ReplayOptions};
+use price_alerts::kafka::Isolation;
+use price_alerts::dlq::FaultInjection;
+use price_alerts::tools::generate::{generate, GenOptions};
+use price_alerts::kafka::feed::{next_offsets, Feed};
+use price_alerts::kafka::read::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use price_alerts::tools::replay::{replay, ReplayOptions};
 use rdkafka::message::Headers;
 use rdkafka::Message;
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ fn poison_ticks_are_replayed_once_with_their_original_bytes() {
     let mut run = Run::new("replay", rules);
     run.faults = FaultInjection { enabled: true };
     run.create_topics(2);
-    let landed = Loader::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), Duration::from_secs(120));
     p.signal("TERM");
@@ -56,7 +56,7 @@ fn poison_ticks_are_replayed_once_with_their_original_bytes() {
         let replayed = m.headers().is_some_and(|h| h.iter().any(|h| h.key == "replay.origin"));
         if replayed {
             assert!(m.headers().unwrap().iter().all(|h| !h.key.starts_with("dlq.")), "dlq.* headers dropped");
-            replayed_landed.push(price_alerts::load::Landed { partition: m.partition(), offset: m.offset() });
+            replayed_landed.push(price_alerts::kafka::feed::Landed { partition: m.partition(), offset: m.offset() });
         }
         let e = copies.entry(m.payload().unwrap_or_default().to_vec()).or_default();
         if replayed { e.1 += 1 } else { e.0 += 1 }

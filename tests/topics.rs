@@ -3,7 +3,7 @@
 mod common;
 
 use common::kafka;
-use price_alerts::topics::{self, create_topics, TopicSpec, Topics};
+use price_alerts::kafka::topics::{self, create_topics, TopicSpec, Topics};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
@@ -24,7 +24,7 @@ fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
     assert_eq!(n, 5);
     let probe: rdkafka::consumer::BaseConsumer = kafka().admin().create().unwrap();
     for name in [&t.input, &t.notifications, &t.changelog, &t.dlq] {
-        let parts = price_alerts::reader::partition_count(&probe, name, std::time::Duration::from_secs(10)).unwrap();
+        let parts = price_alerts::kafka::read::partition_count(&probe, name, std::time::Duration::from_secs(10)).unwrap();
         assert_eq!(parts, 5, "{name}");
     }
     assert_eq!(cleanup_policy(&t.changelog), "compact");

@@ -3,11 +3,12 @@
 
 mod common;
 
-use price_alerts::config::Isolation;
-use price_alerts::demo::{self, DemoOptions};
-use price_alerts::engine::Engine;
-use price_alerts::load::{next_offsets, produce_ticks};
-use price_alerts::reader::{committed_offsets, count_records};
+use price_alerts::kafka::Isolation;
+use price_alerts::tools::demo::{self, DemoOptions};
+use price_alerts::pipeline::Engine;
+use price_alerts::kafka::feed::{next_offsets, produce_ticks};
+use price_alerts::kafka::offsets::committed_offsets;
+use price_alerts::kafka::read::count_records;
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
 use rust_decimal::Decimal;

@@ -5,7 +5,7 @@
 use clap::Parser;
 use price_alerts::cli::{init_logging, KafkaArgs};
 use price_alerts::rules::Rules;
-use price_alerts::verify::verify;
+use price_alerts::tools::verify::verify;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -45,7 +45,7 @@ fn run() -> anyhow::Result<bool> {
     let cli = Cli::parse();
     let kafka = cli.kafka.config()?;
     let rules = Rules::load(&cli.rules)?;
-    let faults = price_alerts::failure::FaultInjection { enabled: cli.inject_faults };
+    let faults = price_alerts::dlq::FaultInjection { enabled: cli.inject_faults };
     let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?;
     println!("{report}");
     Ok(report.ok())

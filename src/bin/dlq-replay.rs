@@ -6,7 +6,7 @@
 
 use clap::Parser;
 use price_alerts::cli::{main_of, KafkaArgs};
-use price_alerts::replay::{replay, ReplayOptions};
+use price_alerts::tools::replay::{replay, ReplayOptions};
 use std::process::ExitCode;
 
 #[derive(Parser)]

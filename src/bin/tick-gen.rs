@@ -3,12 +3,12 @@
 use anyhow::Context as _;
 use clap::Parser;
 use price_alerts::cli::{main_of, KafkaArgs};
-use price_alerts::generate::{generate, GenOptions};
-use price_alerts::load::Loader;
-use price_alerts::topics::{create_topics, TopicSpec};
+use price_alerts::tools::generate::{generate, GenOptions};
+use price_alerts::kafka::feed::Feed;
+use price_alerts::kafka::topics::{create_topics, TopicSpec};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Parser)]
 #[command(version, about = "Generate ticks (seeded random walk) and the alert rules they were made for")]
@@ -65,16 +65,7 @@ fn run() -> anyhow::Result<()> {
         &[TopicSpec { name: cli.topic.clone(), partitions: cli.partitions, compacted: false }],
     ))?;
     let started = Instant::now();
-    // With a rate, send one-second slices and wait for the next second; otherwise all at once.
-    let slice = if cli.rate == 0 { ticks.len().max(1) } else { cli.rate as usize };
-    let loader = Loader::new(&kafka)?;
-    for (i, chunk) in ticks.chunks(slice).enumerate() {
-        loader.send_ticks(&cli.topic, chunk)?;
-        if cli.rate > 0 {
-            let next = started + Duration::from_secs(i as u64 + 1);
-            std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        }
-    }
+    Feed::new(&kafka)?.send_ticks_at_rate(&cli.topic, &ticks, cli.rate)?;
     eprintln!(
         "tick-gen: {} ticks for {} symbols written to {} in {:.1}s",
         ticks.len(),

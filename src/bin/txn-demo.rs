@@ -2,8 +2,9 @@
 //! 10; after a restart 10 and 15). Exits non-zero if any figure differs from the expected one.
 
 use clap::Parser;
-use price_alerts::cli::{main_of, unique_suffix, KafkaArgs};
-use price_alerts::demo::{self, DemoOptions};
+use price_alerts::cli::{main_of, KafkaArgs};
+use price_alerts::kafka::topics::unique_suffix;
+use price_alerts::tools::demo::{self, DemoOptions};
 use std::process::ExitCode;
 
 #[derive(Parser)]

@@ -1,11 +1,11 @@
 //! Helpers of the broker tests: the broker address, fresh names, engine settings.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use price_alerts::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
-use price_alerts::engine::EngineSettings;
+use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use price_alerts::pipeline::EngineSettings;
 use price_alerts::rules::Rules;
 use price_alerts::tick::DEFAULT_MAX_TICK_BYTES;
-use price_alerts::topics::{self, Topics};
+use price_alerts::kafka::topics::{self, Topics};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ pub fn kafka() -> KafkaConfig {
 
 /// A fresh prefix, so tests never share topics, groups or transactional ids.
 pub fn prefix(test: &str) -> String {
-    format!("t-{test}-{}-", price_alerts::cli::unique_suffix())
+    format!("t-{test}-{}-", price_alerts::kafka::topics::unique_suffix())
 }
 
 /// Settings of one engine instance on fresh topics.
@@ -48,7 +48,7 @@ pub struct Run {
     /// Extra arguments for every instance.
     pub extra: Vec<String>,
     /// Fault injection the instances run with (the verifier must know).
-    pub faults: price_alerts::failure::FaultInjection,
+    pub faults: price_alerts::dlq::FaultInjection,
     /// --max-tick-bytes of the instances (the verifier must agree on what is oversize).
     pub max_tick_bytes: usize,
     /// --transaction-timeout of the instances. Longer than the production default (10 s): a
@@ -109,7 +109,7 @@ impl Run {
 
     /// The group's committed offset on each input partition (0 where none).
     pub fn committed_per_partition(&self) -> Vec<i64> {
-        price_alerts::reader::committed_offsets(&kafka(), &self.app_id, &self.input)
+        price_alerts::kafka::offsets::committed_offsets(&kafka(), &self.app_id, &self.input)
             .expect("committed offsets")
             .into_iter()
             .map(|o| o.unwrap_or(0))
@@ -126,7 +126,7 @@ impl Run {
     pub fn wait_committed(&self, target: &std::collections::BTreeMap<i32, i64>, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let committed = price_alerts::reader::committed_offsets(&kafka(), &self.app_id, &self.input)
+            let committed = price_alerts::kafka::offsets::committed_offsets(&kafka(), &self.app_id, &self.input)
                 .expect("committed offsets");
             if target.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
                 return;
@@ -137,8 +137,8 @@ impl Run {
     }
 
     /// The verifier's report for this run.
-    pub fn verify(&self) -> price_alerts::verify::VerifyReport {
-        price_alerts::verify::verify(&kafka(), &self.input, &self.output, &self.rules, self.max_tick_bytes, self.faults)
+    pub fn verify(&self) -> price_alerts::tools::verify::VerifyReport {
+        price_alerts::tools::verify::verify(&kafka(), &self.input, &self.output, &self.rules, self.max_tick_bytes, self.faults)
             .expect("verifier runs")
     }
 }

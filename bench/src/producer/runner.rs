@@ -22,15 +22,15 @@
 //!
 //! # Waiting for the outstanding records
 //! [`TxnProducer::flush`] and [`TxnProducer::commit`] wait for outstanding records in 1 ms steps
-//! (rust-rdkafka's own flush waits in 100 ms steps; see `src/txn.rs`), so a commit costs what
+//! (rust-rdkafka's own flush waits in 100 ms steps; see `price_alerts::pipeline::producer`), so a commit costs what
 //! librdkafka and the broker cost. That time is inside the measured time and inside the commit
 //! latency, as with Java's `commitTransaction`, which flushes too.
 
 use super::mode::Mode;
 use super::options::Limit;
-use super::stats;
-use crate::config::KafkaConfig;
-use crate::txn::{TxnErrorClass, TxnProducer};
+use crate::stats;
+use price_alerts::kafka::KafkaConfig;
+use price_alerts::pipeline::producer::{TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, Context as _};
 use rdkafka::producer::BaseRecord;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -15,15 +15,18 @@
 //! Replayed ticks go through the pipeline like any other: one whose seq is no longer newer than
 //! its symbol's state is stale and only counted, which is right for late price data.
 
-use crate::config::{Isolation, KafkaConfig, DEFAULT_TRANSACTION_TIMEOUT};
-use crate::reader::{partition_count, ReaderContext};
-use crate::txn::TxnProducer;
+use crate::dlq::{copy_headers, header};
+use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
+use crate::kafka::offsets::{committed_positions, position_list};
+use crate::kafka::read::{partition_count, Reader, ReaderContext};
+use crate::kafka::{Isolation, KafkaConfig};
+use crate::pipeline::producer::TxnProducer;
 use anyhow::{anyhow, bail, Context as _};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header};
 use rdkafka::producer::BaseRecord;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tracing::info;
@@ -75,31 +78,14 @@ pub fn class_matches(filters: &[String], class: &str) -> bool {
         })
 }
 
-fn header<'a>(m: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
-    m.headers()?.iter().find(|h| h.key == key).and_then(|h| std::str::from_utf8(h.value?).ok())
-}
-
 /// Replays the DLQ from the group's committed offsets to its end. Blocking.
 pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     let mut cfg = opts.kafka.reader(Isolation::ReadCommitted);
     cfg.set("group.id", &opts.group);
-    let consumer: BaseConsumer<ReaderContext> =
-        cfg.create_with_context(ReaderContext).context("creating the DLQ reader")?;
+    let consumer: Reader = cfg.create_with_context(ReaderContext).context("creating the DLQ reader")?;
     let partitions = partition_count(&consumer, &opts.dlq, TIMEOUT)?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition(&opts.dlq, p);
-    }
-    let committed =
-        crate::reader::fetch_committed(&consumer, &tpl, TIMEOUT).context("reading the replay group's offsets")?;
-    let mut start = TopicPartitionList::new();
-    for e in committed.elements() {
-        let at = match e.offset() {
-            Offset::Offset(o) => Offset::Offset(o),
-            _ => Offset::Beginning,
-        };
-        start.add_partition_offset(&opts.dlq, e.partition(), at)?;
-    }
+    let all: Vec<i32> = (0..partitions).collect();
+    let start = committed_positions(&consumer, &opts.dlq, &all, TIMEOUT).context("reading the replay group's offsets")?;
     consumer.assign(&start)?;
 
     let producer = if opts.dry_run {
@@ -172,13 +158,8 @@ fn copy(producer: &TxnProducer, m: &BorrowedMessage<'_>, to: Option<&str>) -> an
             .ok_or_else(|| anyhow!("{}/{} offset {} has no dlq.original.topic", m.topic(), m.partition(), m.offset()))?,
     };
     let origin = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
-    let mut headers = OwnedHeaders::new();
-    if let Some(h) = m.headers() {
-        for h in h.iter().filter(|h| !h.key.starts_with("dlq.")) {
-            headers = headers.insert(Header { key: h.key, value: h.value });
-        }
-    }
-    headers = headers.insert(Header { key: "replay.origin", value: Some(origin.as_str()) });
+    let headers = copy_headers(m, |key| !key.starts_with("dlq."))
+        .insert(Header { key: "replay.origin", value: Some(origin.as_str()) });
     let mut record = BaseRecord::to(target).headers(headers);
     if let Some(k) = m.key() {
         record = record.key(k);
@@ -195,10 +176,7 @@ fn commit(
     offsets: &BTreeMap<i32, i64>,
     group: &rdkafka::consumer::ConsumerGroupMetadata,
 ) -> anyhow::Result<()> {
-    let mut tpl = TopicPartitionList::new();
-    for (&p, &o) in offsets {
-        tpl.add_partition_offset(dlq, p, Offset::Offset(o))?;
-    }
+    let tpl = position_list(dlq, offsets.iter().map(|(&p, &o)| (p, Offset::Offset(o))))?;
     // A replay is a short batch job: any transactional error ends it, and a rerun resumes at
     // the last committed batch.
     producer.send_offsets(&tpl, group)?;

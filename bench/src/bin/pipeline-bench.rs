@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use clap::Parser;
 use price_alerts::cli::{main_of, KafkaArgs};
-use price_alerts::pipeline_bench::{self, Config, Options};
+use price_alerts_bench::pipeline::{self as pipeline_bench, Config, Options};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -45,15 +45,8 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let binary = std::env::current_exe()?
-        .parent()
-        .context("locating the binaries folder")?
-        .join("alert-pipeline");
-    let mut configs: Vec<Config> =
-        cli.intervals.iter().map(|&ms| Config { guarantee: "exactly-once", commit_interval_ms: ms }).collect();
-    if cli.at_least_once {
-        configs.push(Config { guarantee: "at-least-once", commit_interval_ms: 100 });
-    }
+    let binary = std::env::current_exe()?.parent().context("locating the binaries folder")?.join("alert-pipeline");
+    let configs = Config::list(&cli.intervals, cli.at_least_once);
     let opts = Options {
         kafka: cli.kafka.config()?,
         binary,
@@ -65,23 +58,7 @@ fn run() -> anyhow::Result<()> {
         symbols: cli.symbols,
         partitions: cli.partitions,
     };
-    let results = pipeline_bench::run(&opts, |r| {
-        eprintln!(
-            "pipeline-bench: {} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples), peak RSS {:.0} MiB",
-            r.config.label(),
-            r.repeat,
-            r.ticks_per_sec,
-            r.latency_p50_ms,
-            r.latency_p99_ms,
-            r.latency_samples,
-            r.peak_rss_mib
-        )
-    })?;
-    let summary = pipeline_bench::summarize(&configs, &results);
-    let table = pipeline_bench::table(&summary);
-    std::fs::create_dir_all(&cli.out)?;
-    std::fs::write(cli.out.join("results.json"), serde_json::to_vec_pretty(&(&summary, &results))?)?;
-    std::fs::write(cli.out.join("results.md"), &table)?;
-    println!("{table}");
+    let results = pipeline_bench::run(&opts, |r| eprintln!("pipeline-bench: {r}"))?;
+    println!("{}", pipeline_bench::write_outputs(&cli.out, &configs, &results)?);
     Ok(())
 }

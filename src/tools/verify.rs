@@ -8,9 +8,9 @@
 //! listed, and any of them makes the verdict fail.
 
 use crate::alert::{apply_rules, Notification, Outcome, SymbolState};
-use crate::config::{Isolation, KafkaConfig};
-use crate::failure::FaultInjection;
-use crate::reader::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use crate::dlq::FaultInjection;
+use crate::kafka::read::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use crate::kafka::{Isolation, KafkaConfig};
 use crate::rules::Rules;
 use crate::tick;
 use anyhow::Context as _;

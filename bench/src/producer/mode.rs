@@ -11,7 +11,7 @@
 //! (`bench/compare.sh` passes the same values to ProducerPerformance), because librdkafka's and
 //! the Java client's defaults differ and a comparison of defaults would measure the defaults.
 
-use crate::config::{KafkaConfig, DEFAULT_TRANSACTION_TIMEOUT};
+use price_alerts::kafka::config::{KafkaConfig, DEFAULT_TRANSACTION_TIMEOUT};
 use rdkafka::ClientConfig;
 use std::fmt;
 use std::time::Duration;

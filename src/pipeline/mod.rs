@@ -1,4 +1,13 @@
-//! The long-running processor: batches of the engine's transactional step, and shutdown.
+//! The exactly-once processor: everything from poll to commit lives in this folder.
+//!
+//! - `mod.rs` (this file): the driver: set-up, the run loop that batches the engine's steps into
+//!   transactions, shutdown.
+//! - [`engine`]: poll, decode, crossing rule, produce; the invariants are stated at its top.
+//! - [`commit`]: the open transaction, commit, abort-and-rewind, the rebalance callbacks, stats.
+//! - [`producer`]: the transactional producer wrapper and the one [`producer::classify`].
+//! - [`state`]: per-partition symbol state and its restore from the changelog.
+//! - [`settings`]: what an instance is ([`EngineSettings`]) and how it batches
+//!   ([`PipelineOptions`]), test hooks included.
 //!
 //! ```text
 //!   ┌─────────────── dedicated thread (transactional calls block) ────────────────┐
@@ -14,8 +23,17 @@
 //! timeout, [`run`] returns an error so the process exits non-zero, and the broker aborts the open
 //! transaction when its timeout expires or when this instance restarts.
 
-use crate::engine::{Engine, EngineSettings, Stats};
-use crate::topics;
+pub mod commit;
+pub mod engine;
+pub mod producer;
+pub mod settings;
+pub mod state;
+
+pub use commit::Stats;
+pub use engine::Engine;
+pub use settings::{EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH};
+
+use crate::kafka::topics;
 use anyhow::{bail, Context as _};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,31 +41,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
-/// Default commit interval: as Kafka Streams under exactly-once.
-pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
-/// Default largest batch, in input records.
-pub const DEFAULT_MAX_BATCH: u64 = 5_000;
 /// Longest single poll: bounds how late a commit deadline or a stop request is noticed.
 const POLL_SLICE: Duration = Duration::from_millis(100);
-
-/// How the processor batches and stops.
-#[derive(Debug, Clone)]
-pub struct PipelineOptions {
-    pub engine: EngineSettings,
-    /// Commit when the open transaction is this old.
-    pub commit_interval: Duration,
-    /// Commit when the open transaction holds this many input records.
-    pub max_batch: u64,
-    /// How long shutdown may take before the process gives up and exits non-zero.
-    pub shutdown_timeout: Duration,
-    /// Partitions of the input topic if it has to be created.
-    pub input_partitions: Option<i32>,
-    /// Stop once no record arrived for this long and nothing is open (demos and benchmarks).
-    pub exit_when_idle: Option<Duration>,
-    /// Test only: abort every n-th transaction instead of committing it, as Kafka's own
-    /// transactional copier test does, to prove that aborts lose and double nothing.
-    pub abort_every: Option<u64>,
-}
 
 /// Runs the processor until `shutdown` resolves (or it idles out, or fails).
 pub async fn run(opts: PipelineOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
@@ -107,8 +102,8 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, stop: &AtomicB
         match engine.open_since()? {
             Some((started, records)) if started.elapsed() >= opts.commit_interval || records >= opts.max_batch => {
                 transactions += 1;
-                if opts.abort_every.is_some_and(|n| n > 0 && transactions % n == 0) {
-                    info!(transaction = transactions, "test switch: aborting this transaction");
+                if opts.engine.hooks.abort_every.is_some_and(|n| n > 0 && transactions % n == 0) {
+                    info!(transaction = transactions, "test hook: aborting this transaction");
                     engine.abort()?;
                 } else {
                     engine.commit()?;

@@ -70,19 +70,43 @@ pub fn classify(err: &KafkaError) -> TxnErrorClass {
     }
 }
 
+/// What went wrong under a transactional step. Most causes are Kafka's; the others are named for
+/// what they are instead of being dressed up as Kafka errors.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnCause {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A panic left the engine's state half-updated; nothing in it can be trusted.
+    #[error("the engine state lock was poisoned by an earlier panic")]
+    LockPoisoned,
+    /// The consumer has no group metadata to fence zombies with (it always has one when it has a
+    /// group.id, so this is a bug, not a runtime condition).
+    #[error("the consumer has no group metadata")]
+    NoGroupMetadata,
+    /// At least once: records of the batch could not be delivered, so its offsets must not move.
+    #[error("{0} record(s) of the batch were not delivered")]
+    Undelivered(u64),
+}
+
 /// A transactional error with its class and the step that raised it.
 #[derive(Debug, thiserror::Error)]
-#[error("{step} failed ({class:?}): {source}")]
+#[error("{step} failed ({class:?}): {cause}")]
 pub struct TxnError {
     pub step: &'static str,
     pub class: TxnErrorClass,
     #[source]
-    pub source: KafkaError,
+    pub cause: TxnCause,
 }
 
 impl TxnError {
+    /// A Kafka error, classified by [`classify`].
     pub fn new(step: &'static str, source: KafkaError) -> Self {
-        TxnError { step, class: classify(&source), source }
+        TxnError { step, class: classify(&source), cause: TxnCause::Kafka(source) }
+    }
+
+    /// An error whose class the caller knows better than [`classify`] would.
+    pub fn with_class(step: &'static str, class: TxnErrorClass, cause: impl Into<TxnCause>) -> Self {
+        TxnError { step, class, cause: cause.into() }
     }
 }
 
@@ -136,7 +160,7 @@ impl TxnProducer {
     pub fn new(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, TxnError> {
         let inner: ThreadedProducer<DeliveryContext> = config
             .create_with_context(DeliveryContext::default())
-            .map_err(|e| TxnError { step: "create producer", class: TxnErrorClass::Fatal, source: e })?;
+            .map_err(|e| TxnError::with_class("create producer", TxnErrorClass::Fatal, e))?;
         let p = TxnProducer { inner };
         p.retrying("init_transactions", |p| p.init_transactions(INIT_TIMEOUT))?;
         Ok(Arc::new(p))
@@ -161,7 +185,7 @@ impl TxnProducer {
                     let err = TxnError::new(step, e);
                     if err.class == TxnErrorClass::Retriable && attempt < MAX_RETRIES {
                         attempt += 1;
-                        warn!(step, attempt, error = %err.source, "retriable transactional error; retrying");
+                        warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
                         std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
                         continue;
                     }

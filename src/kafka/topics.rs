@@ -6,8 +6,8 @@
 //! default. An existing changelog with another partition count is refused: using it would restore
 //! the wrong state. Lacking the right to create a topic is reported as such.
 
-use crate::config::KafkaConfig;
-use crate::reader::partition_count;
+use super::config::KafkaConfig;
+use super::read::partition_count;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -45,6 +45,19 @@ impl Topics {
     pub fn prefixed(prefix: &str, app_id: &str) -> Self {
         Self::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &format!("{prefix}{app_id}"))
     }
+
+    /// Every topic of the deployment (what a demo or benchmark deletes after its run).
+    pub fn names(&self) -> [&str; 4] {
+        [&self.input, &self.notifications, &self.changelog, &self.dlq]
+    }
+}
+
+/// A short random suffix for fresh names (topics, groups, transactional ids) per run, so that
+/// runs never share state.
+pub fn unique_suffix() -> String {
+    use rand::Rng;
+    let n: u32 = rand::rng().random();
+    format!("{n:08x}")
 }
 
 /// A topic to create if missing.

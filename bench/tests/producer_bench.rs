@@ -3,13 +3,12 @@
 //! so the benchmark's records/s rest on records that really landed (and, for transactions, that
 //! really committed).
 
-use price_alerts::bench::mode::{expand, ModeKind};
-use price_alerts::bench::options::{BenchOptions, Workload};
-use price_alerts::bench::{self, write_outputs};
-use price_alerts::cli::unique_suffix;
-use price_alerts::config::{Isolation, KafkaConfig};
-use price_alerts::reader::count_records;
-use price_alerts::topics::delete_topics;
+use price_alerts::kafka::read::count_records;
+use price_alerts::kafka::topics::{delete_topics, unique_suffix};
+use price_alerts::kafka::{Isolation, KafkaConfig};
+use price_alerts_bench::producer::mode::{expand, ModeKind};
+use price_alerts_bench::producer::options::{BenchOptions, Workload};
+use price_alerts_bench::producer::{self as bench, write_outputs};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Benchmarks: producer throughput by mode (see `producer-bench`).
+//! Producer throughput by mode (see `producer-bench`).
 //!
 //! The question is what exactly-once costs on the producing side: how much slower is a
 //! transactional producer committing every 10, 100 or 1000 ms than an idempotent one (which every
@@ -17,7 +17,7 @@
 //! # Honest counting
 //! Only acknowledged records count (plain, idempotent), and in the transactional mode only
 //! records of committed transactions, with the commit time inside the measured time; see
-//! [`runner`]. The broker test `tests/producer_bench.rs` checks the reported counts against the
+//! [`runner`]. The broker test `bench/tests/producer_bench.rs` checks the reported counts against the
 //! records read back from each run's topic (read_committed for the transactional runs).
 //!
 //! # Error handling
@@ -30,7 +30,7 @@
 //! - [`options`]: the command line and the validated options.
 //! - [`mode`]: the modes and the batching settings shared by all of them (and by compare.sh).
 //! - [`runner`]: one timed run.
-//! - [`stats`]: median, range, percentiles, ratios (pure).
+//! - [`crate::stats`]: median, range, percentiles, ratios (pure).
 //! - [`report`]: summaries, the table, JSON and CSV.
 //! - [`plot`]: the PNG.
 
@@ -39,10 +39,9 @@ pub mod options;
 pub mod plot;
 pub mod report;
 pub mod runner;
-pub mod stats;
 
-use crate::config::KafkaConfig;
-use crate::topics::{create_topics, delete_topics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, delete_topics, TopicSpec};
+use price_alerts::kafka::KafkaConfig;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use mode::Mode;

@@ -6,8 +6,9 @@
 //! [`BenchCli::options`], with a message naming the flag.
 
 use super::mode::{expand, Mode, ModeKind};
-use crate::cli::{unique_suffix, KafkaArgs};
-use crate::config::KafkaConfig;
+use price_alerts::cli::KafkaArgs;
+use price_alerts::kafka::topics::unique_suffix;
+use price_alerts::kafka::KafkaConfig;
 use anyhow::{bail, Context as _};
 use clap::Parser;
 use std::path::PathBuf;

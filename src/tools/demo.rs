@@ -16,13 +16,14 @@
 //! one) resumes there, restores the state of batch A from the changelog, and redoes batch B.
 //! Every figure is checked; [`Report::ok`] says whether all matched.
 
-use crate::config::{Isolation, KafkaConfig};
-use crate::engine::{Engine, EngineSettings};
-use crate::load::{next_offsets, produce_ticks};
-use crate::reader::{committed_offsets, count_records};
+use crate::kafka::feed::{next_offsets, produce_ticks};
+use crate::kafka::offsets::committed_offsets;
+use crate::kafka::read::count_records;
+use crate::kafka::topics::{self, Topics};
+use crate::kafka::{Isolation, KafkaConfig};
+use crate::pipeline::{Engine, EngineSettings};
 use crate::rules::Rules;
 use crate::tick::Tick;
-use crate::topics::{self, Topics};
 use anyhow::Context as _;
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
@@ -212,9 +213,7 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     engine.close()?;
 
     if opts.cleanup {
-        let names = [&topics.input, &topics.notifications, &topics.changelog, &topics.dlq];
-        let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-        futures::executor::block_on(topics::delete_topics(kafka, &names))?;
+        futures::executor::block_on(topics::delete_topics(kafka, &topics.names()))?;
     }
     Ok(Report { topics, phases, elapsed: started.elapsed() })
 }

@@ -1,12 +1,12 @@
 //! `producer-bench`: producer throughput of the plain, idempotent and transactional modes on a real
-//! broker (logic in `price_alerts::bench`). Prints the table to stdout and writes results.json,
+//! broker (logic in `price_alerts_bench::producer`). Prints the table to stdout and writes results.json,
 //! summary.csv, runs.csv and throughput.png into --out-dir.
 //!
 //! Ctrl-C stops after the current run's next check; the runs so far are reported (marked
 //! interrupted) and the topics deleted. A second Ctrl-C exits at once.
 
 use clap::Parser;
-use price_alerts::bench::{self, options::BenchCli};
+use price_alerts_bench::producer::{self as bench, options::BenchCli};
 use price_alerts::cli::main_of;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -13,7 +13,7 @@
 
 use super::mode::Mode;
 use super::runner::RunResult;
-use super::stats::{percentile, ratio, Spread};
+use crate::stats::{percentile, ratio, Spread};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};

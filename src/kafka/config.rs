@@ -184,7 +184,7 @@ impl KafkaConfig {
         Ok(c)
     }
 
-    /// An idempotent, non-transactional producer (at-least-once mode, input loaders).
+    /// An idempotent, non-transactional producer (at-least-once mode, the tick feed).
     pub fn idempotent_producer(&self) -> ClientConfig {
         let mut c = self.producer_base();
         // No duplicates or reordering from producer retries.

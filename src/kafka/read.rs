@@ -1,16 +1,17 @@
-//! Reading topics to their end: the verifiers, the demo's counters and the state restore.
+//! Reading topics to their end: the verifier, the demo's counters and the state restore.
 //!
 //! "The end" is the partition EOF event of librdkafka, which for a read_committed reader is the
 //! last stable offset. Records are counted as they arrive; offsets are never subtracted, because
 //! transaction markers occupy offsets and an aborted batch leaves offsets that no committed reader
 //! sees.
 
-use crate::config::{Isolation, KafkaConfig};
+use super::config::{Isolation, KafkaConfig};
+use super::offsets::position_list;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
@@ -70,10 +71,7 @@ pub fn read_partitions_to_end(
     timeout: Duration,
     mut f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
-    let mut tpl = TopicPartitionList::new();
-    for &p in partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
+    let tpl = position_list(topic, partitions.iter().map(|&p| (p, Offset::Beginning)))?;
     consumer.assign(&tpl).context("assigning partitions to the reader")?;
     let mut pending: BTreeSet<i32> = partitions.iter().copied().collect();
     let deadline = Instant::now() + timeout;
@@ -125,59 +123,4 @@ pub fn read_topic_to_end(
 /// Counts the records of `topic` visible under `isolation`.
 pub fn count_records(kafka: &KafkaConfig, topic: &str, isolation: Isolation) -> anyhow::Result<u64> {
     read_topic_to_end(kafka, topic, isolation, DEFAULT_READ_TIMEOUT, |_| Ok(()))
-}
-
-/// Committed offsets of `group` on every partition of `topic` (`None` where nothing is committed).
-pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<Vec<Option<i64>>> {
-    // read_uncommitted: an observer wants the offsets committed now, not to wait (up to the
-    // timeout) until no transaction holds pending offsets, as a read_committed consumer's
-    // "require stable" fetch does while a processor is mid-commit.
-    let mut cfg = kafka.reader(Isolation::ReadUncommitted);
-    cfg.set("group.id", group);
-    let consumer: Reader = cfg.create_with_context(ReaderContext).context("creating an offsets reader")?;
-    let n = partition_count(&consumer, topic, DEFAULT_READ_TIMEOUT)?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..n {
-        tpl.add_partition(topic, p);
-    }
-    let committed = fetch_committed(&consumer, &tpl, DEFAULT_READ_TIMEOUT)
-        .with_context(|| format!("fetching committed offsets of group {group}"))?;
-    Ok((0..n)
-        .map(|p| match committed.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => Some(o),
-            _ => None,
-        })
-        .collect())
-}
-
-/// The committed offsets of `tpl`'s partitions for the consumer's group. A young broker may still
-/// be electing or loading the group's coordinator, and librdkafka hands those answers back instead
-/// of retrying: ask again until `timeout`.
-pub fn fetch_committed<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-    tpl: &TopicPartitionList,
-    timeout: Duration,
-) -> Result<TopicPartitionList, KafkaError> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match consumer.committed_offsets(tpl.clone(), deadline.saturating_duration_since(Instant::now())) {
-            Err(e) if coordinator_moving(&e) && Instant::now() < deadline => {
-                debug!(error = %e, "group coordinator not ready; asking again");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            other => return other,
-        }
-    }
-}
-
-/// Whether an error means the group coordinator is moving or loading (worth asking again).
-fn coordinator_moving(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::NotCoordinator
-                | RDKafkaErrorCode::CoordinatorNotAvailable
-                | RDKafkaErrorCode::CoordinatorLoadInProgress
-        )
-    )
 }

@@ -1,16 +1,17 @@
-//! Writing ticks to the input topic: the demo, the generator and the tests load input with it.
+//! The tick feed: writing ticks to the input topic, as an upstream producer would. The demo, the
+//! generator, the benchmarks and the tests load their input with it.
 //!
-//! The loader is an idempotent, non-transactional producer (the upstream feed of the processor)
-//! and waits for every delivery, so the caller knows where each tick landed.
+//! A [`Feed`] is an idempotent, non-transactional producer and waits for every delivery, so the
+//! caller knows where each tick landed and can compute the offsets a processor must commit.
 
-use crate::config::KafkaConfig;
+use super::config::KafkaConfig;
 use crate::tick::{encode, Tick};
 use anyhow::{anyhow, Context as _};
 use futures::future::join_all;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const LOAD_CHUNK: usize = 20_000;
 
@@ -22,13 +23,13 @@ pub struct Landed {
 }
 
 /// An upstream feed: one idempotent producer, reused for every batch.
-pub struct Loader {
+pub struct Feed {
     producer: FutureProducer,
 }
 
-impl Loader {
+impl Feed {
     pub fn new(kafka: &KafkaConfig) -> anyhow::Result<Self> {
-        Ok(Loader { producer: kafka.idempotent_producer().create().context("creating the loader")? })
+        Ok(Feed { producer: kafka.idempotent_producer().create().context("creating the tick feed")? })
     }
 
     /// Produces raw (key, value) records and waits for all of them; returns where each landed.
@@ -57,16 +58,32 @@ impl Loader {
         let records: Vec<_> = ticks.iter().map(|t| (Some(t.symbol.as_bytes().to_vec()), encode(t))).collect();
         self.send_raw(topic, &records)
     }
+
+    /// Produces ticks at most `per_second` a second (0: all at once): one-second slices, each
+    /// sent and acknowledged, then a wait for the next second.
+    pub fn send_ticks_at_rate(&self, topic: &str, ticks: &[Tick], per_second: u64) -> anyhow::Result<Vec<Landed>> {
+        if per_second == 0 {
+            return self.send_ticks(topic, ticks);
+        }
+        let started = Instant::now();
+        let mut landed = Vec::with_capacity(ticks.len());
+        for (i, slice) in ticks.chunks(per_second as usize).enumerate() {
+            landed.extend(self.send_ticks(topic, slice)?);
+            let next = started + Duration::from_secs(i as u64 + 1);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        Ok(landed)
+    }
 }
 
-/// Produces raw records with a one-off loader.
+/// Produces raw records with a one-off feed.
 pub fn produce_raw(kafka: &KafkaConfig, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) -> anyhow::Result<Vec<Landed>> {
-    Loader::new(kafka)?.send_raw(topic, records)
+    Feed::new(kafka)?.send_raw(topic, records)
 }
 
-/// Produces ticks with a one-off loader.
+/// Produces ticks with a one-off feed.
 pub fn produce_ticks(kafka: &KafkaConfig, topic: &str, ticks: &[Tick]) -> anyhow::Result<Vec<Landed>> {
-    Loader::new(kafka)?.send_ticks(topic, ticks)
+    Feed::new(kafka)?.send_ticks(topic, ticks)
 }
 
 /// The next offset after the last record landed in each partition (what a consumer that processed

@@ -7,7 +7,7 @@
 //! state in force is always exactly the committed one.
 
 use crate::alert::SymbolState;
-use crate::reader::{read_partitions_to_end, Reader};
+use crate::kafka::read::{read_partitions_to_end, Reader};
 use anyhow::Context as _;
 use rdkafka::Message;
 use std::collections::{BTreeMap, HashMap};

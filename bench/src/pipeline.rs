@@ -15,12 +15,14 @@
 //! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
 //! hits all of them alike; medians are reported with their spread.
 
-use crate::bench::stats::{median, percentile};
-use crate::config::{Isolation, KafkaConfig};
-use crate::generate::{generate, GenOptions};
-use crate::load::{next_offsets, Loader};
-use crate::reader::committed_offsets;
-use crate::topics::{self, Topics};
+use crate::stats::{median, percentile};
+use price_alerts::alert::Notification;
+use price_alerts::kafka::feed::{next_offsets, Feed};
+use price_alerts::kafka::offsets::committed_offsets;
+use price_alerts::kafka::read::{reader, Reader};
+use price_alerts::kafka::topics::{self, unique_suffix, Topics};
+use price_alerts::kafka::{Isolation, KafkaConfig};
+use price_alerts::tools::generate::{generate, GenOptions};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
@@ -45,6 +47,16 @@ pub struct Config {
 impl Config {
     pub fn label(&self) -> String {
         format!("{} {}ms", self.guarantee, self.commit_interval_ms)
+    }
+
+    /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for.
+    pub fn list(intervals_ms: &[u64], at_least_once: bool) -> Vec<Config> {
+        let mut configs: Vec<Config> =
+            intervals_ms.iter().map(|&ms| Config { guarantee: "exactly-once", commit_interval_ms: ms }).collect();
+        if at_least_once {
+            configs.push(Config { guarantee: "at-least-once", commit_interval_ms: 100 });
+        }
+        configs
     }
 }
 
@@ -75,6 +87,22 @@ pub struct RunResult {
     pub latency_p99_ms: f64,
     pub latency_samples: usize,
     pub peak_rss_mib: f64,
+}
+
+impl std::fmt::Display for RunResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples), peak RSS {:.0} MiB",
+            self.config.label(),
+            self.repeat,
+            self.ticks_per_sec,
+            self.latency_p50_ms,
+            self.latency_p99_ms,
+            self.latency_samples,
+            self.peak_rss_mib
+        )
+    }
 }
 
 /// Medians over the repeats of one configuration.
@@ -124,6 +152,17 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
         .collect()
 }
 
+/// Writes `results.json` (summaries and every run) and `results.md` (the table) into `dir`;
+/// returns the table.
+pub fn write_outputs(dir: &Path, configs: &[Config], results: &[RunResult]) -> anyhow::Result<String> {
+    let summary = summarize(configs, results);
+    let table = table(&summary);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(&(&summary, results))?)?;
+    std::fs::write(dir.join("results.md"), &table)?;
+    Ok(table)
+}
+
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
@@ -146,15 +185,13 @@ pub fn table(summaries: &[Summary]) -> String {
 }
 
 fn run_one(opts: &Options, config: &Config, repeat: usize) -> anyhow::Result<RunResult> {
-    let prefix = format!("pbench-{}-", crate::cli::unique_suffix());
+    let prefix = format!("pbench-{}-", unique_suffix());
     let app_id = format!("{prefix}app");
     let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
     let kafka = &opts.kafka;
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
     let result = measure(opts, config, repeat, &app_id, &topics);
-    let names = [&topics.input, &topics.notifications, &topics.changelog, &topics.dlq];
-    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-    let _ = futures::executor::block_on(topics::delete_topics(kafka, &names));
+    let _ = futures::executor::block_on(topics::delete_topics(kafka, &topics.names()));
     result
 }
 
@@ -178,10 +215,10 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     });
     let rules_path = std::env::temp_dir().join(format!("{app_id}-rules.toml"));
     std::fs::write(&rules_path, rules.to_toml())?;
-    let loader = Loader::new(kafka)?;
+    let feed = Feed::new(kafka)?;
     let (backlog, paced) = ticks.split_at(opts.ticks);
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
-    let mut landed = loader.send_ticks(&topics.input, backlog)?;
+    let mut landed = feed.send_ticks(&topics.input, backlog)?;
 
     let child = Command::new(&opts.binary)
         .args(["--rules", path_str(&rules_path)?, "--app-id", app_id, "--bootstrap", &kafka.bootstrap])
@@ -198,7 +235,7 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     let target = next_offsets(&landed);
     let total: i64 = target.values().sum();
     let deadline = Instant::now() + Duration::from_secs(600);
-    while crate::metrics::scrape(&metrics_addr, "alerts_partitions_restored_total") < f64::from(opts.partitions) {
+    while price_alerts::metrics::scrape(&metrics_addr, "alerts_partitions_restored_total") < f64::from(opts.partitions) {
         if Instant::now() > deadline {
             bail!("the pipeline never reported its partitions restored");
         }
@@ -226,7 +263,7 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     let per_slice = (opts.latency_rate / slices).max(1);
     let started = Instant::now();
     for (i, chunk) in paced.chunks(per_slice).enumerate() {
-        landed.extend(loader.send_ticks(&topics.input, chunk)?);
+        landed.extend(feed.send_ticks(&topics.input, chunk)?);
         let next = started + Duration::from_secs_f64((i + 1) as f64 / slices as f64);
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
@@ -273,7 +310,7 @@ fn path_str(p: &Path) -> anyhow::Result<&str> {
 /// Tails `topic` read_committed from its current end until `stop` is set and every partition is
 /// at its end; returns the latency of each notification in milliseconds.
 fn tail_latencies(kafka: &KafkaConfig, topic: &str, partitions: i32, stop: &AtomicBool) -> anyhow::Result<Vec<f64>> {
-    let consumer = crate::reader::reader(kafka, Isolation::ReadCommitted)?;
+    let consumer = reader(kafka, Isolation::ReadCommitted)?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::End)?;
@@ -284,7 +321,7 @@ fn tail_latencies(kafka: &KafkaConfig, topic: &str, partitions: i32, stop: &Atom
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let seen = now_ms();
-                let n: crate::alert::Notification = serde_json::from_slice(m.payload().unwrap_or_default())?;
+                let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())?;
                 let appended = OffsetDateTime::parse(&n.tick_ts, &Rfc3339)?.unix_timestamp_nanos() as f64 / 1e6;
                 latencies.push(seen - appended);
             }
@@ -300,7 +337,7 @@ fn tail_latencies(kafka: &KafkaConfig, topic: &str, partitions: i32, stop: &Atom
     }
 }
 
-fn caught_up(consumer: &crate::reader::Reader, topic: &str, partitions: i32) -> anyhow::Result<bool> {
+fn caught_up(consumer: &Reader, topic: &str, partitions: i32) -> anyhow::Result<bool> {
     let positions = consumer.position()?;
     for p in 0..partitions {
         let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;

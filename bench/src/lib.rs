@@ -1,0 +1,15 @@
+//! Benchmarks of the price-alert processor, kept out of the processor's crate so that its
+//! dependency tree carries no plotting, progress-bar or font crate.
+//!
+//! - [`producer`] (`producer-bench`): what exactly-once costs on the producing side: plain,
+//!   idempotent and transactional producers, side by side with Kafka's own ProducerPerformance
+//!   (`bench/compare.sh`).
+//! - [`pipeline`] (`pipeline-bench`): what exactly-once costs the whole processor: throughput,
+//!   end-to-end latency and peak RSS by commit interval, against at-least-once.
+//! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
+//!
+//! Figures, with their commands and machine, are in `bench/RESULTS.md`.
+
+pub mod pipeline;
+pub mod producer;
+pub mod stats;

@@ -1,0 +1,18 @@
+//! The Kafka plumbing every binary shares; nothing here knows about ticks' meaning or alerts.
+//!
+//! - [`config`]: the one place that builds rdkafka client configurations, and the pass-through
+//!   properties with the ones the guarantee rests on refused.
+//! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned).
+//! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
+//! - [`read`]: standalone readers that read partitions to their end, counting records (never
+//!   subtracting offsets: transaction markers occupy offsets).
+//! - [`feed`]: the upstream tick feed: an idempotent producer that loads input and says where
+//!   each record landed.
+
+pub mod config;
+pub mod feed;
+pub mod offsets;
+pub mod read;
+pub mod topics;
+
+pub use config::{Isolation, KafkaConfig};

@@ -1,0 +1,151 @@
+//! Offsets: building partition lists, fetching what a group committed, and seeking to it.
+//!
+//! Every position the project computes is "the next offset to read", as Kafka commits them. Where
+//! a group has committed nothing yet, the position is the beginning of the partition (the
+//! processor's groups start at the earliest offset, so no tick is ever skipped).
+//!
+//! # Retries
+//! A young broker may still be electing or loading a group's coordinator, and librdkafka hands
+//! those answers back instead of retrying: [`fetch_committed`] asks again until its timeout. It is
+//! the only function here that talks to the broker about committed offsets; the others build on
+//! it.
+
+use super::config::{Isolation, KafkaConfig};
+use super::read::{partition_count, Reader, ReaderContext, DEFAULT_READ_TIMEOUT};
+use anyhow::Context as _;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+use tracing::{debug, info};
+
+/// A list of `topic`'s `partitions`, without offsets.
+pub fn partition_list(topic: &str, partitions: impl IntoIterator<Item = i32>) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition(topic, p);
+    }
+    tpl
+}
+
+/// A list of `topic`'s partitions, each at its offset.
+pub fn position_list(
+    topic: &str,
+    positions: impl IntoIterator<Item = (i32, Offset)>,
+) -> Result<TopicPartitionList, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for (p, at) in positions {
+        tpl.add_partition_offset(topic, p, at)?;
+    }
+    Ok(tpl)
+}
+
+/// The committed offsets of `tpl`'s partitions for the consumer's group, asked again while the
+/// group coordinator is moving or loading, until `timeout`.
+///
+/// For a read_committed consumer the broker answers only once no transaction holds pending
+/// offsets on these partitions (KIP-447 "require stable"): a previous owner's last transaction is
+/// resolved first. That is what the processor relies on before it restores a partition's state.
+pub fn fetch_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    tpl: &TopicPartitionList,
+    timeout: Duration,
+) -> Result<TopicPartitionList, KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match consumer.committed_offsets(tpl.clone(), deadline.saturating_duration_since(Instant::now())) {
+            Err(e) if coordinator_moving(&e) && Instant::now() < deadline => {
+                debug!(error = %e, "group coordinator not ready; asking again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether an error means the group coordinator is moving or loading (worth asking again).
+fn coordinator_moving(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
+}
+
+/// Where the consumer's group resumes on `partitions` of `topic`: the committed offset, or the
+/// beginning where nothing is committed.
+pub fn committed_positions<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> Result<TopicPartitionList, KafkaError> {
+    let committed = fetch_committed(consumer, &partition_list(topic, partitions.iter().copied()), timeout)?;
+    position_list(
+        topic,
+        committed.elements().iter().map(|e| {
+            let at = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            (e.partition(), at)
+        }),
+    )
+}
+
+/// Seeks each of `partitions` (assigned to the consumer) to its committed position: how the
+/// processor rewinds its input after an abort, so the redo reads exactly what was not committed.
+pub fn seek_to_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    if partitions.is_empty() {
+        return Ok(());
+    }
+    let positions = committed_positions(consumer, topic, partitions, timeout)?;
+    for e in consumer.seek_partitions(positions, timeout)?.elements() {
+        e.error()?;
+    }
+    info!(topic, partitions = ?partitions, "rewound to the committed offsets");
+    Ok(())
+}
+
+/// Committed offsets of `group` on every partition of `topic` (`None` where nothing is committed),
+/// as an observer sees them (tests, the demo, benchmarks).
+pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<Vec<Option<i64>>> {
+    // read_uncommitted: an observer wants the offsets committed now, not to wait (up to the
+    // timeout) until no transaction holds pending offsets, as a read_committed consumer's
+    // "require stable" fetch does while a processor is mid-commit.
+    let mut cfg = kafka.reader(Isolation::ReadUncommitted);
+    cfg.set("group.id", group);
+    let consumer: Reader = cfg.create_with_context(ReaderContext).context("creating an offsets reader")?;
+    let n = partition_count(&consumer, topic, DEFAULT_READ_TIMEOUT)?;
+    let committed = fetch_committed(&consumer, &partition_list(topic, 0..n), DEFAULT_READ_TIMEOUT)
+        .with_context(|| format!("fetching committed offsets of group {group}"))?;
+    Ok((0..n)
+        .map(|p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_hold_what_they_were_given() {
+        let tpl = partition_list("t", [2, 0]);
+        let got: Vec<_> = tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+        assert_eq!(got, [("t".to_owned(), 2), ("t".to_owned(), 0)]);
+        let tpl = position_list("t", [(1, Offset::Offset(7)), (3, Offset::Beginning)]).unwrap();
+        assert_eq!(tpl.find_partition("t", 1).map(|e| e.offset()), Some(Offset::Offset(7)));
+        assert_eq!(tpl.find_partition("t", 3).map(|e| e.offset()), Some(Offset::Beginning));
+    }
+}

@@ -1,0 +1,282 @@
+//! The transactional consume-process-produce step: poll, decode, apply the crossing rule,
+//! produce. One consumer, one transactional producer, the per-partition state.
+//!
+//! ```text
+//!  poll ──► record of partition p ──► (restore p if needed) ──► begin if no txn open
+//!             │
+//!             ├─ tick ok ─► crossing rule ─► notifications (send) + p's symbol marked dirty
+//!             ├─ bad tick ─► DLQ record (send)
+//!             └─ offsets[p] = offset + 1
+//!  commit ──► dirty states to changelog partition p ─► send_offsets_to_transaction(offsets,
+//!             group metadata) ─► commit_transaction                       (see [`super::commit`])
+//! ```
+//!
+//! # Invariants
+//! - Everything a batch produces (notifications, DLQ records, state) and the offsets that move past
+//!   its input commit in one transaction, or not at all.
+//! - The in-memory state of a partition is the committed one plus the effects of the open
+//!   transaction. After an abort it is dropped and restored from the changelog, and the consumer is
+//!   rewound to the committed offsets, so the redo sees exactly the committed world.
+//! - A partition's state is restored (read_committed, to its end) before any of its ticks is
+//!   processed, and only after its committed offset could be fetched as stable: an open transaction
+//!   of a previous owner is resolved first.
+//!
+//! # Error handling
+//! Transactional errors are classified by [`super::producer::classify`]: abortable ones lead to
+//! [`Engine::abort`] (abort, rewind, restore) and processing goes on; fatal ones stop the engine
+//! with the error. Everything runs on one thread: the rebalance callbacks run inside `poll`.
+
+use super::commit::{Committer, RebalanceHandler, Stats};
+use super::producer::{TxnError, TxnErrorClass};
+use super::settings::EngineSettings;
+use super::state::{self, PartitionState};
+use crate::alert::{apply_rules, Notification, Outcome, Source};
+use crate::dlq;
+use crate::kafka::offsets::{fetch_committed, partition_list};
+use crate::kafka::read::{reader, Reader};
+use crate::kafka::Isolation;
+use anyhow::{anyhow, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::BaseRecord;
+use rdkafka::Message;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tracing::{debug, info, warn};
+
+/// One processor instance: consumer, transactional producer, state.
+pub struct Engine {
+    consumer: BaseConsumer<RebalanceHandler>,
+    committer: Arc<Committer>,
+    /// Reads the changelog on restores; kept so each restore does not pay a new connection.
+    restore_reader: Reader,
+}
+
+impl Engine {
+    /// Creates the clients, registers the transactional id (fencing a predecessor) and subscribes.
+    /// Blocking: call it off the async runtime.
+    pub fn start(settings: EngineSettings) -> anyhow::Result<Self> {
+        let txn_id = settings.transactional_id();
+        let instance = settings.static_membership.then_some(txn_id.as_str());
+        let consumer_cfg = settings.kafka.group_consumer(settings.group_id(), instance);
+        let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted).context("creating the restore reader")?;
+        let committer = Committer::start(settings)?;
+        let consumer: BaseConsumer<RebalanceHandler> = consumer_cfg
+            .create_with_context(RebalanceHandler::new(Arc::clone(&committer)))
+            .context("creating the consumer")?;
+        let settings = committer.settings();
+        consumer.subscribe(&[&settings.topics.input]).context("subscribing")?;
+        info!(
+            transactional_id = %txn_id,
+            group = settings.group_id(),
+            input = %settings.topics.input,
+            guarantee = ?settings.guarantee,
+            "engine started"
+        );
+        Ok(Engine { consumer, committer, restore_reader })
+    }
+
+    /// Polls once (rebalance callbacks run here), restores newly owned partitions, and processes
+    /// the record polled, if any. Returns whether a record was processed.
+    pub fn poll_once(&self, timeout: Duration) -> anyhow::Result<bool> {
+        let polled = self.consumer.poll(timeout);
+        if let Some(e) = self.committer.lock()?.take_fatal() {
+            return Err(e.into());
+        }
+        self.restore_pending()?;
+        match polled {
+            None => Ok(false),
+            Some(Ok(m)) => match self.process(&m) {
+                Ok(()) => Ok(true),
+                Err(e) if e.class == TxnErrorClass::Abortable => {
+                    warn!(error = %e, "abortable transactional error; aborting and rewinding");
+                    self.abort()?;
+                    Ok(false)
+                }
+                Err(e) => Err(e.into()),
+            },
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => Err(anyhow!("fatal consumer error: {code}")),
+            Some(Err(e)) => {
+                // Broker transport errors and the like: librdkafka recovers by itself.
+                warn!(error = %e, "consumer error");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Polls until `n` records have been processed, or fails after `timeout`: how the demo and the
+    /// tests drive the engine batch by batch, ending each transaction themselves.
+    pub fn process_records(&self, n: u64, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut done = 0;
+        while done < n {
+            if Instant::now() > deadline {
+                anyhow::bail!("only {done} of {n} records arrived within {timeout:?}");
+            }
+            if self.poll_once(Duration::from_millis(100))? {
+                done += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restores the state of owned partitions that have none loaded.
+    fn restore_pending(&self) -> anyhow::Result<()> {
+        let pending = self.committer.lock()?.state.pending();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let topics = &self.committer.settings().topics;
+        // Fetching the committed offsets of a read_committed consumer waits until no transaction
+        // holds pending offsets on these partitions (KIP-447 "require stable"): a previous owner's
+        // last transaction is resolved before its changelog is read.
+        let committed = fetch_committed(&self.consumer, &partition_list(&topics.input, pending.iter().copied()), state::RESTORE_TIMEOUT)
+            .context("fetching committed offsets")?;
+        let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
+        let mut session = self.committer.lock()?;
+        for (p, s) in restored {
+            session.state.install(p, s);
+        }
+        session.restored(pending.len());
+        debug!(committed = ?committed.to_topic_map(), "restore done");
+        Ok(())
+    }
+
+    /// Applies one input record inside the open transaction (beginning one if none is open).
+    fn process(&self, m: &BorrowedMessage<'_>) -> Result<(), TxnError> {
+        let c = &self.committer;
+        let settings = c.settings();
+        let p = m.partition();
+        let mut session = c.lock()?;
+        if m.topic() != settings.topics.input || session.state.get(p).is_none() {
+            // Not ours (any more): librdkafka drops fetched records of revoked partitions, so this
+            // is a safety net, and the record is not acknowledged.
+            warn!(topic = m.topic(), partition = p, offset = m.offset(), "record of a partition not owned; ignored");
+            return Ok(());
+        }
+        c.begin(&mut session)?;
+        let (txn, states) = session.batch(p).expect("a batch was begun and partition p is loaded (checked above)");
+        match dlq::admit(m.payload(), settings.max_tick_bytes, &settings.retry, settings.faults) {
+            Err(failure) => {
+                dlq::send(c.producer(), &settings.topics.dlq, m, settings.group_id(), &failure)
+                    .map_err(|e| TxnError::new("produce dead letter", e))?;
+                *txn.counts.dead_letters.entry(failure.class()).or_default() += 1;
+            }
+            Ok((tick, attempts)) => {
+                if attempts > 1 {
+                    debug!(symbol = %tick.symbol, seq = tick.seq, attempts, "tick succeeded after retries");
+                    txn.counts.retried += 1;
+                }
+                let mut current = states.get(&tick.symbol).cloned();
+                match apply_rules(&settings.rules, &mut current, &tick) {
+                    Outcome::Accepted { crossings } => {
+                        let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
+                        for crossing in &crossings {
+                            let source = Source { topic: m.topic().to_owned(), partition: p, offset: m.offset() };
+                            let n = Notification::new(&tick, crossing, tick_ts.clone(), source);
+                            // Serializing strings, decimals and integers cannot fail.
+                            let value = serde_json::to_vec(&n).unwrap_or_default();
+                            let record = BaseRecord::to(&settings.topics.notifications)
+                                .key(tick.symbol.as_bytes())
+                                .payload(value.as_slice());
+                            c.producer().send(record).map_err(|e| TxnError::new("produce notification", e))?;
+                            txn.counts.notifications += 1;
+                        }
+                        if let Some(s) = current {
+                            states.insert(tick.symbol.clone(), s);
+                        }
+                        txn.changed(p, tick.symbol);
+                    }
+                    Outcome::Stale { last_seq } => {
+                        debug!(symbol = %tick.symbol, seq = tick.seq, last_seq, "stale tick ignored");
+                        txn.counts.stale += 1;
+                    }
+                    Outcome::Unwatched => txn.counts.unwatched += 1,
+                }
+            }
+        }
+        txn.processed(p, m.offset());
+        Ok(())
+    }
+
+    /// Whether a transaction is open: since when, and with how many records.
+    pub fn open_since(&self) -> anyhow::Result<Option<(Instant, u64)>> {
+        Ok(self.committer.lock()?.open_since())
+    }
+
+    /// Commits the open transaction (if any). An abortable failure aborts and rewinds, and is not
+    /// an error; a fatal one is. Returns whether it committed.
+    pub fn commit(&self) -> anyhow::Result<bool> {
+        let mut session = self.committer.lock()?;
+        let owned: Vec<i32> = session.state.owned().collect();
+        Ok(self.committer.commit_or_abort(&mut session, &self.consumer, &owned)?)
+    }
+
+    /// Puts the batch's state and offsets into the open transaction and waits until every record of
+    /// it is in the log, uncommitted: what the demo does before aborting, so that the aborted
+    /// records stay in the log behind an abort marker instead of being purged from the local
+    /// queue. Processing must not continue in this transaction afterwards; commit or abort.
+    pub fn stage_and_flush(&self) -> anyhow::Result<()> {
+        let mut session = self.committer.lock()?;
+        Ok(self.committer.stage_and_flush(&mut session, &self.consumer)?)
+    }
+
+    /// Aborts the open transaction (if any), rewinds every owned partition to its committed offset
+    /// and drops the state, which is restored before the next record.
+    pub fn abort(&self) -> anyhow::Result<()> {
+        let mut session = self.committer.lock()?;
+        let owned: Vec<i32> = session.state.owned().collect();
+        Ok(self.committer.abort_and_rewind(&mut session, &self.consumer, &owned)?)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> anyhow::Result<Stats> {
+        Ok(self.committer.lock()?.stats().clone())
+    }
+
+    /// A copy of the state of every owned, loaded partition.
+    pub fn state_snapshot(&self) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
+        Ok(self.committer.lock()?.state.snapshot())
+    }
+
+    /// Owned input partitions.
+    pub fn owned_partitions(&self) -> anyhow::Result<Vec<i32>> {
+        Ok(self.committer.lock()?.state.owned().collect())
+    }
+
+    /// The settings the engine runs with.
+    pub fn settings(&self) -> &EngineSettings {
+        self.committer.settings()
+    }
+
+    /// Commits what is open, then leaves the group (which revokes every partition).
+    pub fn close(self) -> anyhow::Result<Stats> {
+        let committed = self.commit();
+        self.consumer.unsubscribe();
+        // Serve the revoke triggered by unsubscribe, so the group sees us go now.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && self.committer.lock()?.state.owned().next().is_some() {
+            let _ = self.consumer.poll(Duration::from_millis(100));
+        }
+        committed?;
+        if let Some(e) = self.committer.lock()?.take_fatal() {
+            return Err(e.into());
+        }
+        self.stats()
+    }
+}
+
+/// The record timestamp as RFC 3339 (stands in for a tick without `ts`).
+fn record_ts(m: &BorrowedMessage<'_>) -> String {
+    let ms = m.timestamp().to_millis().unwrap_or_else(|| {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    });
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}

@@ -1,0 +1,115 @@
+//! What one processor instance is, and how the driver batches and stops it.
+//!
+//! Plain values, no command-line parsing: the CLI layer (`crate::cli`) maps its flags onto these,
+//! and tests, the demo and the benchmarks build them directly. Test-only switches live in one
+//! [`TestHooks`] value, off by default, so production settings never carry them by accident.
+
+use crate::dlq::{FaultInjection, RetryPolicy};
+use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
+use crate::kafka::topics::Topics;
+use crate::kafka::KafkaConfig;
+use crate::rules::Rules;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default commit interval: as Kafka Streams under exactly-once.
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+/// Default largest batch, in input records.
+pub const DEFAULT_MAX_BATCH: u64 = 5_000;
+
+/// The delivery guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Guarantee {
+    /// Outputs, state and offsets in one transaction.
+    #[default]
+    ExactlyOnce,
+    /// No transaction: outputs acknowledged, then offsets committed; a crash in between repeats
+    /// the batch's outputs. It exists to compare against.
+    AtLeastOnce,
+}
+
+/// Switches that only tests use to put a failure exactly where they want it. All off by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TestHooks {
+    /// Exit abruptly at the n-th commit, after the batch's outputs are in the log and before its
+    /// offsets are committed: a crash placed between produce and commit.
+    pub crash_before_commit: Option<u64>,
+    /// Abort every n-th transaction instead of committing it, as Kafka's own transactional
+    /// copier test does, to prove that aborts lose and double nothing.
+    pub abort_every: Option<u64>,
+}
+
+/// What one processor instance is.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// Connection and pass-through properties.
+    pub kafka: KafkaConfig,
+    /// Application id: the consumer group, and the prefix of the transactional id.
+    pub app_id: String,
+    /// Instance id, stable across restarts of this instance: with the app id it makes the
+    /// transactional id, so a restart fences its predecessor.
+    pub instance_id: String,
+    /// Topics read and written.
+    pub topics: Topics,
+    /// Alert thresholds per symbol.
+    pub rules: Arc<Rules>,
+    /// Largest tick payload accepted; larger ones are dead-lettered as oversize.
+    pub max_tick_bytes: usize,
+    /// transaction.timeout.ms of the producer.
+    pub transaction_timeout: Duration,
+    /// Use static group membership (group.instance.id = transactional id).
+    pub static_membership: bool,
+    /// Exactly-once (transactions) or at-least-once (idempotent producer, offsets committed after
+    /// the outputs are acknowledged).
+    pub guarantee: Guarantee,
+    /// Bounds of the inline retry of a failing tick.
+    pub retry: RetryPolicy,
+    /// Deterministic fault injection (off by default).
+    pub faults: FaultInjection,
+    /// Test-only failure switches (off by default).
+    pub hooks: TestHooks,
+}
+
+impl EngineSettings {
+    /// Settings with the defaults of everything but the deployment's names and rules.
+    pub fn new(kafka: KafkaConfig, app_id: &str, instance_id: &str, topics: Topics, rules: Arc<Rules>) -> Self {
+        EngineSettings {
+            kafka,
+            app_id: app_id.to_owned(),
+            instance_id: instance_id.to_owned(),
+            topics,
+            rules,
+            max_tick_bytes: crate::tick::DEFAULT_MAX_TICK_BYTES,
+            transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
+            static_membership: true,
+            guarantee: Guarantee::ExactlyOnce,
+            retry: RetryPolicy::default(),
+            faults: FaultInjection::default(),
+            hooks: TestHooks::default(),
+        }
+    }
+
+    pub fn group_id(&self) -> &str {
+        &self.app_id
+    }
+
+    pub fn transactional_id(&self) -> String {
+        format!("{}-{}", self.app_id, self.instance_id)
+    }
+}
+
+/// How the long-running processor batches and stops.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    pub engine: EngineSettings,
+    /// Commit when the open transaction is this old.
+    pub commit_interval: Duration,
+    /// Commit when the open transaction holds this many input records.
+    pub max_batch: u64,
+    /// How long shutdown may take before the process gives up and exits non-zero.
+    pub shutdown_timeout: Duration,
+    /// Partitions of the input topic if it has to be created.
+    pub input_partitions: Option<i32>,
+    /// Stop once no record arrived for this long and nothing is open (demos and benchmarks).
+    pub exit_when_idle: Option<Duration>,
+}

@@ -1,0 +1,12 @@
+//! Tools around the processor, each behind a thin binary:
+//!
+//! - [`demo`] (`txn-demo`): the commit/abort experiment, read_committed 5 versus
+//!   read_uncommitted 10.
+//! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
+//! - [`verify`] (`alert-verify`): the oracle, expected notifications against committed ones.
+//! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once.
+
+pub mod demo;
+pub mod generate;
+pub mod replay;
+pub mod verify;
