@@ -99,7 +99,7 @@ pub struct PipelineArgs {
     /// restarted instance take its partitions back without waiting for the session timeout.
     #[arg(long)]
     pub dynamic_membership: bool,
-    /// Stop once idle this long with nothing open (demos, benchmarks).
+    /// Stop once assigned, restored and idle (nothing to read) this long (demos, benchmarks).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub exit_when_idle: Option<std::time::Duration>,
     /// Delivery guarantee; at-least-once exists to compare against (it repeats outputs after a

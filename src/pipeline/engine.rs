@@ -48,6 +48,15 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tracing::{debug, info, warn};
 
+/// What one [`Engine::poll_once`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Polled {
+    /// A record was processed (or dead-lettered) in the open batch.
+    pub record: bool,
+    /// Partitions whose state was restored from the changelog.
+    pub restored: usize,
+}
+
 /// One processor instance: consumer, transactional producer, state.
 pub struct Engine {
     consumer: BaseConsumer<RebalanceHandler>,
@@ -81,31 +90,39 @@ impl Engine {
     }
 
     /// Polls once (rebalance callbacks run here), restores newly owned partitions, and processes
-    /// the record polled, if any. Returns whether a record was processed.
-    pub fn poll_once(&self, timeout: Duration) -> anyhow::Result<bool> {
+    /// the record polled, if any.
+    pub fn poll_once(&self, timeout: Duration) -> anyhow::Result<Polled> {
         let polled = self.consumer.poll(timeout);
         if let Some(e) = self.committer.lock()?.take_fatal() {
             return Err(e.into());
         }
-        self.restore_pending()?;
-        match polled {
-            None => Ok(false),
+        let restored = self.restore_pending()?;
+        let record = match polled {
+            None => false,
             Some(Ok(m)) => match self.process(&m) {
-                Ok(()) => Ok(true),
+                Ok(()) => true,
                 Err(e) if e.class == TxnErrorClass::Abortable => {
                     warn!(error = %e, "abortable transactional error; aborting and rewinding");
                     self.abort()?;
-                    Ok(false)
+                    false
                 }
-                Err(e) => Err(e.into()),
+                Err(e) => return Err(e.into()),
             },
-            Some(Err(KafkaError::MessageConsumptionFatal(code))) => Err(anyhow!("fatal consumer error: {code}")),
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => return Err(anyhow!("fatal consumer error: {code}")),
             Some(Err(e)) => {
                 // Broker transport errors and the like: librdkafka recovers by itself.
                 warn!(error = %e, "consumer error");
-                Ok(false)
+                false
             }
-        }
+        };
+        Ok(Polled { record, restored })
+    }
+
+    /// Whether the engine owns partitions and has every one of them restored: it can process
+    /// whatever arrives.
+    pub fn settled(&self) -> anyhow::Result<bool> {
+        let session = self.committer.lock()?;
+        Ok(session.state.owned().next().is_some() && session.state.pending().is_empty())
     }
 
     /// Polls until `n` records have been processed, or fails after `timeout`: how the demo and the
@@ -117,18 +134,18 @@ impl Engine {
             if Instant::now() > deadline {
                 anyhow::bail!("only {done} of {n} records arrived within {timeout:?}");
             }
-            if self.poll_once(Duration::from_millis(100))? {
+            if self.poll_once(Duration::from_millis(100))?.record {
                 done += 1;
             }
         }
         Ok(())
     }
 
-    /// Restores the state of owned partitions that have none loaded.
-    fn restore_pending(&self) -> anyhow::Result<()> {
+    /// Restores the state of owned partitions that have none loaded; returns how many.
+    fn restore_pending(&self) -> anyhow::Result<usize> {
         let pending = self.committer.lock()?.state.pending();
         if pending.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let topics = &self.committer.settings().topics;
         // Fetching the committed offsets of a read_committed consumer waits until no transaction
@@ -143,7 +160,7 @@ impl Engine {
         }
         session.restored(pending.len());
         debug!(committed = ?committed.to_topic_map(), "restore done");
-        Ok(())
+        Ok(pending.len())
     }
 
     /// Applies one input record inside the open transaction (beginning one if none is open).

@@ -90,14 +90,17 @@ pub fn run_blocking(opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result
 
 fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result<()> {
     let mut transactions = 0u64;
-    let mut last_record = Instant::now();
+    // Idle means: assigned, restored, and nothing to read. Waiting for an assignment or a restore,
+    // a restore, and a record all restart the clock.
+    let mut last_activity = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let timeout = match engine.open_since()? {
             Some((started, _)) => (started + opts.commit_interval).saturating_duration_since(Instant::now()),
             None => POLL_SLICE,
         };
-        if engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))? {
-            last_record = Instant::now();
+        let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
+        if polled.record || polled.restored > 0 || !engine.settled()? {
+            last_activity = Instant::now();
         }
         match engine.open_since()? {
             Some((started, records)) if started.elapsed() >= opts.commit_interval || records >= opts.max_batch => {
@@ -111,7 +114,7 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, stop: &AtomicB
             }
             Some(_) => {}
             None => {
-                if opts.exit_when_idle.is_some_and(|idle| last_record.elapsed() >= idle) {
+                if opts.exit_when_idle.is_some_and(|idle| last_activity.elapsed() >= idle) {
                     info!("idle; stopping");
                     break;
                 }

@@ -110,6 +110,7 @@ pub struct PipelineOptions {
     pub shutdown_timeout: Duration,
     /// Partitions of the input topic if it has to be created.
     pub input_partitions: Option<i32>,
-    /// Stop once no record arrived for this long and nothing is open (demos and benchmarks).
+    /// Stop once assigned, restored and with nothing to read for this long, with nothing open
+    /// (demos and benchmarks).
     pub exit_when_idle: Option<Duration>,
 }
