@@ -3,11 +3,13 @@
 
 mod common;
 
-use common::{kafka, Run};
+use common::{kafka, Pipeline, Run};
 use price_alerts::kafka::feed::{next_offsets, produce_raw, produce_ticks};
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
 use rust_decimal::Decimal;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 use std::time::Duration;
 
 const EXIT: Duration = Duration::from_secs(120);
@@ -36,4 +38,49 @@ fn exit_when_idle_waits_for_the_restore_and_the_waiting_ticks() {
     assert!(status.success(), "stopped cleanly: {status}");
     let expected: Vec<i64> = next_offsets(&landed).into_values().collect();
     assert_eq!(run.committed_per_partition(), expected, "every waiting tick committed before the idle exit");
+}
+
+/// Loads a few ticks and starts instance 0 with `extra` and stderr piped; returns it once it has
+/// committed them (so it is assigned, restored and processing), with its stderr.
+fn started_with_piped_stderr(run: &mut Run, extra: &[&str]) -> (Pipeline, std::process::ChildStderr) {
+    run.create_topics(1);
+    let ticks: Vec<Tick> =
+        (1..=10u64).map(|n| Tick { symbol: "SYM000".into(), price: Decimal::from(95 + n as i64), seq: n, ts: None }).collect();
+    let landed = produce_ticks(&kafka(), &run.input, &ticks).expect("loading ticks");
+    run.extra = extra.iter().map(|s| s.to_string()).collect();
+    let mut child = run.command("0").stderr(Stdio::piped()).spawn().expect("starting alert-pipeline");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let p = Pipeline::from(child, "0");
+    run.wait_committed(&next_offsets(&landed), EXIT);
+    (p, stderr)
+}
+
+/// A reader of stderr that goes away (`alert-pipeline … 2>&1 | head -2`) must not turn logging
+/// into a panic inside a rebalance callback, nor the shutdown into a hang.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_closed_stderr_never_blocks_the_shutdown() {
+    let mut run = Run::new("stderr", Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]));
+    let (p, stderr) = started_with_piped_stderr(&mut run, &["--shutdown-timeout", "3s"]);
+    // Read two lines, as `head -2` does, then close the pipe.
+    let mut lines = BufReader::new(stderr).lines();
+    for _ in 0..2 {
+        lines.next().expect("a log line").expect("readable");
+    }
+    drop(lines);
+    p.signal("TERM");
+    let status = p.wait(Duration::from_secs(3 + 2));
+    assert!(status.success(), "stopped cleanly with its stderr closed: {status}");
+}
+
+/// Whatever a client call does, the process exits within `--shutdown-timeout` of SIGTERM, and
+/// non-zero when the clean path did not finish.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn shutdown_is_bounded_even_when_the_clean_path_is_stuck() {
+    let mut run = Run::new("stuck", Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]));
+    let (p, _stderr) = started_with_piped_stderr(&mut run, &["--shutdown-timeout", "2s", "--test-stall-on-shutdown"]);
+    p.signal("TERM");
+    let status = p.wait(Duration::from_secs(2 + 2));
+    assert!(!status.success(), "a stuck shutdown must not look clean: {status}");
 }

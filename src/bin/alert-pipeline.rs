@@ -1,8 +1,8 @@
 //! `alert-pipeline`: the exactly-once price-alert processor.
 
 use clap::Parser;
-use price_alerts::cli::{main_of, PipelineArgs};
-use price_alerts::pipeline;
+use price_alerts::cli::{main_of, shutdown_signal_bounded, PipelineArgs};
+use price_alerts::{errln, pipeline};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -13,15 +13,19 @@ fn run() -> anyhow::Result<()> {
     let args = PipelineArgs::parse();
     let opts = args.options()?;
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         if let Some(addr) = args.metrics_addr {
             metrics_exporter_prometheus::PrometheusBuilder::new()
                 .with_http_listener(addr)
                 .install()
                 .map_err(|e| anyhow::anyhow!("metrics endpoint on {addr}: {e}"))?;
         }
-        let stats = pipeline::run(opts, price_alerts::cli::shutdown_signal()).await?;
-        eprintln!("alert-pipeline: stopped cleanly: {stats:?}");
+        let shutdown = shutdown_signal_bounded(opts.shutdown_timeout);
+        let stats = pipeline::run(opts, shutdown).await?;
+        errln!("alert-pipeline: stopped cleanly: {stats:?}");
         Ok(())
-    })
+    });
+    // Never wait for a processing thread that did not finish: the shutdown bound is the promise.
+    runtime.shutdown_background();
+    result
 }

@@ -30,12 +30,12 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    let _log = init_logging();
     match run() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("alert-verify: {e:#}");
+            price_alerts::errln!("alert-verify: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -47,6 +47,6 @@ fn run() -> anyhow::Result<bool> {
     let rules = Rules::load(&cli.rules)?;
     let faults = price_alerts::dlq::FaultInjection { enabled: cli.inject_faults };
     let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?;
-    println!("{report}");
+    price_alerts::outln!("{report}");
     Ok(report.ok())
 }

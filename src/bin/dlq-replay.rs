@@ -46,10 +46,10 @@ fn run() -> anyhow::Result<ExitCode> {
         dry_run: cli.dry_run,
     };
     let report = replay(&opts)?;
-    println!("{:<28} {:>8} {:>9}", "class", "read", if opts.dry_run { "to replay" } else { "replayed" });
+    price_alerts::outln!("{:<28} {:>8} {:>9}", "class", "read", if opts.dry_run { "to replay" } else { "replayed" });
     for (class, n) in &report.read {
-        println!("{class:<28} {n:>8} {:>9}", report.replayed.get(class).copied().unwrap_or(0));
+        price_alerts::outln!("{class:<28} {n:>8} {:>9}", report.replayed.get(class).copied().unwrap_or(0));
     }
-    println!("{} replayed in {} transactions", report.total_replayed(), report.transactions);
+    price_alerts::outln!("{} replayed in {} transactions", report.total_replayed(), report.transactions);
     Ok(ExitCode::SUCCESS)
 }

@@ -66,7 +66,7 @@ fn run() -> anyhow::Result<()> {
     ))?;
     let started = Instant::now();
     Feed::new(&kafka)?.send_ticks_at_rate(&cli.topic, &ticks, cli.rate)?;
-    eprintln!(
+    price_alerts::errln!(
         "tick-gen: {} ticks for {} symbols written to {} in {:.1}s",
         ticks.len(),
         cli.symbols,

@@ -36,6 +36,6 @@ fn run() -> anyhow::Result<ExitCode> {
         cleanup: !cli.keep_topics,
     };
     let report = demo::run(&opts)?;
-    println!("{report}");
+    price_alerts::outln!("{report}");
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -73,6 +73,12 @@ pub async fn run(opts: PipelineOptions, shutdown: impl Future<Output = ()>) -> a
 pub fn run_blocking(opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result<Stats> {
     let engine = Engine::start(opts.engine.clone())?;
     let result = process_until_stopped(&engine, opts, stop);
+    if opts.engine.hooks.stall_on_shutdown {
+        warn!("test hook: stalling the shutdown");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     // Close (commit what is open, leave the group) also after an error, unless it was fatal to
     // the transaction: then closing would only fail again.
     match result {

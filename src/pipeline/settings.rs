@@ -37,6 +37,9 @@ pub struct TestHooks {
     /// Abort every n-th transaction instead of committing it, as Kafka's own transactional
     /// copier test does, to prove that aborts lose and double nothing.
     pub abort_every: Option<u64>,
+    /// Hang for ever once a shutdown is requested, instead of closing: a clean path stuck in a
+    /// client call, which the shutdown bound must cut short.
+    pub stall_on_shutdown: bool,
 }
 
 /// What one processor instance is.

@@ -91,7 +91,15 @@ impl Run {
 
     /// Starts instance `instance` of the pipeline as a child process.
     pub fn spawn(&self, instance: &str) -> Pipeline {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_alert-pipeline"))
+        let child = self.command(instance).spawn().expect("starting alert-pipeline");
+        Pipeline { child, instance: instance.to_owned() }
+    }
+
+    /// The command line of instance `instance`, for a test that wants to change how it runs
+    /// (its stderr, say) before it starts it with [`Pipeline::from`].
+    pub fn command(&self, instance: &str) -> std::process::Command {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_alert-pipeline"));
+        command
             .args(["--rules", self.rules_path.to_str().expect("utf-8 path")])
             .args(["--app-id", &self.app_id, "--instance-id", instance])
             .args(["--input", &self.input, "--output", &self.output])
@@ -101,10 +109,8 @@ impl Run {
             .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
             .args(["--transaction-timeout", self.transaction_timeout])
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("starting alert-pipeline");
-        Pipeline { child, instance: instance.to_owned() }
+            .stdin(std::process::Stdio::null());
+        command
     }
 
     /// The group's committed offset on each input partition (0 where none).
@@ -144,6 +150,11 @@ impl Run {
 }
 
 impl Pipeline {
+    /// A pipeline started from [`Run::command`].
+    pub fn from(child: std::process::Child, instance: &str) -> Self {
+        Pipeline { child, instance: instance.to_owned() }
+    }
+
     /// Sends a signal (SIGKILL, SIGTERM) to the child.
     pub fn signal(&self, sig: &str) {
         let status = std::process::Command::new("kill")

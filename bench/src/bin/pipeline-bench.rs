@@ -58,7 +58,7 @@ fn run() -> anyhow::Result<()> {
         symbols: cli.symbols,
         partitions: cli.partitions,
     };
-    let results = pipeline_bench::run(&opts, |r| eprintln!("pipeline-bench: {r}"))?;
-    println!("{}", pipeline_bench::write_outputs(&cli.out, &configs, &results)?);
+    let results = pipeline_bench::run(&opts, |r| price_alerts::errln!("pipeline-bench: {r}"))?;
+    price_alerts::outln!("{}", pipeline_bench::write_outputs(&cli.out, &configs, &results)?);
     Ok(())
 }

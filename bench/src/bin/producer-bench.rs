@@ -20,7 +20,7 @@ fn run() -> anyhow::Result<ExitCode> {
     let cli = BenchCli::parse();
     if let Some(results) = &cli.replot {
         for path in bench::replot(results)? {
-            eprintln!("wrote {}", path.display());
+            price_alerts::errln!("wrote {}", path.display());
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -28,10 +28,10 @@ fn run() -> anyhow::Result<ExitCode> {
     let stop = Arc::new(AtomicBool::new(false));
     watch_ctrl_c(Arc::clone(&stop));
     let report = bench::run(&opts, &stop)?;
-    println!("{report}");
+    price_alerts::outln!("{report}");
     if let Some(dir) = &opts.out_dir {
         for path in bench::write_outputs(&report, dir)? {
-            eprintln!("wrote {}", path.display());
+            price_alerts::errln!("wrote {}", path.display());
         }
     }
     Ok(if report.interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS })
@@ -44,7 +44,7 @@ fn watch_ctrl_c(stop: Arc<AtomicBool>) {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_io().build() else { return };
         rt.block_on(async {
             if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("producer-bench: stopping after the current run (Ctrl-C again to quit now)");
+                price_alerts::errln!("producer-bench: stopping after the current run (Ctrl-C again to quit now)");
                 stop.store(true, Ordering::Relaxed);
                 if tokio::signal::ctrl_c().await.is_ok() {
                     std::process::exit(130);

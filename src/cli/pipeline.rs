@@ -1,54 +1,12 @@
-//! The command-line layer: flags shared by the binaries, the processor's command line, logging,
-//! signals. It imports the library; nothing in the library imports it.
+//! The processor's command line: `alert-pipeline`'s flags, the config file, and their mapping onto
+//! [`PipelineOptions`].
 
 // The `///` comments on clap arguments are the --help texts, written for a terminal (<app>,
 // [symbols]), not rustdoc markup.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
-use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use super::KafkaArgs;
 use crate::pipeline::{Guarantee, PipelineOptions, TestHooks};
-use clap::Args;
-
-/// `--bootstrap` and `-X key=value`, as every binary takes them.
-#[derive(Debug, Clone, Args)]
-pub struct KafkaArgs {
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = DEFAULT_BOOTSTRAP)]
-    pub bootstrap: String,
-    /// A librdkafka property for every client, as key=value (repeatable), e.g.
-    /// -X security.protocol=SASL_SSL. Properties the exactly-once guarantee rests on are refused.
-    #[arg(short = 'X', value_name = "KEY=VALUE")]
-    pub properties: Vec<String>,
-}
-
-impl KafkaArgs {
-    pub fn config(&self) -> anyhow::Result<KafkaConfig> {
-        KafkaConfig::new(&self.bootstrap).with_overrides(&self.properties)
-    }
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default: info for this crate, warn for others).
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,price_alerts=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-}
-
-/// Resolves on SIGINT or SIGTERM (or never, if the handlers cannot be installed, which is logged).
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (mut int, mut term) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-        (Ok(i), Ok(t)) => (i, t),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "cannot install signal handlers; stop with SIGKILL");
-            return std::future::pending().await;
-        }
-    };
-    tokio::select! {
-        _ = int.recv() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-    }
-}
 
 /// The processor's command line.
 #[derive(Debug, Clone, clap::Parser)]
@@ -126,6 +84,9 @@ pub struct PipelineArgs {
     /// TEST ONLY: crash (abort the process) at the n-th commit, after its outputs are in the log.
     #[arg(long, hide = true)]
     pub test_crash_before_commit: Option<u64>,
+    /// TEST ONLY: hang once a shutdown is requested, as a client call stuck for ever would.
+    #[arg(long, hide = true)]
+    pub test_stall_on_shutdown: bool,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -211,6 +172,7 @@ impl PipelineArgs {
                 hooks: TestHooks {
                     crash_before_commit: self.test_crash_before_commit,
                     abort_every: self.test_abort_every,
+                    stall_on_shutdown: self.test_stall_on_shutdown,
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,
@@ -226,19 +188,6 @@ impl PipelineArgs {
             input_partitions: Some(self.partitions),
             exit_when_idle: self.exit_when_idle,
         })
-    }
-}
-
-/// A binary's `main`: logging, then `run`; an error is printed with its whole cause chain
-/// (`{:#}`) and exits 1.
-pub fn main_of(name: &str, run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
-    init_logging();
-    match run() {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("{name}: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
     }
 }
 

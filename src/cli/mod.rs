@@ -1,0 +1,111 @@
+//! The command-line layer of the thin binaries in `src/bin/`: flags every binary shares, logging,
+//! output, signals and the shutdown watchdog. It imports the library; nothing in the library
+//! imports it.
+//!
+//! # Output never blocks and never panics
+//! A process whose stderr or stdout reader went away (`alert-pipeline … 2>&1 | head -2`) must keep
+//! running and must still stop within its shutdown bound. `println!`/`eprintln!` panic on a closed
+//! stream, and tracing-subscriber reports a failed write with `eprintln!`, which panicked inside a
+//! rebalance callback and left the consumer's close waiting for ever. So: log lines go through a
+//! non-blocking, lossy writer whose write errors are swallowed (counted as dropped lines), and the
+//! binaries print with [`outln!`](crate::outln) and [`errln!`](crate::errln), which ignore errors.
+
+// The `///` comments on clap arguments are the --help texts, written for a terminal (<app>,
+// [symbols]), not rustdoc markup.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
+mod log;
+pub mod pipeline;
+
+pub use log::{init_logging, LogGuard};
+pub use pipeline::{GuaranteeArg, PipelineArgs};
+
+use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use clap::Args;
+use std::time::Duration;
+
+/// `--bootstrap` and `-X key=value`, as every binary takes them.
+#[derive(Debug, Clone, Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = DEFAULT_BOOTSTRAP)]
+    pub bootstrap: String,
+    /// A librdkafka property for every client, as key=value (repeatable), e.g.
+    /// -X security.protocol=SASL_SSL. Properties the exactly-once guarantee rests on are refused.
+    #[arg(short = 'X', value_name = "KEY=VALUE")]
+    pub properties: Vec<String>,
+}
+
+impl KafkaArgs {
+    pub fn config(&self) -> anyhow::Result<KafkaConfig> {
+        KafkaConfig::new(&self.bootstrap).with_overrides(&self.properties)
+    }
+}
+
+/// Like `println!`, but a closed or broken stdout is ignored instead of panicking.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Like `eprintln!`, but a closed or broken stderr is ignored instead of panicking.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// A binary's `main`: logging, then `run`; an error is printed with its whole cause chain
+/// (`{:#}`) and exits 1.
+pub fn main_of(name: &str, run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
+    let _log = init_logging();
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            crate::errln!("{name}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (or never, if the handlers cannot be installed, which is logged).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut int, mut term) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(i), Ok(t)) => (i, t),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = int.recv() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+/// Exit status of a process whose shutdown did not finish within its bound.
+pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 3;
+
+/// Resolves on SIGINT or SIGTERM, and from then on guarantees that the process ends within
+/// `bound` (plus a moment to flush): a watchdog thread exits it with [`EXIT_SHUTDOWN_TIMEOUT`]
+/// if the clean path is still running by then, whatever a client call is waiting for. An open
+/// transaction left behind is aborted by the broker (at its timeout, or at once when the
+/// instance restarts with the same transactional id).
+pub async fn shutdown_signal_bounded(bound: Duration) {
+    shutdown_signal().await;
+    let spawned = std::thread::Builder::new().name("shutdown-watchdog".into()).spawn(move || {
+        std::thread::sleep(bound + Duration::from_millis(500));
+        tracing::error!(bound = ?bound, "shutdown did not finish within its bound; exiting");
+        crate::errln!("shutdown did not finish within {bound:?}; exiting with status {EXIT_SHUTDOWN_TIMEOUT}");
+        std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
+    });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the shutdown watchdog; the shutdown bound is not enforced");
+    }
+}
