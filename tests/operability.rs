@@ -10,7 +10,7 @@ use price_alerts::tick::Tick;
 use rust_decimal::Decimal;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const EXIT: Duration = Duration::from_secs(120);
 
@@ -83,4 +83,50 @@ fn shutdown_is_bounded_even_when_the_clean_path_is_stuck() {
     p.signal("TERM");
     let status = p.wait(Duration::from_secs(2 + 2));
     assert!(!status.success(), "a stuck shutdown must not look clean: {status}");
+}
+
+/// Runs `binary` with `args` against an address where no broker answers; returns its exit code,
+/// stderr and how long it took.
+fn against_no_broker(binary: &str, args: &[&str]) -> (Option<i32>, String, Duration) {
+    let started = Instant::now();
+    let out = std::process::Command::new(binary)
+        .args(args)
+        .env("RUST_LOG", "warn,price_alerts=info")
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), started.elapsed())
+}
+
+/// Every binary checks at start that the bootstrap servers answer, within a bound, and says which
+/// address failed and why, in a few lines instead of a burst of librdkafka's.
+#[test]
+fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
+    let rules = std::env::temp_dir().join(format!("{}rules.toml", common::prefix("nobroker")));
+    std::fs::write(&rules, "[symbols]\nAAA = [\"100\"]\n").unwrap();
+    let rules = rules.to_str().unwrap();
+    let down = ["--bootstrap", "127.0.0.1:1", "--connect-timeout", "2s"];
+    let binaries: [(&str, &[&str]); 5] = [
+        (env!("CARGO_BIN_EXE_alert-pipeline"), &["--rules", rules]),
+        (env!("CARGO_BIN_EXE_txn-demo"), &[]),
+        (env!("CARGO_BIN_EXE_tick-gen"), &["--rules-out", "/dev/null"]),
+        (env!("CARGO_BIN_EXE_alert-verify"), &["--rules", rules]),
+        (env!("CARGO_BIN_EXE_dlq-replay"), &[]),
+    ];
+    for (binary, args) in binaries {
+        let all: Vec<&str> = args.iter().chain(&down).copied().collect();
+        let (code, err, took) = against_no_broker(binary, &all);
+        let name = binary.rsplit('/').next().unwrap_or(binary);
+        assert!(code.is_some_and(|c| c != 0), "{name} must fail: {code:?}\n{err}");
+        assert!(took < Duration::from_secs(2 + 4), "{name} took {took:?}");
+        assert!(err.contains("127.0.0.1:1") && err.contains("refused"), "{name} names the address and the cause:\n{err}");
+        assert!(err.lines().count() <= 12, "{name} printed a burst of {} lines:\n{err}", err.lines().count());
+    }
+    let (code, err, took) = against_no_broker(
+        env!("CARGO_BIN_EXE_alert-pipeline"),
+        &["--rules", rules, "--bootstrap", "no-such-host.invalid:9092", "--connect-timeout", "2s"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(took < Duration::from_secs(2 + 4), "took {took:?}");
+    assert!(err.contains("no-such-host.invalid:9092") && err.contains("resolve"), "names the host and DNS:\n{err}");
 }

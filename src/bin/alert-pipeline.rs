@@ -12,6 +12,7 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<()> {
     let args = PipelineArgs::parse();
     let opts = args.options()?;
+    args.kafka.check(&opts.engine.kafka)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(async {
         if let Some(addr) = args.metrics_addr {

@@ -43,7 +43,7 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<bool> {
     let cli = Cli::parse();
-    let kafka = cli.kafka.config()?;
+    let kafka = cli.kafka.connect()?;
     let rules = Rules::load(&cli.rules)?;
     let faults = price_alerts::dlq::FaultInjection { enabled: cli.inject_faults };
     let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?;

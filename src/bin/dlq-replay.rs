@@ -38,7 +38,7 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let opts = ReplayOptions {
-        kafka: cli.kafka.config()?,
+        kafka: cli.kafka.connect()?,
         group: cli.group.unwrap_or_else(|| format!("{}.replay", cli.dlq)),
         dlq: cli.dlq,
         classes: cli.classes,

@@ -50,16 +50,16 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kafka = cli.kafka.config()?;
     let (rules, ticks) =
         generate(&GenOptions { symbols: cli.symbols, ticks: cli.ticks, seed: cli.seed, stale_every: cli.stale_every });
     match &cli.rules_out {
         Some(path) => std::fs::write(path, rules.to_toml()).with_context(|| format!("writing {}", path.display()))?,
-        None => print!("{}", rules.to_toml()),
+        None => price_alerts::outln!("{}", rules.to_toml()),
     }
     if cli.rules_only {
         return Ok(());
     }
+    let kafka = cli.kafka.connect()?;
     futures::executor::block_on(create_topics(
         &kafka,
         &[TopicSpec { name: cli.topic.clone(), partitions: cli.partitions, compacted: false }],

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let opts = DemoOptions {
-        kafka: cli.kafka.config()?,
+        kafka: cli.kafka.connect()?,
         prefix: cli.topic_prefix.unwrap_or_else(|| format!("demo-{}-", unique_suffix())),
         partitions: cli.partitions,
         cleanup: !cli.keep_topics,

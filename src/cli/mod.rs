@@ -21,6 +21,7 @@ pub use log::{init_logging, LogGuard};
 pub use pipeline::{GuaranteeArg, PipelineArgs};
 
 use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use crate::kafka::connect::{self, ConnectError};
 use clap::Args;
 use std::time::Duration;
 
@@ -34,11 +35,30 @@ pub struct KafkaArgs {
     /// -X security.protocol=SASL_SSL. Properties the exactly-once guarantee rests on are refused.
     #[arg(short = 'X', value_name = "KEY=VALUE")]
     pub properties: Vec<String>,
+    /// How long a broker at --bootstrap has to answer at start before the process gives up,
+    /// naming the address and the cause (refused, DNS, TLS, SASL).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
 }
 
 impl KafkaArgs {
+    /// The client configuration as given, unchecked.
     pub fn config(&self) -> anyhow::Result<KafkaConfig> {
         KafkaConfig::new(&self.bootstrap).with_overrides(&self.properties)
+    }
+
+    /// The client configuration, checked: every property accepted by librdkafka, and a broker at
+    /// the bootstrap address answering within --connect-timeout.
+    pub fn connect(&self) -> anyhow::Result<KafkaConfig> {
+        let kafka = self.config()?;
+        kafka.validate()?;
+        self.check(&kafka)?;
+        Ok(kafka)
+    }
+
+    /// The start-up connect check of `kafka` (built from these flags and maybe a config file).
+    pub fn check(&self, kafka: &KafkaConfig) -> Result<(), ConnectError> {
+        connect::check(kafka, self.connect_timeout)
     }
 }
 

@@ -87,16 +87,18 @@ impl KafkaConfig {
         Ok(())
     }
 
-    /// Checks every pass-through property against librdkafka itself, so a misspelt or invalid one
-    /// is refused at start with its name instead of failing deep inside a client.
+    /// Checks the pass-through properties against librdkafka itself, so a misspelt or invalid one
+    /// is refused at start (librdkafka's message names it) instead of failing deep inside a
+    /// client. Together, not one by one: some are only valid in company (security.protocol=SASL_SSL
+    /// wants its sasl.mechanism). The message never repeats the values: one may be a password.
     pub fn validate(&self) -> anyhow::Result<()> {
+        let mut c = ClientConfig::new();
         for (k, v) in &self.properties {
-            let mut c = ClientConfig::new();
             c.set(k, v);
-            // No bootstrap.servers: the client is created and dropped without connecting.
-            if let Err(e) = c.create::<rdkafka::producer::BaseProducer>() {
-                bail!("librdkafka property {k}={v} refused: {e}");
-            }
+        }
+        // No bootstrap.servers: the client is created and dropped without connecting.
+        if let Err(e) = c.create::<rdkafka::producer::BaseProducer>() {
+            bail!("librdkafka properties refused: {e}");
         }
         Ok(())
     }
@@ -249,6 +251,23 @@ mod tests {
         assert_eq!(c.get("isolation.level"), Some("read_committed"));
         assert_eq!(c.get("partition.assignment.strategy"), Some("cooperative-sticky"));
         assert_eq!(c.get("group.instance.id"), Some("i"));
+    }
+
+    #[test]
+    fn properties_are_validated_together() {
+        // Alone, security.protocol=SASL_* asks for the default mechanism (GSSAPI), which this
+        // build lacks; with its mechanism it is a valid configuration.
+        let sasl = [
+            "security.protocol=SASL_PLAINTEXT",
+            "sasl.mechanism=SCRAM-SHA-512",
+            "sasl.username=alerts",
+            "sasl.password=not-a-real-one",
+        ];
+        KafkaConfig::new("h:1").with_overrides(&sasl).unwrap().validate().unwrap();
+        let err = KafkaConfig::new("h:1").with_overrides(&["linger.ms=soon"]).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("linger.ms"), "{err}");
+        let err = KafkaConfig::new("h:1").with_overrides(&["no.such.property=1"]).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("no.such.property"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! caller knows where each tick landed and can compute the offsets a processor must commit.
 
 use super::config::KafkaConfig;
+use super::logging::Logged;
 use crate::tick::{encode, Tick};
 use anyhow::{anyhow, Context as _};
 use futures::future::join_all;
@@ -24,12 +25,13 @@ pub struct Landed {
 
 /// An upstream feed: one idempotent producer, reused for every batch.
 pub struct Feed {
-    producer: FutureProducer,
+    producer: FutureProducer<Logged>,
 }
 
 impl Feed {
     pub fn new(kafka: &KafkaConfig) -> anyhow::Result<Self> {
-        Ok(Feed { producer: kafka.idempotent_producer().create().context("creating the tick feed")? })
+        let producer = kafka.idempotent_producer().create_with_context(Logged).context("creating the tick feed")?;
+        Ok(Feed { producer })
     }
 
     /// Produces raw (key, value) records and waits for all of them; returns where each landed.

@@ -2,6 +2,8 @@
 //!
 //! - [`config`]: the one place that builds rdkafka client configurations, and the pass-through
 //!   properties with the ones the guarantee rests on refused.
+//! - [`connect`]: the start-up check that a broker answers, naming the address and the cause.
+//! - [`logging`]: librdkafka's own lines and events through tracing, rate-limited.
 //! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned).
 //! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
 //! - [`read`]: standalone readers that read partitions to their end, counting records (never
@@ -10,7 +12,9 @@
 //!   each record landed.
 
 pub mod config;
+pub mod connect;
 pub mod feed;
+pub mod logging;
 pub mod offsets;
 pub mod read;
 pub mod topics;

@@ -11,7 +11,8 @@
 //! it.
 
 use super::config::{Isolation, KafkaConfig};
-use super::read::{partition_count, Reader, ReaderContext, DEFAULT_READ_TIMEOUT};
+use super::logging::Logged;
+use super::read::{partition_count, Reader, DEFAULT_READ_TIMEOUT};
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -123,7 +124,7 @@ pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyho
     // "require stable" fetch does while a processor is mid-commit.
     let mut cfg = kafka.reader(Isolation::ReadUncommitted);
     cfg.set("group.id", group);
-    let consumer: Reader = cfg.create_with_context(ReaderContext).context("creating an offsets reader")?;
+    let consumer: Reader = cfg.create_with_context(Logged).context("creating an offsets reader")?;
     let n = partition_count(&consumer, topic, DEFAULT_READ_TIMEOUT)?;
     let committed = fetch_committed(&consumer, &partition_list(topic, 0..n), DEFAULT_READ_TIMEOUT)
         .with_context(|| format!("fetching committed offsets of group {group}"))?;

@@ -6,38 +6,24 @@
 //! sees.
 
 use super::config::{Isolation, KafkaConfig};
+use super::logging::Logged;
 use super::offsets::position_list;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{ClientContext, Offset};
+use rdkafka::Offset;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use tracing::{debug, error, warn};
+use tracing::warn;
 
-/// A standalone reader.
-pub type Reader = BaseConsumer<ReaderContext>;
-
-/// Context of readers: reaching the end of a partition is what a reader waits for, so the
-/// end-of-partition event that librdkafka also reports as an error is logged at debug level.
-#[derive(Default)]
-pub struct ReaderContext;
-
-impl ClientContext for ReaderContext {
-    fn error(&self, error: KafkaError, reason: &str) {
-        match error {
-            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF) => debug!(%reason, "partition end"),
-            e => error!(error = %e, %reason, "librdkafka error"),
-        }
-    }
-}
-
-impl ConsumerContext for ReaderContext {}
+/// A standalone reader. Its context logs through [`super::logging`], where the end-of-partition
+/// event that librdkafka also reports as an error is logged at debug level.
+pub type Reader = BaseConsumer<Logged>;
 
 /// Creates a reader of the given isolation.
 pub fn reader(kafka: &KafkaConfig, isolation: Isolation) -> anyhow::Result<Reader> {
-    kafka.reader(isolation).create_with_context(ReaderContext).context("creating a reader")
+    kafka.reader(isolation).create_with_context(Logged).context("creating a reader")
 }
 
 /// Default bound on reading a topic to its end.

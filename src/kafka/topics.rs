@@ -10,7 +10,7 @@ use super::config::KafkaConfig;
 use super::read::partition_count;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use super::logging::Logged;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::RDKafkaErrorCode;
 use std::time::Duration;
@@ -70,7 +70,7 @@ pub struct TopicSpec {
 
 /// Creates the topics that do not exist yet. Replication factor: the broker's default.
 pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = kafka.admin().create().context("creating an admin client")?;
+    let admin: AdminClient<Logged> = kafka.admin().create_with_context(Logged).context("creating an admin client")?;
     let new: Vec<NewTopic<'_>> = specs
         .iter()
         .map(|s| {
@@ -100,7 +100,7 @@ pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::
 
 /// Deletes topics (tests and demos clean up after themselves); missing ones are fine.
 pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = kafka.admin().create()?;
+    let admin: AdminClient<Logged> = kafka.admin().create_with_context(Logged)?;
     let results = admin.delete_topics(names, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT))).await?;
     for r in results {
         match r {
@@ -115,7 +115,7 @@ pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Resul
 /// `input_partitions` when given), the others are created to match it. Returns the input's
 /// partition count.
 pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Option<i32>) -> anyhow::Result<i32> {
-    let probe: BaseConsumer = kafka.admin().create().context("creating a metadata client")?;
+    let probe: BaseConsumer<Logged> = kafka.admin().create_with_context(Logged).context("creating a metadata client")?;
     let input = match partition_count(&probe, &topics.input, ADMIN_TIMEOUT) {
         Ok(n) => n,
         Err(e) => {
@@ -154,7 +154,7 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
 
 /// Partition count of a topic that was just created: a broker answers CreateTopics before its
 /// metadata shows the topic, so ask again for a bounded time.
-fn wait_for_partitions(probe: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
+fn wait_for_partitions(probe: &BaseConsumer<Logged>, topic: &str) -> anyhow::Result<i32> {
     let deadline = std::time::Instant::now() + ADMIN_TIMEOUT;
     loop {
         match partition_count(probe, topic, ADMIN_TIMEOUT) {

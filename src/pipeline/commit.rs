@@ -373,7 +373,15 @@ impl RebalanceHandler {
     }
 }
 
-impl ClientContext for RebalanceHandler {}
+impl ClientContext for RebalanceHandler {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::kafka::logging::log(level, fac, log_message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        crate::kafka::logging::error(&error, reason);
+    }
+}
 
 impl ConsumerContext for RebalanceHandler {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

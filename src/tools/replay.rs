@@ -18,7 +18,8 @@
 use crate::dlq::{copy_headers, header};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
 use crate::kafka::offsets::{committed_positions, position_list};
-use crate::kafka::read::{partition_count, Reader, ReaderContext};
+use crate::kafka::logging::Logged;
+use crate::kafka::read::{partition_count, Reader};
 use crate::kafka::{Isolation, KafkaConfig};
 use crate::pipeline::producer::TxnProducer;
 use anyhow::{anyhow, bail, Context as _};
@@ -82,7 +83,7 @@ pub fn class_matches(filters: &[String], class: &str) -> bool {
 pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     let mut cfg = opts.kafka.reader(Isolation::ReadCommitted);
     cfg.set("group.id", &opts.group);
-    let consumer: Reader = cfg.create_with_context(ReaderContext).context("creating the DLQ reader")?;
+    let consumer: Reader = cfg.create_with_context(Logged).context("creating the DLQ reader")?;
     let partitions = partition_count(&consumer, &opts.dlq, TIMEOUT)?;
     let all: Vec<i32> = (0..partitions).collect();
     let start = committed_positions(&consumer, &opts.dlq, &all, TIMEOUT).context("reading the replay group's offsets")?;

@@ -48,7 +48,7 @@ fn run() -> anyhow::Result<()> {
     let binary = std::env::current_exe()?.parent().context("locating the binaries folder")?.join("alert-pipeline");
     let configs = Config::list(&cli.intervals, cli.at_least_once);
     let opts = Options {
-        kafka: cli.kafka.config()?,
+        kafka: cli.kafka.connect()?,
         binary,
         configs: configs.clone(),
         repeats: cli.repeats,

@@ -41,12 +41,11 @@ pub mod report;
 pub mod runner;
 
 use price_alerts::kafka::topics::{create_topics, delete_topics, TopicSpec};
-use price_alerts::kafka::KafkaConfig;
+use price_alerts::kafka::{connect, KafkaConfig};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use mode::Mode;
 use options::{BenchOptions, Workload};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use report::{summarize, BenchReport, Machine, Settings};
 use runner::{run_once, RunResult, RunSpec};
 use std::collections::BTreeMap;
@@ -96,14 +95,7 @@ pub fn schedule(modes: &[Mode], sizes: &[usize], repeats: u32, prefix: &str) -> 
 
 /// Fails with a clear message unless a broker answers a metadata request at the bootstrap address.
 pub fn check_broker(kafka: &KafkaConfig) -> anyhow::Result<()> {
-    let probe: BaseConsumer = kafka.admin().create().context("creating a metadata client")?;
-    probe.fetch_metadata(None, BROKER_CHECK_TIMEOUT).with_context(|| {
-        format!(
-            "no Kafka broker answers at {} within {BROKER_CHECK_TIMEOUT:?} (start one with scripts/kafka.sh up)",
-            kafka.bootstrap
-        )
-    })?;
-    Ok(())
+    connect::check(kafka, BROKER_CHECK_TIMEOUT).context("no Kafka broker to benchmark (start one with scripts/kafka.sh up)")
 }
 
 /// Runs the whole benchmark. `stop` (set by Ctrl-C in the binary) ends it after the current run's
