@@ -43,9 +43,30 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tracing::warn;
 
+/// Every dead-letter class: the `dlq.error.class` header values and the metrics' `class` label.
+pub const CLASSES: &[&str] = &[
+    "permanent.oversize",
+    "permanent.empty",
+    "permanent.not_utf8",
+    "permanent.not_json",
+    "permanent.wrong_type",
+    "permanent.missing_field",
+    "permanent.bad_decimal",
+    "permanent.non_positive_price",
+    "permanent.bad_symbol",
+    "permanent.bad_timestamp",
+    "poison",
+    "transient.exhausted",
+];
+
+/// Class of the failures that fault injection makes.
+pub const INJECTED: &str = "injected";
+
 /// A failure of one processing attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransientError {
+    /// What kind of failure (a metrics label): [`INJECTED`], or the dependency that failed.
+    pub class: &'static str,
     pub reason: String,
 }
 
@@ -162,10 +183,10 @@ impl FaultInjection {
             return Ok(());
         }
         if seq % 25 == 0 {
-            return Err(TransientError { reason: format!("injected poison (seq {seq} % 25 == 0)") });
+            return Err(TransientError { class: INJECTED, reason: format!("injected poison (seq {seq} % 25 == 0)") });
         }
         if seq % 7 == 0 && attempt <= 2 {
-            return Err(TransientError { reason: format!("injected flaky failure (seq {seq} % 7 == 0)") });
+            return Err(TransientError { class: INJECTED, reason: format!("injected flaky failure (seq {seq} % 7 == 0)") });
         }
         Ok(())
     }
@@ -183,7 +204,8 @@ pub fn admit(payload: Option<&[u8]>, max_bytes: usize, retry: &RetryPolicy, faul
     let tick = tick::decode(payload, max_bytes).map_err(Failure::Permanent)?;
     // The processing step proper. It cannot fail today but for injected faults; the retry is where
     // a real transient dependency (an enrichment lookup, say) would be retried.
-    let ((), attempts) = retry.run(&mut rand::rng(), std::thread::sleep, |n| faults.check(tick.seq, n))?;
+    let check = |n| faults.check(tick.seq, n).inspect_err(|e| crate::metrics::transient_failure(e.class));
+    let ((), attempts) = retry.run(&mut rand::rng(), std::thread::sleep, check)?;
     Ok((tick, attempts))
 }
 
@@ -293,6 +315,32 @@ mod tests {
         let mut slept = Vec::new();
         let r = policy.run(&mut rng, |d| slept.push(d), |n| inj.check(seq, n)).map(|((), n)| n);
         (r, slept)
+    }
+
+    #[test]
+    fn every_class_is_listed() {
+        let permanent = [
+            TickError::Oversize { len: 2, max: 1 },
+            TickError::Empty,
+            TickError::NotUtf8,
+            TickError::NotJson { reason: String::new() },
+            TickError::NotObject,
+            TickError::MissingField { field: "seq" },
+            TickError::WrongType { field: "seq", expected: "" },
+            TickError::BadDecimal,
+            TickError::NonPositivePrice,
+            TickError::BadSymbol,
+            TickError::BadSeq,
+            TickError::BadTimestamp,
+        ];
+        let last = TransientError { class: INJECTED, reason: String::new() };
+        let failures = permanent.into_iter().map(Failure::Permanent).chain([
+            Failure::Poison { attempts: 4, last: last.clone() },
+            Failure::TransientExhausted { attempts: 2, last },
+        ]);
+        for f in failures {
+            assert!(CLASSES.contains(&f.class()), "{} is not in CLASSES", f.class());
+        }
     }
 
     #[test]

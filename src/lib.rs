@@ -34,7 +34,8 @@
 //!   transactional producer and error classes, state, settings.
 //! - [`dlq`]: the failure path in one file: failure classes, bounded retry, fault injection, the
 //!   dead-letter record and its headers.
-//! - [`metrics`]: the counters, in one place.
+//! - [`metrics`]: every metric, in one place; [`health`]: the `/metrics`, `/healthz` and
+//!   `/readyz` endpoint.
 //!
 //! Shared plumbing and the tools around the processor:
 //! - [`kafka`]: client configuration, topics, offsets, readers, the tick feed.
@@ -49,6 +50,7 @@
 pub mod alert;
 pub mod cli;
 pub mod dlq;
+pub mod health;
 pub mod kafka;
 pub mod metrics;
 pub mod pipeline;

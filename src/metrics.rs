@@ -1,12 +1,112 @@
 //! The metrics of the processor, in one place, so log lines and counters never drift apart.
 //!
-//! Counters use the `metrics` facade; `alert-pipeline --metrics-addr` installs a Prometheus
-//! exporter. Without an exporter the calls are no-ops. Everything is counted at commit, so a redo
-//! after an abort is never counted twice: the figures are those of committed work.
+//! Every metric is named in [`CATALOGUE`] with its help text, and [`describe`] registers all of
+//! them at zero when the exporter is installed, so a dashboard or an alert rule sees every series
+//! from the first scrape, not after its first event (`rate()` over a series that appears late
+//! misses its first increase). Labelled series are registered for each known label value (every
+//! dead-letter class).
+//!
+//! Business counters (ticks, notifications, dead letters, transactions) are counted at commit, so
+//! a redo after an abort is never counted twice: the figures are those of committed work.
+//! Operational events (transient failures, rebalances, restores, delivery failures, fencing) are
+//! counted when they happen.
+//!
+//! Without an installed recorder every call is a no-op. `alert-pipeline --metrics-addr` installs
+//! the Prometheus one ([`crate::health`]).
 
-use metrics::{counter, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+pub const TICKS_COMMITTED: &str = "alerts_ticks_committed_total";
+pub const NOTIFICATIONS_COMMITTED: &str = "alerts_notifications_committed_total";
+pub const TICKS_STALE: &str = "alerts_ticks_stale_total";
+pub const TICKS_RETRIED: &str = "alerts_ticks_retried_total";
+pub const DEAD_LETTERED: &str = "alerts_ticks_dead_lettered_total";
+pub const TRANSIENT_FAILURES: &str = "alerts_transient_failures_total";
+pub const TRANSACTIONS_COMMITTED: &str = "alerts_transactions_committed_total";
+pub const TRANSACTIONS_ABORTED: &str = "alerts_transactions_aborted_total";
+pub const COMMIT_SECONDS: &str = "alerts_commit_seconds";
+pub const PARTITIONS_RESTORED: &str = "alerts_partitions_restored_total";
+pub const RESTORE_SECONDS: &str = "alerts_restore_seconds";
+pub const REBALANCES: &str = "alerts_rebalances_total";
+pub const FENCED: &str = "alerts_fenced_total";
+pub const DELIVERY_FAILURES: &str = "alerts_delivery_failures_total";
+pub const CONSUMER_LAG: &str = "alerts_consumer_lag";
+pub const DLQ_OLDEST_AGE: &str = "alerts_dlq_oldest_unhandled_age_seconds";
+pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
+
+/// How a metric is exposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric of the processor: name, kind, help text.
+pub const CATALOGUE: &[(&str, Kind, &str)] = &[
+    (TICKS_COMMITTED, Kind::Counter, "Input records processed or dead-lettered inside committed transactions."),
+    (NOTIFICATIONS_COMMITTED, Kind::Counter, "Notifications inside committed transactions."),
+    (TICKS_STALE, Kind::Counter, "Stale ticks (seq not newer than the symbol's) ignored inside committed transactions."),
+    (TICKS_RETRIED, Kind::Counter, "Ticks that succeeded only after retries, inside committed transactions."),
+    (DEAD_LETTERED, Kind::Counter, "Ticks dead-lettered inside committed transactions, by failure class."),
+    (TRANSIENT_FAILURES, Kind::Counter, "Failed processing attempts of ticks (each retried or dead-lettered), by class."),
+    (TRANSACTIONS_COMMITTED, Kind::Counter, "Transactions committed."),
+    (TRANSACTIONS_ABORTED, Kind::Counter, "Transactions aborted (their input is redone)."),
+    (COMMIT_SECONDS, Kind::Histogram, "Time to commit a transaction: state, offsets, EndTxn."),
+    (PARTITIONS_RESTORED, Kind::Counter, "Input partitions whose state was restored from the changelog."),
+    (RESTORE_SECONDS, Kind::Histogram, "Time to restore a batch of partitions from the changelog."),
+    (REBALANCES, Kind::Counter, "Rebalance events of the consumer group, by kind (assign, revoke, lost)."),
+    (FENCED, Kind::Counter, "Times this instance found itself fenced by a newer one (it then stops)."),
+    (DELIVERY_FAILURES, Kind::Counter, "Records the producer could not deliver, by topic (the DLQ's included)."),
+    (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition."),
+    (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet handled by the replay group (0 when none)."),
+    (DLQ_UNHANDLED, Kind::Gauge, "Offsets of the DLQ past the replay group's committed position (approximate count)."),
+];
+
+/// Dead-letter classes, the values of the `class` label of [`DEAD_LETTERED`].
+pub const DEAD_LETTER_CLASSES: &[&str] = crate::dlq::CLASSES;
+
+/// Registers every metric with its help text, at zero.
+pub fn describe() {
+    for &(name, kind, help) in CATALOGUE {
+        match kind {
+            Kind::Counter => describe_counter!(name, Unit::Count, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::Histogram => describe_histogram!(name, Unit::Seconds, help),
+        }
+    }
+    for name in [
+        TICKS_COMMITTED,
+        NOTIFICATIONS_COMMITTED,
+        TICKS_STALE,
+        TICKS_RETRIED,
+        TRANSACTIONS_COMMITTED,
+        TRANSACTIONS_ABORTED,
+        PARTITIONS_RESTORED,
+        FENCED,
+    ] {
+        counter!(name).increment(0);
+    }
+    for class in DEAD_LETTER_CLASSES {
+        counter!(DEAD_LETTERED, "class" => *class).increment(0);
+    }
+    counter!(TRANSIENT_FAILURES, "class" => crate::dlq::INJECTED).increment(0);
+    for kind in ["assign", "revoke", "lost"] {
+        counter!(REBALANCES, "kind" => kind).increment(0);
+    }
+    gauge!(DLQ_OLDEST_AGE).set(0.0);
+    gauge!(DLQ_UNHANDLED).set(0.0);
+    // Registered without a sample: rendered with every bucket at zero.
+    for name in [COMMIT_SECONDS, RESTORE_SECONDS] {
+        let _ = histogram!(name);
+    }
+}
+
+/// Histogram buckets of the `_seconds` metrics: from a fast commit (a few ms) to a transaction
+/// timeout (tens of seconds).
+pub const SECONDS_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// A batch committed: its input, outputs and dead letters per class.
 pub fn committed(
@@ -17,25 +117,57 @@ pub fn committed(
     retried: u64,
     took: Duration,
 ) {
-    counter!("alerts_transactions_committed_total").increment(1);
-    counter!("alerts_ticks_committed_total").increment(records);
-    counter!("alerts_notifications_committed_total").increment(notifications);
-    counter!("alerts_ticks_stale_total").increment(stale);
-    counter!("alerts_ticks_retried_total").increment(retried);
+    counter!(TRANSACTIONS_COMMITTED).increment(1);
+    counter!(TICKS_COMMITTED).increment(records);
+    counter!(NOTIFICATIONS_COMMITTED).increment(notifications);
+    counter!(TICKS_STALE).increment(stale);
+    counter!(TICKS_RETRIED).increment(retried);
     for (class, n) in dead_letters {
-        counter!("alerts_ticks_dead_lettered_total", "class" => *class).increment(*n);
+        counter!(DEAD_LETTERED, "class" => *class).increment(*n);
     }
-    histogram!("alerts_commit_seconds").record(took.as_secs_f64());
+    histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
 }
 
 /// A transaction aborted (or, at least once, a batch given up).
 pub fn aborted() {
-    counter!("alerts_transactions_aborted_total").increment(1);
+    counter!(TRANSACTIONS_ABORTED).increment(1);
 }
 
-/// Partitions whose state was restored from the changelog.
-pub fn restored(partitions: usize) {
-    counter!("alerts_partitions_restored_total").increment(partitions as u64);
+/// Partitions whose state was restored from the changelog, and how long it took.
+pub fn restored(partitions: usize, took: Duration) {
+    counter!(PARTITIONS_RESTORED).increment(partitions as u64);
+    histogram!(RESTORE_SECONDS).record(took.as_secs_f64());
+}
+
+/// A processing attempt of a tick failed (it is retried, or dead-lettered when out of budget).
+pub fn transient_failure(class: &'static str) {
+    counter!(TRANSIENT_FAILURES, "class" => class).increment(1);
+}
+
+/// A rebalance event: `assign`, `revoke` or `lost`.
+pub fn rebalance(kind: &'static str) {
+    counter!(REBALANCES, "kind" => kind).increment(1);
+}
+
+/// This instance was fenced.
+pub fn fenced() {
+    counter!(FENCED).increment(1);
+}
+
+/// A produced record could not be delivered to `topic`.
+pub fn delivery_failed(topic: &str) {
+    counter!(DELIVERY_FAILURES, "topic" => topic.to_owned()).increment(1);
+}
+
+/// The consumer's lag on `topic`/`partition`, from librdkafka's statistics.
+pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
+    gauge!(CONSUMER_LAG, "topic" => topic.to_owned(), "partition" => partition.to_string()).set(lag as f64);
+}
+
+/// What the DLQ holds that the replay group has not handled yet.
+pub fn dlq_unhandled(oldest_age: Duration, approximate_count: u64) {
+    gauge!(DLQ_OLDEST_AGE).set(oldest_age.as_secs_f64());
+    gauge!(DLQ_UNHANDLED).set(approximate_count as f64);
 }
 
 /// Sum of the samples of metric `name` on a Prometheus endpoint (0 while it does not answer):

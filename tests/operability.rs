@@ -130,3 +130,49 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
     assert!(took < Duration::from_secs(2 + 4), "took {took:?}");
     assert!(err.contains("no-such-host.invalid:9092") && err.contains("resolve"), "names the host and DNS:\n{err}");
 }
+
+/// `/healthz` is liveness, `/readyz` readiness, `/metrics` has every series with HELP and TYPE
+/// from the start, and anything else is 404.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn health_endpoints_and_metrics_from_the_start() {
+    let mut run = Run::new("health", Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]));
+    run.create_topics(2);
+    let addr = common::free_addr();
+    run.extra = vec!["--metrics-addr".into(), addr.clone()];
+    let p = run.spawn("0");
+    let deadline = Instant::now() + EXIT;
+    loop {
+        let (status, body) = common::http_get(&addr, "/readyz");
+        if status == 200 {
+            assert!(body.contains(r#""status":"ready""#), "{body}");
+            break;
+        }
+        assert!(status == 0 || (status == 503 && body.contains("reason")), "{status} {body}");
+        assert!(Instant::now() < deadline, "never ready: {status} {body}");
+        std::thread::sleep(Duration::from_millis(100)); // polling the endpoint for the condition
+    }
+    let (status, body) = common::http_get(&addr, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""status":"alive""#), "{body}");
+    for path in ["/", "/nope", "/metrics/x"] {
+        assert_eq!(common::http_get(&addr, path).0, 404, "{path}");
+    }
+    let (status, metrics) = common::http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    for (name, kind) in [
+        ("alerts_ticks_committed_total", "counter"),
+        ("alerts_ticks_dead_lettered_total", "counter"),
+        ("alerts_transactions_aborted_total", "counter"),
+        ("alerts_commit_seconds", "histogram"),
+        ("alerts_dlq_oldest_unhandled_age_seconds", "gauge"),
+    ] {
+        assert!(metrics.contains(&format!("# HELP {name} ")), "no HELP for {name}:\n{metrics}");
+        assert!(metrics.contains(&format!("# TYPE {name} {kind}")), "no TYPE {kind} for {name}:\n{metrics}");
+    }
+    for series in ["alerts_ticks_committed_total 0", r#"alerts_ticks_dead_lettered_total{class="poison"} 0"#, "alerts_fenced_total 0"] {
+        assert!(metrics.lines().any(|l| l == series), "{series} missing at start:\n{metrics}");
+    }
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+}

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use price_alerts::cli::{main_of, shutdown_signal_bounded, PipelineArgs};
+use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
 use price_alerts::{errln, pipeline};
 use std::process::ExitCode;
 
@@ -15,14 +16,12 @@ fn run() -> anyhow::Result<()> {
     args.kafka.check(&opts.engine.kafka)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(async {
+        let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .install()
-                .map_err(|e| anyhow::anyhow!("metrics endpoint on {addr}: {e}"))?;
+            health::serve(addr, health.clone()).await?;
         }
         let shutdown = shutdown_signal_bounded(opts.shutdown_timeout);
-        let stats = pipeline::run(opts, shutdown).await?;
+        let stats = pipeline::run(opts, health, shutdown).await?;
         errln!("alert-pipeline: stopped cleanly: {stats:?}");
         Ok(())
     });

@@ -75,7 +75,8 @@ pub struct PipelineArgs {
     /// first two attempts (flaky).
     #[arg(long)]
     pub inject_faults: bool,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9898).
+    /// Serve /metrics (Prometheus), /healthz (liveness) and /readyz (readiness) on this address
+    /// (e.g. 0.0.0.0:9898).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// TEST ONLY: abort every n-th transaction instead of committing it.

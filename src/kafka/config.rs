@@ -148,6 +148,8 @@ impl KafkaConfig {
         c.set("partition.assignment.strategy", "cooperative-sticky");
         // A new group starts at the beginning of the input: no tick is skipped.
         c.set("auto.offset.reset", "earliest");
+        // Statistics every 5 s give the consumer lag per partition (a metric); cheap at that rate.
+        c.set("statistics.interval.ms", "5000");
         self.finish(c)
     }
 

@@ -142,10 +142,10 @@ impl Session {
         &self.stats
     }
 
-    /// `n` partitions were restored from the changelog.
-    pub fn restored(&mut self, n: usize) {
+    /// `n` partitions were restored from the changelog, in `took`.
+    pub fn restored(&mut self, n: usize, took: Duration) {
         self.stats.restores += n as u64;
-        m::restored(n);
+        m::restored(n, took);
     }
 }
 
@@ -381,6 +381,18 @@ impl ClientContext for RebalanceHandler {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         crate::kafka::logging::error(&error, reason);
     }
+
+    /// librdkafka's statistics (every `statistics.interval.ms`): the consumer lag per partition.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (&partition, p) in &t.partitions {
+                // -1: not known yet; the internal partition -1 is not a real one.
+                if partition >= 0 && p.consumer_lag >= 0 {
+                    m::consumer_lag(topic, partition, p.consumer_lag);
+                }
+            }
+        }
+    }
 }
 
 impl ConsumerContext for RebalanceHandler {
@@ -393,6 +405,7 @@ impl ConsumerContext for RebalanceHandler {
             Err(e) => return error!(error = %e, "partitions revoked with the state lock poisoned"),
         };
         let lost = consumer.assignment_lost();
+        m::rebalance(if lost { "lost" } else { "revoke" });
         info!(partitions = ?revoked, lost, open_txn = session.txn.is_some(), "partitions revoked");
         if session.txn.is_some() {
             let remaining: Vec<i32> = session.state.owned().filter(|p| !revoked.contains(p)).collect();
@@ -416,6 +429,7 @@ impl ConsumerContext for RebalanceHandler {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions_of(tpl, &self.committer.settings.topics.input);
+                m::rebalance("assign");
                 info!(partitions = ?assigned, "partitions assigned");
                 match self.committer.lock() {
                     Ok(mut session) => assigned.into_iter().for_each(|p| session.state.assign(p)),

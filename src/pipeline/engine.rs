@@ -118,11 +118,17 @@ impl Engine {
         Ok(Polled { record, restored })
     }
 
-    /// Whether the engine owns partitions and has every one of them restored: it can process
-    /// whatever arrives.
-    pub fn settled(&self) -> anyhow::Result<bool> {
+    /// Why the engine cannot process whatever arrives yet (`None` once it owns partitions and
+    /// has every one of them restored).
+    pub fn unsettled(&self) -> anyhow::Result<Option<&'static str>> {
         let session = self.committer.lock()?;
-        Ok(session.state.owned().next().is_some() && session.state.pending().is_empty())
+        Ok(if session.state.owned().next().is_none() {
+            Some("no partitions assigned")
+        } else if !session.state.pending().is_empty() {
+            Some("restoring state")
+        } else {
+            None
+        })
     }
 
     /// Polls until `n` records have been processed, or fails after `timeout`: how the demo and the
@@ -153,12 +159,13 @@ impl Engine {
         // last transaction is resolved before its changelog is read.
         let committed = fetch_committed(&self.consumer, &partition_list(&topics.input, pending.iter().copied()), state::RESTORE_TIMEOUT)
             .context("fetching committed offsets")?;
+        let started = Instant::now();
         let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
         let mut session = self.committer.lock()?;
         for (p, s) in restored {
             session.state.install(p, s);
         }
-        session.restored(pending.len());
+        session.restored(pending.len(), started.elapsed());
         debug!(committed = ?committed.to_topic_map(), "restore done");
         Ok(pending.len())
     }

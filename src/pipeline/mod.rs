@@ -33,7 +33,9 @@ pub use commit::Stats;
 pub use engine::Engine;
 pub use settings::{EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH};
 
+use crate::health::Health;
 use crate::kafka::topics;
+use producer::TxnError;
 use anyhow::{bail, Context as _};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,15 +46,16 @@ use tracing::{info, warn};
 /// Longest single poll: bounds how late a commit deadline or a stop request is noticed.
 const POLL_SLICE: Duration = Duration::from_millis(100);
 
-/// Runs the processor until `shutdown` resolves (or it idles out, or fails).
-pub async fn run(opts: PipelineOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
+/// Runs the processor until `shutdown` resolves (or it idles out, or fails), reporting its
+/// liveness and readiness to `health`.
+pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
     let partitions = topics::ensure(&opts.engine.kafka, &opts.engine.topics, opts.input_partitions).await?;
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
     let stop = Arc::new(AtomicBool::new(false));
     let shutdown_timeout = opts.shutdown_timeout;
     let worker = {
         let stop = Arc::clone(&stop);
-        tokio::task::spawn_blocking(move || run_blocking(&opts, &stop))
+        tokio::task::spawn_blocking(move || run_blocking(&opts, &health, &stop))
     };
     tokio::pin!(worker);
     tokio::select! {
@@ -70,9 +73,17 @@ pub async fn run(opts: PipelineOptions, shutdown: impl Future<Output = ()>) -> a
 }
 
 /// The processing loop. Blocking: run it on a thread of its own.
-pub fn run_blocking(opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result<Stats> {
+pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<Stats> {
     let engine = Engine::start(opts.engine.clone())?;
-    let result = process_until_stopped(&engine, opts, stop);
+    let result = process_until_stopped(&engine, opts, health, stop);
+    health.not_ready(match &result {
+        Ok(()) => "stopping",
+        Err(e) if e.downcast_ref::<TxnError>().is_some_and(TxnError::is_fenced) => {
+            crate::metrics::fenced();
+            "fenced by a newer instance"
+        }
+        Err(_) => "failed",
+    });
     if opts.engine.hooks.stall_on_shutdown {
         warn!("test hook: stalling the shutdown");
         loop {
@@ -94,7 +105,7 @@ pub fn run_blocking(opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result
     }
 }
 
-fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, stop: &AtomicBool) -> anyhow::Result<()> {
+fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
     let mut transactions = 0u64;
     // Idle means: assigned, restored, and nothing to read. Waiting for an assignment or a restore,
     // a restore, and a record all restart the clock.
@@ -105,7 +116,13 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, stop: &AtomicB
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
-        if polled.record || polled.restored > 0 || !engine.settled()? {
+        health.beat();
+        let unsettled = engine.unsettled()?;
+        match unsettled {
+            None => health.ready(),
+            Some(reason) => health.not_ready(reason),
+        }
+        if polled.record || polled.restored > 0 || unsettled.is_some() {
             last_activity = Instant::now();
         }
         match engine.open_since()? {

@@ -108,6 +108,21 @@ impl TxnError {
     pub fn with_class(step: &'static str, class: TxnErrorClass, cause: impl Into<TxnCause>) -> Self {
         TxnError { step, class, cause: cause.into() }
     }
+
+    /// Whether a newer instance with the same transactional id (or group instance id) took over:
+    /// this one must stop, and a restart would only fence the newer one in turn.
+    pub fn is_fenced(&self) -> bool {
+        let TxnCause::Kafka(e) = &self.cause else { return false };
+        matches!(
+            e.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Fenced
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::FencedInstanceId
+            )
+        )
+    }
 }
 
 /// Counts delivery failures, which in a transaction show up again as an abortable commit error;
@@ -142,6 +157,7 @@ impl ProducerContext for DeliveryContext {
                 return;
             }
             self.failures.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::delivery_failed(m.topic());
             warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             if let Ok(mut last) = self.last_error.lock() {
                 *last = Some(e.to_string());

@@ -194,3 +194,23 @@ impl Drop for Pipeline {
         let _ = self.child.wait();
     }
 }
+
+/// A free port on 127.0.0.1 for an instance's HTTP endpoint.
+pub fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `GET path` on `addr`: the status code and the body (status 0 while nothing answers).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut response = String::new();
+    let _ = s.read_to_string(&mut response);
+    let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,175 @@
+//! The operational HTTP endpoint of a long-running service: metrics, liveness, readiness.
+//!
+//! | path       | answers                                                                       |
+//! |------------|-------------------------------------------------------------------------------|
+//! | `/metrics` | Prometheus text format, every series from the start ([`crate::metrics`])      |
+//! | `/healthz` | liveness: 200 while the processing loop made progress within `stall_after`, else 503 |
+//! | `/readyz`  | readiness: 200 once the service says it is ready (assigned, restored, not fenced, not paused), else 503 with the reason |
+//! | other      | 404                                                                           |
+//!
+//! Liveness and readiness are separate on purpose: a service that is restoring a large state is
+//! alive but not ready (an orchestrator must not restart it, nor route to it), and a loop stuck in
+//! a call that never returns is not alive (restarting it is the cure). The bodies are short JSON.
+//! The service reports through a [`Health`] handle: [`Health::beat`] on every loop iteration,
+//! [`Health::ready`] and [`Health::not_ready`] as its state changes.
+
+use anyhow::Context as _;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Liveness fails when the loop made no progress for this long. Above the longest call the loop
+/// legitimately blocks in (a commit bounded by the transaction timeout, a restore of a large
+/// state), so a slow moment is never mistaken for a stuck loop.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(60);
+
+/// What a service reports about itself; cheap to clone and to update from any thread.
+#[derive(Clone)]
+pub struct Health {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    started: Instant,
+    /// Milliseconds since `started` of the last beat.
+    last_beat_ms: AtomicU64,
+    stall_after: Duration,
+    /// `None` when ready, else why not.
+    not_ready: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// A service that is alive and not ready yet ("starting").
+    pub fn new(stall_after: Duration) -> Self {
+        Health {
+            inner: Arc::new(Inner {
+                started: Instant::now(),
+                last_beat_ms: AtomicU64::new(0),
+                stall_after,
+                not_ready: Mutex::new(Some("starting".to_owned())),
+            }),
+        }
+    }
+
+    /// The processing loop made progress.
+    pub fn beat(&self) {
+        let ms = self.inner.started.elapsed().as_millis() as u64;
+        self.inner.last_beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn ready(&self) {
+        self.set(None);
+    }
+
+    pub fn not_ready(&self, reason: &str) {
+        self.set(Some(reason));
+    }
+
+    fn set(&self, reason: Option<&str>) {
+        if let Ok(mut r) = self.inner.not_ready.lock() {
+            if r.as_deref() != reason {
+                *r = reason.map(str::to_owned);
+            }
+        }
+    }
+
+    /// Time since the last beat.
+    pub fn since_progress(&self) -> Duration {
+        self.since_progress_at(Instant::now())
+    }
+
+    fn since_progress_at(&self, now: Instant) -> Duration {
+        let last = Duration::from_millis(self.inner.last_beat_ms.load(Ordering::Relaxed));
+        now.saturating_duration_since(self.inner.started).saturating_sub(last)
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.is_alive_at(Instant::now())
+    }
+
+    fn is_alive_at(&self, now: Instant) -> bool {
+        self.since_progress_at(now) < self.inner.stall_after
+    }
+
+    /// `None` when ready, else why not.
+    pub fn readiness(&self) -> Option<String> {
+        self.inner.not_ready.lock().map(|r| r.clone()).unwrap_or_else(|_| Some("health state poisoned".to_owned()))
+    }
+}
+
+/// Installs the Prometheus recorder (histograms with [`crate::metrics::SECONDS_BUCKETS`]),
+/// registers every metric at zero, and serves the endpoint on `addr`. The port is bound before
+/// this returns, so a taken port is an error at start. Must run inside a tokio runtime.
+pub async fn serve(addr: SocketAddr, health: Health) -> anyhow::Result<()> {
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), crate::metrics::SECONDS_BUCKETS)
+        .context("histogram buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    crate::metrics::describe();
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the HTTP endpoint on {addr}"))?;
+    let app = router(health, metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the HTTP endpoint stopped");
+        }
+    });
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    Ok(())
+}
+
+fn router(health: Health, metrics: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state((health, metrics))
+}
+
+async fn render_metrics(State((_, metrics)): State<(Health, PrometheusHandle)>) -> Response {
+    metrics.run_upkeep();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()).into_response()
+}
+
+async fn healthz(State((health, _)): State<(Health, PrometheusHandle)>) -> Response {
+    let since = health.since_progress().as_millis() as u64;
+    if health.is_alive() {
+        (StatusCode::OK, Json(json!({"status": "alive", "last_progress_ms_ago": since}))).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "stalled", "last_progress_ms_ago": since}))).into_response()
+    }
+}
+
+async fn readyz(State((health, _)): State<(Health, PrometheusHandle)>) -> Response {
+    match health.readiness() {
+        None => (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not ready", "reason": reason}))).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_follows_the_beats_and_readiness_the_reports() {
+        let h = Health::new(Duration::from_secs(60));
+        h.beat();
+        assert!(h.is_alive());
+        assert!(!h.is_alive_at(Instant::now() + Duration::from_secs(61)), "no beat for longer than stall_after");
+        assert_eq!(h.readiness().as_deref(), Some("starting"));
+        h.ready();
+        assert_eq!(h.readiness(), None);
+        h.not_ready("restoring");
+        assert_eq!(h.readiness().as_deref(), Some("restoring"));
+    }
+}
