@@ -33,6 +33,7 @@
 
 use crate::pipeline::producer::TxnProducer;
 use crate::tick::{self, Tick, TickError};
+use crate::trace;
 use rand::Rng;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
@@ -209,14 +210,20 @@ pub fn admit(payload: Option<&[u8]>, max_bytes: usize, retry: &RetryPolicy, faul
     Ok((tick, attempts))
 }
 
-/// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction, and logs it.
-/// The caller counts it at commit.
+/// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction, and logs it
+/// (with its trace identifiers, never its payload). The caller counts it at commit.
 pub fn send(producer: &TxnProducer, topic: &str, msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> Result<(), KafkaError> {
     warn!(
+        event_id = %trace::event_id(msg),
+        correlation_id = trace::header(msg, trace::CORRELATION_ID),
+        topic = msg.topic(),
         partition = msg.partition(),
         offset = msg.offset(),
+        group,
         class = failure.class(),
         attempts = failure.attempts(),
+        action = "dead-lettered",
+        dlq = topic,
         error = %failure.message(),
         "tick dead-lettered"
     );
@@ -231,9 +238,14 @@ pub fn send(producer: &TxnProducer, topic: &str, msg: &BorrowedMessage<'_>, grou
     producer.send(record)
 }
 
-/// The headers of `msg`'s dead letter: its own headers, then the `dlq.*` ones.
+/// The headers of `msg`'s dead letter: its own headers, its event id if it had none, then the
+/// `dlq.*` ones.
 fn dead_letter_headers(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> OwnedHeaders {
     let mut headers = copy_headers(msg, |_| true);
+    if trace::header(msg, trace::EVENT_ID).is_none() {
+        let id = trace::event_id(msg);
+        headers = headers.insert(Header { key: trace::EVENT_ID, value: Some(id.as_str()) });
+    }
     let topic = msg.topic();
     let partition = msg.partition().to_string();
     let offset = msg.offset().to_string();
@@ -272,10 +284,8 @@ pub fn copy_headers(msg: &BorrowedMessage<'_>, keep: impl Fn(&str) -> bool) -> O
     headers
 }
 
-/// The first value of header `key` of `msg`, if it is UTF-8.
-pub fn header<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
-    msg.headers()?.iter().find(|h| h.key == key).and_then(|h| std::str::from_utf8(h.value?).ok())
-}
+/// The value of a header of a record (the replay reads `dlq.*` headers with it).
+pub use crate::trace::header;
 
 /// Longest `dlq.error.message`, in bytes.
 pub const MAX_ERROR_MESSAGE: usize = 256;

@@ -34,6 +34,7 @@
 //!   transactional producer and error classes, state, settings.
 //! - [`dlq`]: the failure path in one file: failure classes, bounded retry, fault injection, the
 //!   dead-letter record and its headers.
+//! - [`trace`]: trace context (traceparent, correlation-id, event-id) carried to what a tick makes.
 //! - [`metrics`]: every metric, in one place; [`health`]: the `/metrics`, `/healthz` and
 //!   `/readyz` endpoint.
 //!
@@ -57,3 +58,4 @@ pub mod pipeline;
 pub mod rules;
 pub mod tick;
 pub mod tools;
+pub mod trace;

@@ -10,13 +10,10 @@ use price_alerts::kafka::Isolation;
 use price_alerts::dlq::FaultInjection;
 use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::kafka::feed::{next_offsets, produce_raw, Feed};
-use price_alerts::kafka::read::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use price_alerts::kafka::read::count_records;
 use price_alerts::rules::Rules;
 use price_alerts::tick::{self, Tick};
 use price_alerts::kafka::topics;
-use rdkafka::message::{Header, Headers, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::Message;
 use rust_decimal::Decimal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -33,19 +30,7 @@ struct DeadLetter {
 }
 
 fn dead_letters(topic: &str) -> Vec<DeadLetter> {
-    let mut out = Vec::new();
-    read_topic_to_end(&kafka(), topic, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
-        let mut headers = BTreeMap::new();
-        if let Some(h) = m.headers() {
-            for h in h.iter() {
-                headers.insert(h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
-            }
-        }
-        out.push(DeadLetter { key: m.key().map(<[u8]>::to_vec), value: m.payload().map(<[u8]>::to_vec), headers });
-        Ok(())
-    })
-    .expect("reading the DLQ");
-    out
+    common::records_with_headers(topic).into_iter().map(|(key, value, headers)| DeadLetter { key, value, headers }).collect()
 }
 
 fn good(symbol: &str, price: &str, seq: u64) -> (Option<Vec<u8>>, Vec<u8>) {
@@ -82,14 +67,7 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
     records.push(good("AAA", "95", 3));
     let mut landed = produce_raw(&kafka(), &run.input, &records).unwrap();
     // One more bad record with headers of its own, which the DLQ record must carry over.
-    let producer: FutureProducer = kafka().idempotent_producer().create().unwrap();
-    let headers = OwnedHeaders::new().insert(Header { key: "trace-id", value: Some("abc-123") });
-    let d = futures::executor::block_on(producer.send(
-        FutureRecord::to(&run.input).key("AAA").payload("{not json").headers(headers),
-        Duration::from_secs(30),
-    ))
-    .unwrap();
-    landed.push(price_alerts::kafka::feed::Landed { partition: d.partition, offset: d.offset });
+    landed.push(common::produce_with_headers(&run.input, "AAA", b"{not json", &[("trace-id", "abc-123")]));
 
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);

@@ -176,3 +176,46 @@ fn health_endpoints_and_metrics_from_the_start() {
     p.signal("TERM");
     assert!(p.wait(EXIT).success());
 }
+
+/// `traceparent`, `correlation-id` and `event-id` of a tick travel to its notifications and its
+/// dead letter; where the tick had no event id, both get the same one, stable across redos: the
+/// tick's coordinates.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn trace_context_travels_to_notifications_and_dead_letters() {
+    let run = Run::new("trace", Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]));
+    run.create_topics(1);
+    let tick = |price: i64, seq: u64| {
+        price_alerts::tick::encode(&Tick { symbol: "AAA".into(), price: Decimal::from(price), seq, ts: None })
+    };
+    let input = run.input.clone();
+    let send = |value: &[u8], headers: &[(&str, &str)]| common::produce_with_headers(&input, "AAA", value, headers);
+    let mut landed = vec![send(&tick(90, 1), &[("traceparent", "00-aa-01-01"), ("event-id", "E1")])];
+    landed.push(send(&tick(110, 2), &[("traceparent", "00-bb-02-01"), ("correlation-id", "C2")]));
+    landed.push(send(b"not json", &[("traceparent", "00-cc-03-01"), ("event-id", "E3"), ("correlation-id", "C3")]));
+    landed.push(send(b"not json either", &[]));
+    landed.push(send(&tick(90, 3), &[("event-id", "E5")]));
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&landed), EXIT);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success());
+
+    let origin = |i: usize| format!("{}/{}/{}", run.input, landed[i].partition, landed[i].offset);
+    let notifications = common::records_with_headers(&run.output);
+    assert_eq!(notifications.len(), 2, "up at seq 2, down at seq 3");
+    let up = &notifications[0].2;
+    assert_eq!(up.get("traceparent").map(String::as_str), Some("00-bb-02-01"));
+    assert_eq!(up.get("correlation-id").map(String::as_str), Some("C2"));
+    assert_eq!(up.get("event-id"), Some(&origin(1)), "no event id on the tick: its coordinates");
+    let down = &notifications[1].2;
+    assert_eq!(down.get("event-id").map(String::as_str), Some("E5"));
+    assert!(!down.contains_key("traceparent") && !down.contains_key("correlation-id"));
+
+    let dead = common::records_with_headers(&run.topics().dlq);
+    assert_eq!(dead.len(), 2);
+    let first = &dead[0].2;
+    assert_eq!(first.get("traceparent").map(String::as_str), Some("00-cc-03-01"));
+    assert_eq!(first.get("correlation-id").map(String::as_str), Some("C3"));
+    assert_eq!(first.get("event-id").map(String::as_str), Some("E3"));
+    assert_eq!(dead[1].2.get("event-id"), Some(&origin(3)));
+}

@@ -32,13 +32,14 @@ use super::settings::EngineSettings;
 use super::state::{self, PartitionState};
 use crate::alert::{apply_rules, Notification, Outcome, Source};
 use crate::dlq;
+use crate::trace;
 use crate::kafka::offsets::{fetch_committed, partition_list};
 use crate::kafka::read::{reader, Reader};
 use crate::kafka::Isolation;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::BorrowedMessage;
+use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
 use std::collections::BTreeMap;
@@ -199,6 +200,7 @@ impl Engine {
                 match apply_rules(&settings.rules, &mut current, &tick) {
                     Outcome::Accepted { crossings } => {
                         let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
+                        let headers = if crossings.is_empty() { OwnedHeaders::new() } else { trace::headers(m) };
                         for crossing in &crossings {
                             let source = Source { topic: m.topic().to_owned(), partition: p, offset: m.offset() };
                             let n = Notification::new(&tick, crossing, tick_ts.clone(), source);
@@ -206,7 +208,8 @@ impl Engine {
                             let value = serde_json::to_vec(&n).unwrap_or_default();
                             let record = BaseRecord::to(&settings.topics.notifications)
                                 .key(tick.symbol.as_bytes())
-                                .payload(value.as_slice());
+                                .payload(value.as_slice())
+                                .headers(headers.clone());
                             c.producer().send(record).map_err(|e| TxnError::new("produce notification", e))?;
                             txn.counts.notifications += 1;
                         }

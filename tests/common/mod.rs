@@ -214,3 +214,37 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (status, body)
 }
+
+/// Produces one record with `headers` to `topic` and waits for it; returns where it landed.
+pub fn produce_with_headers(topic: &str, key: &str, value: &[u8], headers: &[(&str, &str)]) -> price_alerts::kafka::feed::Landed {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = kafka().idempotent_producer().create().expect("producer");
+    let mut owned = OwnedHeaders::new();
+    for (k, v) in headers {
+        owned = owned.insert(Header { key: k, value: Some(*v) });
+    }
+    let record = FutureRecord::to(topic).key(key).payload(value).headers(owned);
+    let d = futures::executor::block_on(producer.send(record, Duration::from_secs(30))).expect("delivered");
+    price_alerts::kafka::feed::Landed { partition: d.partition, offset: d.offset }
+}
+
+/// Every record of `topic` (read_committed): key, value and headers (as text).
+pub fn records_with_headers(topic: &str) -> Vec<(Option<Vec<u8>>, Option<Vec<u8>>, std::collections::BTreeMap<String, String>)> {
+    use price_alerts::kafka::read::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
+    use rdkafka::message::Headers;
+    use rdkafka::Message;
+    let mut out = Vec::new();
+    read_topic_to_end(&kafka(), topic, price_alerts::kafka::Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
+        let mut headers = std::collections::BTreeMap::new();
+        if let Some(h) = m.headers() {
+            for h in h.iter() {
+                headers.insert(h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
+            }
+        }
+        out.push((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec), headers));
+        Ok(())
+    })
+    .expect("reading the topic");
+    out
+}
