@@ -15,22 +15,14 @@ use price_alerts::rules::Rules;
 use price_alerts::tick::{self, Tick};
 use price_alerts::kafka::topics;
 use rust_decimal::Decimal;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 const CAUGHT_UP: Duration = Duration::from_secs(180);
 const EXIT: Duration = Duration::from_secs(40);
 
-/// A dead-letter record as read back.
-#[derive(Debug)]
-struct DeadLetter {
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: BTreeMap<String, String>,
-}
-
-fn dead_letters(topic: &str) -> Vec<DeadLetter> {
-    common::records_with_headers(topic).into_iter().map(|(key, value, headers)| DeadLetter { key, value, headers }).collect()
+fn dead_letters(topic: &str) -> Vec<common::ReadRecord> {
+    common::records_with_headers(topic)
 }
 
 fn good(symbol: &str, price: &str, seq: u64) -> (Option<Vec<u8>>, Vec<u8>) {

@@ -203,19 +203,19 @@ fn trace_context_travels_to_notifications_and_dead_letters() {
     let origin = |i: usize| format!("{}/{}/{}", run.input, landed[i].partition, landed[i].offset);
     let notifications = common::records_with_headers(&run.output);
     assert_eq!(notifications.len(), 2, "up at seq 2, down at seq 3");
-    let up = &notifications[0].2;
+    let up = &notifications[0].headers;
     assert_eq!(up.get("traceparent").map(String::as_str), Some("00-bb-02-01"));
     assert_eq!(up.get("correlation-id").map(String::as_str), Some("C2"));
     assert_eq!(up.get("event-id"), Some(&origin(1)), "no event id on the tick: its coordinates");
-    let down = &notifications[1].2;
+    let down = &notifications[1].headers;
     assert_eq!(down.get("event-id").map(String::as_str), Some("E5"));
     assert!(!down.contains_key("traceparent") && !down.contains_key("correlation-id"));
 
     let dead = common::records_with_headers(&run.topics().dlq);
     assert_eq!(dead.len(), 2);
-    let first = &dead[0].2;
+    let first = &dead[0].headers;
     assert_eq!(first.get("traceparent").map(String::as_str), Some("00-cc-03-01"));
     assert_eq!(first.get("correlation-id").map(String::as_str), Some("C3"));
     assert_eq!(first.get("event-id").map(String::as_str), Some("E3"));
-    assert_eq!(dead[1].2.get("event-id"), Some(&origin(3)));
+    assert_eq!(dead[1].headers.get("event-id"), Some(&origin(3)));
 }

@@ -229,8 +229,17 @@ pub fn produce_with_headers(topic: &str, key: &str, value: &[u8], headers: &[(&s
     price_alerts::kafka::feed::Landed { partition: d.partition, offset: d.offset }
 }
 
-/// Every record of `topic` (read_committed): key, value and headers (as text).
-pub fn records_with_headers(topic: &str) -> Vec<(Option<Vec<u8>>, Option<Vec<u8>>, std::collections::BTreeMap<String, String>)> {
+/// A record as read back.
+#[derive(Debug)]
+pub struct ReadRecord {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// Headers as text.
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// Every record of `topic` (read_committed).
+pub fn records_with_headers(topic: &str) -> Vec<ReadRecord> {
     use price_alerts::kafka::read::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
     use rdkafka::message::Headers;
     use rdkafka::Message;
@@ -242,7 +251,7 @@ pub fn records_with_headers(topic: &str) -> Vec<(Option<Vec<u8>>, Option<Vec<u8>
                 headers.insert(h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
             }
         }
-        out.push((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec), headers));
+        out.push(ReadRecord { key: m.key().map(<[u8]>::to_vec), value: m.payload().map(<[u8]>::to_vec), headers });
         Ok(())
     })
     .expect("reading the topic");
