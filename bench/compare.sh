@@ -172,7 +172,7 @@ ours() { # MODE SIZE RECORDS ROUND
   local -a sel
   case $mode in
     plain | idempotent) sel=(--modes "$mode") ;;
-    txn-*) sel=(--modes transactional --commit-intervals "${mode#txn-}") ;;
+    txn-*) sel=(--modes transactional --commit-intervals "${mode#txn-}ms") ;;
   esac
   dir="$OUT/ours-$mode-${size}b-r$round"
   if ! "$BIN" --bootstrap "$KAFKA_BOOTSTRAP" --sizes "$size" --records "$records" --warmup "$WARMUP" \

@@ -16,6 +16,16 @@ cd "$ROOT"
 export KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:9092}
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+# promtool (the distribution's prometheus package) checks the alert rules; install it when we may.
+if ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "test.sh: installing promtool (the prometheus package)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "test.sh: promtool not found: install the prometheus package (apt-get install prometheus)" >&2
+    exit 1
+  fi
+fi
 
 started=0
 if ! scripts/kafka.sh status >/dev/null 2>&1; then

@@ -154,6 +154,14 @@ pub fn fenced() {
     counter!(FENCED).increment(1);
 }
 
+/// Registers the per-topic series of the topics a service writes, at zero, so an alert on them
+/// (a DLQ that cannot be written) has a series from the start.
+pub fn topics_written(topics: &[&str]) {
+    for topic in topics {
+        counter!(DELIVERY_FAILURES, "topic" => topic.to_string()).increment(0);
+    }
+}
+
 /// A produced record could not be delivered to `topic`.
 pub fn delivery_failed(topic: &str) {
     counter!(DELIVERY_FAILURES, "topic" => topic.to_owned()).increment(1);

@@ -219,3 +219,33 @@ fn trace_context_travels_to_notifications_and_dead_letters() {
     assert_eq!(first.get("event-id").map(String::as_str), Some("E3"));
     assert_eq!(dead[1].headers.get("event-id"), Some(&origin(3)));
 }
+
+/// Each binary says its own name for `-V`, and every duration flag takes one syntax.
+#[test]
+fn binaries_name_themselves_and_share_one_duration_syntax() {
+    for binary in [
+        env!("CARGO_BIN_EXE_alert-pipeline"),
+        env!("CARGO_BIN_EXE_txn-demo"),
+        env!("CARGO_BIN_EXE_tick-gen"),
+        env!("CARGO_BIN_EXE_alert-verify"),
+        env!("CARGO_BIN_EXE_dlq-replay"),
+    ] {
+        let out = std::process::Command::new(binary).arg("-V").output().expect("runs");
+        let name = binary.rsplit('/').next().unwrap_or(binary);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.starts_with(&format!("{name} ")), "{name} -V printed {text:?}");
+    }
+    let rules = std::env::temp_dir().join(format!("{}rules.toml", common::prefix("flags")));
+    std::fs::write(&rules, "[symbols]\nAAA = [\"100\"]\n").unwrap();
+    let rules = rules.to_str().unwrap();
+    for (flag, value, says) in [
+        ("--commit-interval", "0ms", "smallest interval"),
+        ("--commit-interval", "0", "needs a unit"),
+        ("--commit-interval", "100", "needs a unit"),
+        ("--shutdown-timeout", "soon", "not a duration"),
+    ] {
+        let (code, err, _) = against_no_broker(env!("CARGO_BIN_EXE_alert-pipeline"), &["--rules", rules, flag, value]);
+        assert_eq!(code, Some(2), "{flag} {value} is a usage error:\n{err}");
+        assert!(err.contains(says), "{flag} {value}:\n{err}");
+    }
+}

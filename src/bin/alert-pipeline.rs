@@ -3,7 +3,7 @@
 use clap::Parser;
 use price_alerts::cli::{main_of, shutdown_signal_bounded, PipelineArgs};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
-use price_alerts::{errln, pipeline};
+use price_alerts::{errln, outln, pipeline};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -22,7 +22,12 @@ fn run() -> anyhow::Result<()> {
         }
         let shutdown = shutdown_signal_bounded(opts.shutdown_timeout);
         let stats = pipeline::run(opts, health, shutdown).await?;
-        errln!("alert-pipeline: stopped cleanly: {stats:?}");
+        errln!("alert-pipeline: stopped cleanly");
+        if args.json {
+            outln!("{}", serde_json::to_string(&stats)?);
+        } else {
+            outln!("{stats}");
+        }
         Ok(())
     });
     // Never wait for a processing thread that did not finish: the shutdown bound is the promise.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(version, about = "Check that every crossing gave exactly one committed notification")]
+#[command(name = "alert-verify", version, about = "Check that every crossing gave exactly one committed notification")]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,

@@ -10,7 +10,7 @@ use price_alerts::tools::replay::{replay, ReplayOptions};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(version, about = "Replay dead letters to their source topic in transactions (once per --group)")]
+#[command(name = "dlq-replay", version, about = "Replay dead letters to their source topic in transactions (once per --group)")]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,

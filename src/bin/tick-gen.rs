@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(version, about = "Generate ticks (seeded random walk) and the alert rules they were made for")]
+#[command(name = "tick-gen", version, about = "Generate ticks (seeded random walk) and the alert rules they were made for")]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,

@@ -8,7 +8,7 @@ use price_alerts::tools::demo::{self, DemoOptions};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(version, about = "Kafka transactions: 5 committed versus 10 uncommitted readers")]
+#[command(name = "txn-demo", version, about = "Kafka transactions: 5 committed versus 10 uncommitted readers")]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,

@@ -37,7 +37,7 @@ pub struct KafkaArgs {
     pub properties: Vec<String>,
     /// How long a broker at --bootstrap has to answer at start before the process gives up,
     /// naming the address and the cause (refused, DNS, TLS, SASL).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration)]
     pub connect_timeout: Duration,
 }
 
@@ -60,6 +60,25 @@ impl KafkaArgs {
     pub fn check(&self, kafka: &KafkaConfig) -> Result<(), ConnectError> {
         connect::check(kafka, self.connect_timeout)
     }
+}
+
+/// The one duration syntax of every flag: a number with its unit (`100ms`, `1s`, `2m`, `1h 30m`).
+/// A bare number is refused: `--commit-interval 100` could mean milliseconds or seconds.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{t:?} needs a unit, e.g. {t}ms or {t}s"));
+    }
+    humantime::parse_duration(t).map_err(|e| format!("{t:?} is not a duration (e.g. 100ms, 1s): {e}"))
+}
+
+/// A [`duration`] of at least a millisecond (intervals that would otherwise spin).
+pub fn interval(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("{:?} is below the smallest interval, 1ms", s.trim()));
+    }
+    Ok(d)
 }
 
 /// Like `println!`, but a closed or broken stdout is ignored instead of panicking.

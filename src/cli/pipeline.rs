@@ -36,16 +36,16 @@ pub struct PipelineArgs {
     #[arg(long)]
     pub dlq: Option<String>,
     /// Commit the open transaction when it is this old.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = super::interval)]
     pub commit_interval: std::time::Duration,
     /// Commit the open transaction when it holds this many input records.
     #[arg(long, default_value_t = crate::pipeline::DEFAULT_MAX_BATCH)]
     pub max_batch: u64,
     /// Producer transaction.timeout.ms.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = super::duration)]
     pub transaction_timeout: std::time::Duration,
     /// How long a graceful shutdown may take before exiting non-zero.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = super::duration)]
     pub shutdown_timeout: std::time::Duration,
     /// Ticks larger than this many bytes are dead-lettered as oversize.
     #[arg(long, default_value_t = crate::tick::DEFAULT_MAX_TICK_BYTES)]
@@ -58,7 +58,7 @@ pub struct PipelineArgs {
     #[arg(long)]
     pub dynamic_membership: bool,
     /// Stop once assigned, restored and idle (nothing to read) this long (demos, benchmarks).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = super::duration)]
     pub exit_when_idle: Option<std::time::Duration>,
     /// Delivery guarantee; at-least-once exists to compare against (it repeats outputs after a
     /// crash between produce and commit).
@@ -69,7 +69,7 @@ pub struct PipelineArgs {
     pub max_attempts: u32,
     /// Largest total backoff per tick before it is dead-lettered as transient.exhausted; keep it
     /// far below max.poll.interval.ms and the transaction timeout.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "500ms", value_parser = super::duration)]
     pub retry_budget: std::time::Duration,
     /// Deterministic fault injection: seq % 25 == 0 always fails (poison), seq % 7 == 0 fails its
     /// first two attempts (flaky).
@@ -79,6 +79,9 @@ pub struct PipelineArgs {
     /// (e.g. 0.0.0.0:9898).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Print the final summary as JSON instead of aligned text.
+    #[arg(long)]
+    pub json: bool,
     /// TEST ONLY: abort every n-th transaction instead of committing it.
     #[arg(long, hide = true)]
     pub test_abort_every: Option<u64>,

@@ -41,14 +41,25 @@ impl Topics {
         Topics { dlq: format!("{input}.dlq"), changelog: format!("{app_id}-state"), input, notifications }
     }
 
-    /// The standard names behind a prefix (tests and demos use a fresh prefix per run).
+    /// The standard names behind a prefix (tests and demos use a fresh prefix per run); a prefix
+    /// that does not end in `-`, `.` or `_` gets a `-`.
     pub fn prefixed(prefix: &str, app_id: &str) -> Self {
+        let prefix = separated(prefix);
         Self::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &format!("{prefix}{app_id}"))
     }
 
     /// Every topic of the deployment (what a demo or benchmark deletes after its run).
     pub fn names(&self) -> [&str; 4] {
         [&self.input, &self.notifications, &self.changelog, &self.dlq]
+    }
+}
+
+/// `prefix` ready to stand before a name: ending in `-`, `.` or `_` (a `-` is added otherwise),
+/// or empty.
+pub fn separated(prefix: &str) -> String {
+    match prefix.chars().last() {
+        None | Some('-' | '.' | '_') => prefix.to_owned(),
+        Some(_) => format!("{prefix}-"),
     }
 }
 
@@ -162,5 +173,19 @@ fn wait_for_partitions(probe: &BaseConsumer<Logged>, topic: &str) -> anyhow::Res
             Err(e) if std::time::Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_separated_from_the_names() {
+        let t = Topics::prefixed("ux-demo", "txn-demo");
+        assert_eq!(t.notifications, "ux-demo-notifications");
+        assert_eq!(t.changelog, "ux-demo-txn-demo-state");
+        assert_eq!(Topics::prefixed("run.", "a").input, "run.market-updates");
+        assert_eq!(Topics::prefixed("", "a").input, "market-updates");
     }
 }

@@ -40,8 +40,8 @@ use tracing::{debug, error, info, warn};
 /// Bound on broker round trips of the rewind (committed offsets, seek).
 const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Counters of one engine; logged at shutdown and exported as metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Counters of one engine; printed at shutdown (as aligned text, or JSON) and exported as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Stats {
     /// Input records processed inside committed transactions.
     pub committed_records: u64,
@@ -59,6 +59,27 @@ pub struct Stats {
     pub aborts: u64,
     /// Partition restores from the changelog.
     pub restores: u64,
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rows = [
+            ("ticks committed", self.committed_records),
+            ("  notifications", self.committed_notifications),
+            ("  dead-lettered", self.committed_dead_letters),
+            ("  retried", self.committed_retried),
+            ("  stale", self.committed_stale),
+            ("  unwatched", self.committed_unwatched),
+            ("transactions committed", self.commits),
+            ("transactions aborted", self.aborts),
+            ("partitions restored", self.restores),
+        ];
+        for (i, (label, n)) in rows.iter().enumerate() {
+            let end = if i + 1 < rows.len() { "\n" } else { "" };
+            write!(f, "{label:<24}{n:>12}{end}")?;
+        }
+        Ok(())
+    }
 }
 
 /// What the records of the open batch did; counted once the batch commits.

@@ -51,6 +51,8 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
     let partitions = topics::ensure(&opts.engine.kafka, &opts.engine.topics, opts.input_partitions).await?;
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
+    let t = &opts.engine.topics;
+    crate::metrics::topics_written(&[&t.notifications, &t.changelog, &t.dlq]);
     let stop = Arc::new(AtomicBool::new(false));
     let shutdown_timeout = opts.shutdown_timeout;
     let worker = {
@@ -95,7 +97,14 @@ pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) 
     match result {
         Ok(()) => {
             let stats = engine.close()?;
-            info!(?stats, "processor stopped");
+            info!(
+                ticks = stats.committed_records,
+                notifications = stats.committed_notifications,
+                dead_letters = stats.committed_dead_letters,
+                commits = stats.commits,
+                aborts = stats.aborts,
+                "processor stopped"
+            );
             Ok(stats)
         }
         Err(e) => {

@@ -153,7 +153,7 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     let rules = Rules::from_pairs((0..SYMBOLS).map(|i| (symbol(i), vec![threshold])));
     let settings = EngineSettings::new(
         kafka.clone(),
-        &format!("{}{app_id}", opts.prefix),
+        &format!("{}{app_id}", topics::separated(&opts.prefix)),
         "0",
         topics.clone(),
         Arc::new(rules),
@@ -177,7 +177,14 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
             expected_uncommitted_readers: ru,
             expected_offsets,
         };
-        info!(?phase, "phase observed");
+        info!(
+            phase = phase.name,
+            read_committed = phase.read_committed,
+            read_uncommitted = phase.read_uncommitted,
+            committed = %offsets_text(&phase.committed),
+            ok = phase.ok(),
+            "phase observed"
+        );
         phases.push(phase);
         Ok(())
     };

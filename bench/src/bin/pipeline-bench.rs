@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(version, about = "What exactly-once costs the pipeline, by commit interval")]
+#[command(name = "pipeline-bench", version, about = "What exactly-once costs the pipeline, by commit interval")]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
-    /// Commit intervals of the exactly-once runs, in ms.
-    #[arg(long, value_delimiter = ',', default_values_t = [10u64, 100, 1000])]
-    intervals: Vec<u64>,
+    /// Commit intervals of the exactly-once runs, comma-separated durations.
+    #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "10ms,100ms,1s")]
+    intervals: Vec<std::time::Duration>,
     /// Also run at-least-once (at 100 ms) to compare.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     at_least_once: bool,
@@ -46,7 +46,8 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let binary = std::env::current_exe()?.parent().context("locating the binaries folder")?.join("alert-pipeline");
-    let configs = Config::list(&cli.intervals, cli.at_least_once);
+    let intervals_ms: Vec<u64> = cli.intervals.iter().map(|d| d.as_millis() as u64).collect();
+    let configs = Config::list(&intervals_ms, cli.at_least_once);
     let opts = Options {
         kafka: cli.kafka.connect()?,
         binary,

@@ -9,7 +9,7 @@ use super::mode::{expand, Mode, ModeKind};
 use price_alerts::cli::KafkaArgs;
 use price_alerts::kafka::topics::unique_suffix;
 use price_alerts::kafka::KafkaConfig;
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,7 +38,7 @@ pub struct BenchCli {
     #[arg(long, value_delimiter = ',', conflicts_with = "duration")]
     pub records: Vec<u64>,
     /// Measure for this long per run instead of a record count (e.g. 10s).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = price_alerts::cli::duration)]
     pub duration: Option<Duration>,
     /// Partitions of each benchmark topic.
     #[arg(long, default_value_t = 3)]
@@ -49,9 +49,8 @@ pub struct BenchCli {
     /// Modes to run, comma-separated; `transactional` runs once per commit interval.
     #[arg(long, value_delimiter = ',', default_value = "plain,idempotent,transactional")]
     pub modes: Vec<ModeKind>,
-    /// Commit intervals of the transactional mode, comma-separated: milliseconds or durations
-    /// (10, 100ms, 1s).
-    #[arg(long, value_delimiter = ',', value_parser = parse_interval, default_value = "10,100,1000")]
+    /// Commit intervals of the transactional mode, comma-separated durations (10ms,100ms,1s).
+    #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "10ms,100ms,1s")]
     pub commit_intervals: Vec<Duration>,
     /// Records produced (and acknowledged or committed) before each run's measurement starts, to the
     /// same topic: connections, metadata and the transaction coordinator are warm when timing starts.
@@ -202,22 +201,6 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(size)
 }
 
-/// A commit interval: a bare number is milliseconds (as ProducerPerformance's
-/// `--transaction-duration-ms`), anything else a humantime duration (100ms, 1s).
-pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let d = match t.parse::<u64>() {
-        Ok(ms) => Duration::from_millis(ms),
-        Err(_) => humantime::parse_duration(t)
-            .with_context(|| format!("{t:?} is not a duration (e.g. 100, 100ms, 1s)"))
-            .map_err(|e| format!("{e:#}"))?,
-    };
-    if d.is_zero() {
-        return Err("a commit interval must be above zero".into());
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,10 +301,11 @@ mod tests {
 
     #[test]
     fn intervals() {
-        assert_eq!(parse_interval("100"), Ok(ms(100)));
-        assert_eq!(parse_interval("250ms"), Ok(ms(250)));
-        assert_eq!(parse_interval("1s"), Ok(ms(1000)));
-        assert!(parse_interval("0ms").is_err());
-        assert!(parse_interval("soon").is_err());
+        use price_alerts::cli::interval;
+        assert!(interval("100").is_err(), "a bare number needs a unit");
+        assert_eq!(interval("250ms"), Ok(ms(250)));
+        assert_eq!(interval("1s"), Ok(ms(1000)));
+        assert!(interval("0ms").is_err());
+        assert!(interval("soon").is_err());
     }
 }
