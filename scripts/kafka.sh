@@ -493,15 +493,22 @@ cmd_up() {
   esac
 }
 
-cmd_down() {
-  local wipe=$KAFKA_WIPE pid start
+# Prints 1 if `down`'s arguments ask for --wipe (or KAFKA_WIPE=1), else 0; refuses anything else.
+wipe_flag() {
+  local wipe=$KAFKA_WIPE
   while (($#)); do
     case $1 in
       --wipe) wipe=1 ;;
-      *) die "down: unknown argument '$1' (usage: down [--wipe])" ;;
+      *) die "down: unknown argument '$1' (usage: down [--brokers N] [--wipe])" ;;
     esac
     shift
   done
+  echo "$wipe"
+}
+
+cmd_down() {
+  local wipe pid start
+  wipe=$(wipe_flag "$@")
   start=$(now_ms)
   lock_state
   if pid=$(our_pid); then

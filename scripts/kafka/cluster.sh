@@ -237,14 +237,8 @@ cluster_up() { # N
 }
 
 cluster_down() { # [--wipe]
-  local wipe=$KAFKA_WIPE start node pid size pids=() nodes=() i
-  while (($#)); do
-    case $1 in
-      --wipe) wipe=1 ;;
-      *) die "down: unknown argument '$1' (usage: down --brokers N [--wipe])" ;;
-    esac
-    shift
-  done
+  local wipe start node pid size pids=() nodes=() i
+  wipe=$(wipe_flag "$@")
   start=$(now_ms)
   lock_cluster
   size=$(cluster_size)
