@@ -54,7 +54,9 @@ pub struct InstanceFigures {
     pub sigstops: u64,
     /// Exits nobody asked for (fenced, a fatal broker error, ...), each with its status.
     pub unplanned_exits: Vec<String>,
-    /// How the zombie ended: exited after SIGCONT (fenced) or went on running.
+    /// Zombies that exited non-zero on their own after SIGCONT: fenced, as they must be.
+    pub zombies_fenced: u64,
+    /// How each zombie ended: fenced, or went on running.
     pub zombie_outcomes: Vec<String>,
 }
 
@@ -76,14 +78,15 @@ pub struct Launch {
 pub struct Instances {
     launch: Launch,
     all: Vec<Instance>,
-    /// Zombies resumed, to tell afterwards whether they exited.
+    /// Zombies resumed and not yet seen to end, with when: their fate is watched, and no fault
+    /// is aimed at them meanwhile, so it is their own.
     resumed: Vec<(usize, Instant)>,
     pub figures: InstanceFigures,
 }
 
 /// Grace after the shutdown timeout before a SIGTERM is escalated.
 const TERM_GRACE: Duration = Duration::from_secs(10);
-/// How long after SIGCONT an exit is put down to the zombie's fencing.
+/// How long after SIGCONT an exit is put down to the zombie's fencing (and the zombie is spared).
 const ZOMBIE_WATCH: Duration = Duration::from_secs(60);
 
 impl Instances {
@@ -91,6 +94,12 @@ impl Instances {
     pub fn start(launch: Launch, n: usize) -> anyhow::Result<Self> {
         let mut me = Instances { launch, all: Vec::new(), resumed: Vec::new(), figures: InstanceFigures::default() };
         for i in 0..n {
+            // A fresh log per run: counts are read from it, and a reused folder must not add an
+            // earlier run's lines.
+            let log = Self::log_path(&me.launch.log_dir, &i.to_string());
+            if log.exists() {
+                std::fs::remove_file(&log).with_context(|| format!("removing {}", log.display()))?;
+            }
             let child = me.spawn(&i.to_string())?;
             me.all.push(Instance { id: i.to_string(), child: Some(child), phase: Phase::Running, killed: false });
         }
@@ -132,10 +141,17 @@ impl Instances {
         self.all.is_empty()
     }
 
-    /// Indexes of instances that are running (not paused, stopping or down): the targets a
-    /// signal may hit now.
+    /// Indexes of instances that are running (not paused, stopping or down).
     pub fn running(&self) -> Vec<usize> {
         self.all.iter().enumerate().filter(|(_, i)| matches!(i.phase, Phase::Running)).map(|(n, _)| n).collect()
+    }
+
+    /// The instances a fault may hit now: running ones, but not a zombie whose fate after SIGCONT
+    /// is still being watched.
+    pub fn targets(&self) -> Vec<usize> {
+        let now = Instant::now();
+        let watched = |n: usize| self.resumed.iter().any(|(z, at)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+        self.running().into_iter().filter(|&n| !watched(n)).collect()
     }
 
     /// The instance ids.
@@ -229,9 +245,14 @@ impl Instances {
         if planned_term && status.success() {
             self.figures.clean_exits += 1;
         } else if !inst.killed && !planned_term {
-            let zombie = self.resumed.iter().any(|(z, at)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
-            if zombie {
-                self.figures.zombie_outcomes.push(format!("instance {} exited {status} after SIGCONT", inst.id));
+            let zombie = self.resumed.iter().position(|(z, at)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+            if let Some(z) = zombie {
+                let (_, at) = self.resumed.remove(z);
+                let after = now.duration_since(at).as_secs_f64();
+                if !status.success() {
+                    self.figures.zombies_fenced += 1;
+                }
+                self.figures.zombie_outcomes.push(format!("instance {} exited ({status}) {after:.1}s after SIGCONT", inst.id));
             }
             warn!(instance = %inst.id, %status, zombie, "instance exited unasked; restarting");
             let why = last_words(&Self::log_path(&self.launch.log_dir, &inst.id)).unwrap_or_default();
@@ -276,14 +297,11 @@ impl Instances {
         Ok(outcome)
     }
 
-    /// Zombie outcomes once the run is over: a resumed zombie that never exited went on running
-    /// (it rejoined the group after an abort, which is as correct as being fenced).
+    /// Zombie outcomes once the run is over: a resumed zombie not seen to exit within the watch
+    /// went on running after SIGCONT, not fenced.
     pub fn finish_zombies(&mut self) {
-        for (n, _) in &self.resumed {
-            let id = &self.all[*n].id;
-            if !self.figures.zombie_outcomes.iter().any(|o| o.starts_with(&format!("instance {id} "))) {
-                self.figures.zombie_outcomes.push(format!("instance {id} went on after SIGCONT"));
-            }
+        for (n, _) in self.resumed.drain(..) {
+            self.figures.zombie_outcomes.push(format!("instance {} went on after SIGCONT (not fenced)", self.all[n].id));
         }
     }
 }

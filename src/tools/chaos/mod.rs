@@ -78,6 +78,8 @@ pub struct ChaosOptions {
     pub session_timeout: Duration,
     /// The instances' --shutdown-timeout.
     pub shutdown_timeout: Duration,
+    /// The instances' --commit-interval.
+    pub commit_interval: Duration,
     /// Longest time a bounced broker stays down (drawn from 1 s up to this).
     pub max_down: Duration,
     /// Bound on the whole run; past it the run fails.
@@ -107,6 +109,10 @@ impl ChaosOptions {
             transaction_timeout: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(20),
+            // One-second batches: a transaction is open nearly all the time, so every kill, pause
+            // and bounce lands in one (and a commit's fixed cost on three replicas is paid less
+            // often than with the production 100 ms).
+            commit_interval: Duration::from_secs(1),
             max_down: Duration::from_secs(5),
             limit: Duration::from_secs(600),
             work_dir: std::env::temp_dir().join(format!("alert-chaos-{seed}")),
@@ -198,10 +204,76 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let seqs: Vec<u64> = ticks.iter().map(|t| t.seq).collect();
     let feed = spawn_feed(kafka.clone(), topics.input.clone(), ticks, opts.span)?;
     let mut instances = Instances::start(launch(opts, &rules_path, &app_id, &topics), opts.instances)?;
+    let played = play(opts, &app_id, schedule, feed, &mut instances, &mut rng, started)?;
+    let end = next_offsets(&played.landed);
+    info!(chaos_s = played.chaos.as_secs(), "chaos over; waiting for the committed offsets to reach the input's end");
+    drain(kafka, &app_id, &topics.input, &end, &mut instances, opts.limit.saturating_sub(started.elapsed()))?;
+    let final_exits = instances.stop_all(opts.shutdown_timeout + Duration::from_secs(10))?;
+    instances.finish_zombies();
 
-    // The chaos: fire due faults (in order where they can be fired now), keep instances alive.
+    // The checks, once every instance has stopped.
+    let outputs = [topics.notifications.as_str(), topics.changelog.as_str(), topics.dlq.as_str()];
+    let open_transactions =
+        checks::wait_no_open_transactions(kafka, &outputs, opts.transaction_timeout + Duration::from_secs(30))?;
+    let mut hanging = Vec::new();
+    for b in 1..=opts.cluster.brokers {
+        hanging.extend(opts.cluster.find_hanging(b)?.into_iter().map(|row| format!("broker {b}: {row}")));
+    }
+    let faults = FaultInjection { enabled: true };
+    let verify = verify(kafka, &topics.input, &topics.notifications, &rules, DEFAULT_MAX_TICK_BYTES, faults)?;
+    let poison: BTreeSet<(i32, i64)> = (played.landed.iter().zip(&seqs))
+        .filter(|(_, s)| faults.is_poison(**s))
+        .map(|(l, _)| (l.partition, l.offset))
+        .collect();
+    let dead_letters = checks::dead_letters_once(kafka, &topics.dlq, &poison)?;
+    let (commits, aborts) = logged_transactions(&opts.work_dir, &instances.ids());
+    let report = ChaosReport {
+        seed: opts.seed,
+        prefix,
+        ticks: opts.ticks,
+        instances: opts.instances,
+        figures: instances.figures.clone(),
+        bounces: played.bounces,
+        commits,
+        aborts,
+        replication,
+        committed: committed_offsets(kafka, &app_id, &topics.input)?,
+        end,
+        verify,
+        dead_letters,
+        open_transactions,
+        hanging,
+        final_exits,
+        chaos: played.chaos,
+        total: started.elapsed(),
+    };
+    if report.ok() && !opts.keep_topics {
+        if let Err(e) = futures::executor::block_on(topics::delete_topics(kafka, &topics.names())) {
+            warn!(error = format!("{e:#}"), "could not delete the run's topics");
+        }
+    }
+    Ok(report)
+}
+
+/// What the chaos phase leaves: where the input landed, the bounces, how long it took.
+struct Played {
+    landed: Vec<Landed>,
+    bounces: Vec<Bounce>,
+    chaos: Duration,
+}
+
+/// The chaos: fires the due faults (in order, where one can be fired now) and keeps the instances
+/// alive, until every fault is done, the input is fed and every instance runs.
+fn play(
+    opts: &ChaosOptions,
+    app_id: &str,
+    mut pending: Vec<plan::Planned>,
+    feed: JoinHandle<anyhow::Result<Vec<Landed>>>,
+    instances: &mut Instances,
+    rng: &mut ChaCha8Rng,
+    started: Instant,
+) -> anyhow::Result<Played> {
     let chaos_started = Instant::now();
-    let mut pending: Vec<plan::Planned> = schedule;
     let mut bouncing: Option<JoinHandle<anyhow::Result<Bounce>>> = None;
     let mut bounces = Vec::new();
     let mut feed = Some(feed);
@@ -220,85 +292,50 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         }
         if feed.as_ref().is_some_and(JoinHandle::is_finished) {
             let fed = feed.take().map(JoinHandle::join).transpose().map_err(|_| anyhow!("the feed thread panicked"))?;
-            landed = Some(fed.transpose()?.unwrap_or_default());
+            landed = fed.transpose()?;
         }
         let now = chaos_started.elapsed();
         let mut fired = Vec::new();
         for (i, p) in pending.iter().enumerate().filter(|(_, p)| p.at <= now) {
-            if fire(p.fault, opts, &app_id, &mut instances, &mut bouncing, &mut rng)? {
+            if fire(p.fault, opts, app_id, instances, &mut bouncing, rng)? {
                 fired.push(i);
             }
         }
         for i in fired.into_iter().rev() {
             pending.remove(i);
         }
-        if pending.is_empty() && bouncing.is_none() && landed.is_some() && instances.all_running() {
-            break;
+        if pending.is_empty() && bouncing.is_none() && instances.all_running() {
+            if let Some(landed) = landed.take() {
+                return Ok(Played { landed, bounces, chaos: chaos_started.elapsed() });
+            }
         }
         std::thread::sleep(STEP);
     }
-    let chaos = chaos_started.elapsed();
-    let landed: Vec<Landed> = landed.unwrap_or_default();
-    let end = next_offsets(&landed);
-    info!(chaos_s = chaos.as_secs(), "chaos over; waiting for the committed offsets to reach the input's end");
+}
 
-    // Drain: every instance runs; wait until the group has committed the whole input.
-    let drain_deadline = opts.limit.saturating_sub(started.elapsed());
-    let drain_started = Instant::now();
+/// Keeps the instances alive until the group's committed offsets are the input's `end`, or
+/// `timeout` passed (then the checks report the difference).
+fn drain(
+    kafka: &crate::kafka::KafkaConfig,
+    group: &str,
+    input: &str,
+    end: &BTreeMap<i32, i64>,
+    instances: &mut Instances,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
     loop {
         instances.tick(true)?;
-        let committed = committed_offsets(kafka, &app_id, &topics.input)?;
+        let committed = committed_offsets(kafka, group, input)?;
         if end.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
-            break;
+            return Ok(());
         }
-        if drain_started.elapsed() > drain_deadline {
+        if started.elapsed() > timeout {
             warn!(?committed, ?end, "the committed offsets did not reach the input's end in time");
-            break;
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    let final_exits = instances.stop_all(opts.shutdown_timeout + Duration::from_secs(10))?;
-    instances.finish_zombies();
-
-    let outputs = [topics.notifications.as_str(), topics.changelog.as_str(), topics.dlq.as_str()];
-    let open_transactions =
-        checks::wait_no_open_transactions(kafka, &outputs, opts.transaction_timeout + Duration::from_secs(30))?;
-    let mut hanging = Vec::new();
-    for b in 1..=opts.cluster.brokers {
-        hanging.extend(opts.cluster.find_hanging(b)?.into_iter().map(|row| format!("broker {b}: {row}")));
-    }
-    let faults = FaultInjection { enabled: true };
-    let verify = verify(kafka, &topics.input, &topics.notifications, &rules, DEFAULT_MAX_TICK_BYTES, faults)?;
-    let poison: BTreeSet<(i32, i64)> =
-        landed.iter().zip(&seqs).filter(|(_, s)| faults.is_poison(**s)).map(|(l, _)| (l.partition, l.offset)).collect();
-    let dead_letters = checks::dead_letters_once(kafka, &topics.dlq, &poison)?;
-    let (commits, aborts) = logged_transactions(&opts.work_dir, &instances.ids());
-    let report = ChaosReport {
-        seed: opts.seed,
-        prefix,
-        ticks: opts.ticks,
-        instances: opts.instances,
-        figures: instances.figures.clone(),
-        bounces,
-        commits,
-        aborts,
-        replication,
-        committed: committed_offsets(kafka, &app_id, &topics.input)?,
-        end,
-        verify,
-        dead_letters,
-        open_transactions,
-        hanging,
-        final_exits,
-        chaos,
-        total: started.elapsed(),
-    };
-    if report.ok() && !opts.keep_topics {
-        if let Err(e) = futures::executor::block_on(topics::delete_topics(kafka, &topics.names())) {
-            warn!(error = format!("{e:#}"), "could not delete the run's topics");
-        }
-    }
-    Ok(report)
 }
 
 /// How every instance is started: the cluster's full bootstrap list, fault injection, and the
@@ -321,6 +358,8 @@ fn launch(opts: &ChaosOptions, rules: &std::path::Path, app_id: &str, topics: &T
         &secs(opts.transaction_timeout),
         "--shutdown-timeout",
         &secs(opts.shutdown_timeout),
+        "--commit-interval",
+        &secs(opts.commit_interval),
         "-X",
         &format!("session.timeout.ms={}", opts.session_timeout.as_millis()),
         // An instance blocked inside a client call (librdkafka #5456/#5511: a transactional call
@@ -356,7 +395,7 @@ fn fire(
     bouncing: &mut Option<JoinHandle<anyhow::Result<Bounce>>>,
     rng: &mut ChaCha8Rng,
 ) -> anyhow::Result<bool> {
-    let running = instances.running();
+    let running = instances.targets();
     let pick = |rng: &mut ChaCha8Rng| running[rng.random_range(0..running.len())];
     match fault {
         Fault::Kill | Fault::Term | Fault::Zombie if running.is_empty() => Ok(false),
@@ -442,7 +481,7 @@ impl fmt::Display for ChaosReport {
         writeln!(f, "{:<22} {} ({} process starts)", "instances", self.instances, fig.starts)?;
         writeln!(f, "{:<22} {}", "SIGKILLs", fig.sigkills)?;
         writeln!(f, "{:<22} {} ({} exited 0, {} escalated to SIGKILL)", "SIGTERMs", fig.sigterms, fig.clean_exits, fig.term_escalations)?;
-        writeln!(f, "{:<22} {} ({})", "SIGSTOPs (zombies)", fig.sigstops, fig.zombie_outcomes.join("; "))?;
+        writeln!(f, "{:<22} {} ({} fenced: {})", "SIGSTOPs (zombies)", fig.sigstops, fig.zombies_fenced, fig.zombie_outcomes.join("; "))?;
         writeln!(f, "{:<22} {} hard, {} clean", "broker bounces", hard, clean)?;
         for b in &self.bounces {
             writeln!(
