@@ -96,6 +96,12 @@ share.coordinator.state.topic.min.isr=$min_isr
 unclean.leader.election.enable=false
 # No 3 s wait before the first rebalance of a new group.
 group.initial.rebalance.delay.ms=0
+# A shared two-core machine stalls a JVM for seconds at a time. With the defaults (9 s broker
+# session, 2 s quorum fetch timeout) such a stall fenced live brokers and re-elected the
+# controller, which moved coordinators by itself; twice the defaults ride it out, and a killed
+# broker is still fenced within 18 s.
+broker.session.timeout.ms=18000
+controller.quorum.fetch.timeout.ms=4000
 EOF
 }
 
