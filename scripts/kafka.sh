@@ -192,15 +192,16 @@ port_open() { # HOST PORT
 metadata_broker_ids() { # HOST PORT
   local out rc=0
   # shellcheck disable=SC2016 # $1 and $2 are expanded by the inner bash
-  # size=20 | api_key=3 | version=4 | correlation_id=1 | client_id="probe" | topics=null | auto_create=false
-  # The answer is read as its 4-byte size, then that many bytes (head -c never reads past N).
+  # size=20 | api_key=3 | version=4 | correlation_id=1 | client_id="probe" | topics=[] | auto_create=false
+  # No topics (an empty array; null would be all of them), so the answer stays small whatever the
+  # broker holds. It is read as its 4-byte size, then that many bytes (head -c never reads past N).
   out=$(timeout 3 bash -c '
       exec 3<>"/dev/tcp/$1/$2" || exit 1
-      printf "\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x01\x00\x05probe\xff\xff\xff\xff\x00" >&3
+      printf "\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x00\x00" >&3
       read -r -a s <<<"$(head -c 4 <&3 | od -An -tu1 -v)"
       ((${#s[@]} == 4)) || exit 0
       n=$(((s[0] << 24) | (s[1] << 16) | (s[2] << 8) | s[3]))
-      ((n >= 12 && n <= 1048576)) || { echo 0 0 0 0; exit 0; }
+      ((n >= 12 && n <= 65536)) || { echo 0 0 0 0; exit 0; }
       head -c "$n" <&3 | od -An -tu1 -v
     ' _ "$1" "$2" 2>/dev/null) || rc=$?
   ((rc == 124)) && return 2

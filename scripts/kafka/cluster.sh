@@ -249,10 +249,13 @@ cluster_down() { # [--wipe]
   lock_cluster
   size=$(cluster_size)
   # SIGTERM to every node at once: stopped one by one, the last nodes would wait for a controller
-  # quorum that is already gone.
+  # quorum that is already gone (even so the last one often waits for it until SIGKILL). With
+  # --wipe nothing of theirs is kept, so SIGKILL at once.
+  local signal=TERM
+  [[ $wipe == 1 ]] && signal=KILL
   for ((node = 1; node <= size; node++)); do
     if pid=$(node_pid "$node"); then
-      kill -TERM "$pid" 2>/dev/null || true
+      kill -"$signal" "$pid" 2>/dev/null || true
       pids+=("$pid")
       nodes+=("$node")
     fi
