@@ -1,7 +1,9 @@
 //! The short chaos run on the local 3-broker cluster (`scripts/kafka.sh up --brokers 3`, which
-//! scripts/test.sh starts): three pipeline instances over a live stream with fault injection,
-//! SIGKILLs and SIGTERMs of instances, a zombie paused beyond its transaction timeout, a hard
-//! bounce of a transaction coordinator and a clean bounce of the group coordinator. Then
+//! scripts/test.sh starts): three pipeline instances (dynamic membership: see
+//! `ChaosOptions::short` for why) over a live stream with fault injection,
+//! SIGKILLs and SIGTERMs of instances, a zombie paused beyond its transaction timeout, a hard and
+//! a clean broker bounce (the first of a transaction coordinator, the second of the group
+//! coordinator). Then
 //! exactly-once is checked as the runner does (offsets, verifier, hanging transactions, DLQ).
 //!
 //! The seed is printed; `CHAOS_SEED=<seed>` replays the same stream and schedule.

@@ -55,6 +55,9 @@ struct Cli {
     /// Where the instances' logs go (default: a temp folder named after the seed).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Static group membership for the instances (the pipeline's default), not dynamic.
+    #[arg(long)]
+    static_membership: bool,
 }
 
 fn main() -> ExitCode {
@@ -70,7 +73,7 @@ fn main() -> ExitCode {
         (o.partitions, o.instances) = (cli.partitions.unwrap_or(o.partitions), cli.instances.unwrap_or(o.instances));
         o.span = cli.span.unwrap_or(o.span);
         o.limit = cli.limit.unwrap_or(o.limit);
-        o.work_dir = cli.work_dir.unwrap_or(o.work_dir);
+        (o.work_dir, o.static_membership) = (cli.work_dir.unwrap_or(o.work_dir), cli.static_membership);
         let f = &mut o.faults;
         (f.kills, f.terms, f.zombies) = (cli.kills.unwrap_or(f.kills), cli.terms.unwrap_or(f.terms), cli.zombies.unwrap_or(f.zombies));
         f.hard_bounces = cli.hard_bounces.unwrap_or(f.hard_bounces);
