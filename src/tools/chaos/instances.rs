@@ -78,9 +78,9 @@ pub struct Launch {
 pub struct Instances {
     launch: Launch,
     all: Vec<Instance>,
-    /// Zombies resumed and not yet seen to end, with when: their fate is watched, and no fault
-    /// is aimed at them meanwhile, so it is their own.
-    resumed: Vec<(usize, Instant)>,
+    /// Zombies resumed and not yet seen to end, with when and how long their log was then: their
+    /// fate is watched, and no fault is aimed at them meanwhile, so it is their own.
+    resumed: Vec<(usize, Instant, u64)>,
     pub figures: InstanceFigures,
 }
 
@@ -150,7 +150,7 @@ impl Instances {
     /// is still being watched.
     pub fn targets(&self) -> Vec<usize> {
         let now = Instant::now();
-        let watched = |n: usize| self.resumed.iter().any(|(z, at)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+        let watched = |n: usize| self.resumed.iter().any(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
         self.running().into_iter().filter(|&n| !watched(n)).collect()
     }
 
@@ -206,7 +206,8 @@ impl Instances {
                 Phase::Paused(until) if now >= until => {
                     self.signal(n, "CONT")?;
                     self.all[n].phase = Phase::Running;
-                    self.resumed.push((n, now));
+                    let log_len = std::fs::metadata(self.log(n)).map(|m| m.len()).unwrap_or(0);
+                    self.resumed.push((n, now, log_len));
                     info!(instance = %self.all[n].id, "SIGCONT (zombie resumed)");
                 }
                 Phase::Terminating(since) if now.duration_since(since) > self.launch.shutdown_timeout + TERM_GRACE => {
@@ -245,9 +246,9 @@ impl Instances {
         if planned_term && status.success() {
             self.figures.clean_exits += 1;
         } else if !inst.killed && !planned_term {
-            let zombie = self.resumed.iter().position(|(z, at)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+            let zombie = self.resumed.iter().position(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
             if let Some(z) = zombie {
-                let (_, at) = self.resumed.remove(z);
+                let (_, at, _) = self.resumed.remove(z);
                 let after = now.duration_since(at).as_secs_f64();
                 if !status.success() {
                     self.figures.zombies_fenced += 1;
@@ -297,26 +298,58 @@ impl Instances {
         Ok(outcome)
     }
 
-    /// Zombie outcomes once the run is over: a resumed zombie not seen to exit within the watch
-    /// went on running after SIGCONT, not fenced.
+    /// Zombie outcomes once the run is over, for a resumed zombie not seen to exit: the group
+    /// fenced it if it found its assignment lost after SIGCONT (its generation is gone, so its
+    /// offsets could not commit: KIP-447) and it went on as a new member; else it was not fenced.
     pub fn finish_zombies(&mut self) {
-        for (n, _) in self.resumed.drain(..) {
-            self.figures.zombie_outcomes.push(format!("instance {} went on after SIGCONT (not fenced)", self.all[n].id));
+        let resumed: Vec<_> = self.resumed.drain(..).collect();
+        for (n, _, log_len) in resumed {
+            let after = std::fs::read(self.log(n)).ok().and_then(|t| t.get(log_len as usize..).map(|t| String::from_utf8_lossy(t).into_owned()));
+            let id = &self.all[n].id;
+            if after.is_some_and(|t| t.contains("partitions revoked") && t.contains("lost=true")) {
+                self.figures.zombies_fenced += 1;
+                self.figures.zombie_outcomes.push(format!("instance {id} found its assignment lost after SIGCONT and rejoined"));
+            } else {
+                self.figures.zombie_outcomes.push(format!("instance {id} went on after SIGCONT (not fenced)"));
+            }
         }
+    }
+
+    fn log(&self, n: usize) -> PathBuf {
+        Self::log_path(&self.launch.log_dir, &self.all[n].id)
+    }
+
+    /// Running instances that are processing: their log ends with a commit of the last two
+    /// seconds. A zombie is taken from these, so that it is paused with partitions and (with
+    /// one-second batches) nearly always an open transaction: something to fence.
+    pub fn processing(&self) -> Vec<usize> {
+        self.targets()
+            .into_iter()
+            .filter(|&n| {
+                let log = self.log(n);
+                let fresh = std::fs::metadata(&log)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < Duration::from_secs(2)));
+                fresh && tail(&log).is_some_and(|t| t.contains("transaction committed"))
+            })
+            .collect()
     }
 }
 
-/// The last `alert-pipeline: ...` line of an instance log (its exit message), read from the
-/// log's tail only: the logs grow large.
-fn last_words(log: &Path) -> Option<String> {
+/// The last 16 KiB of an instance log: the logs grow large.
+fn tail(log: &Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(log).ok()?;
     let len = f.metadata().ok()?.len();
     f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024))).ok()?;
     let mut tail = Vec::new();
     f.read_to_end(&mut tail).ok()?;
-    let tail = String::from_utf8_lossy(&tail);
-    tail.lines().rev().find(|l| l.starts_with("alert-pipeline: ")).map(|l| l.chars().take(200).collect())
+    Some(String::from_utf8_lossy(&tail).into_owned())
+}
+
+/// The last `alert-pipeline: ...` line of an instance log (its exit message).
+fn last_words(log: &Path) -> Option<String> {
+    tail(log)?.lines().rev().find(|l| l.starts_with("alert-pipeline: ")).map(|l| l.chars().take(200).collect())
 }
 
 impl Drop for Instances {

@@ -408,14 +408,18 @@ fn fire(
     rng: &mut ChaCha8Rng,
 ) -> anyhow::Result<bool> {
     let running = instances.targets();
-    let pick = |rng: &mut ChaCha8Rng| running[rng.random_range(0..running.len())];
+    let processing = instances.processing();
+    let pick = |rng: &mut ChaCha8Rng, from: &[usize]| from[rng.random_range(0..from.len())];
     match fault {
-        Fault::Kill | Fault::Term | Fault::Zombie if running.is_empty() => Ok(false),
-        Fault::Kill => instances.kill(pick(rng)).map(|()| true),
-        Fault::Term => instances.terminate(pick(rng)).map(|()| true),
+        Fault::Kill | Fault::Term if running.is_empty() => Ok(false),
+        Fault::Zombie if processing.is_empty() => Ok(false),
+        Fault::Kill => instances.kill(pick(rng, &running)).map(|()| true),
+        Fault::Term => instances.terminate(pick(rng, &running)).map(|()| true),
         // Beyond the transaction timeout, so the coordinator aborts the zombie's transaction,
         // and far beyond the session timeout, so the group has moved on when it wakes.
-        Fault::Zombie => instances.pause(pick(rng), opts.transaction_timeout + Duration::from_secs(10)).map(|()| true),
+        Fault::Zombie => {
+            instances.pause(pick(rng, &processing), opts.transaction_timeout + Duration::from_secs(10)).map(|()| true)
+        }
         Fault::Bounce { .. } if bouncing.is_some() => Ok(false),
         Fault::Bounce { hard, target } => {
             let how = if hard { Stop::Hard } else { Stop::Clean };
