@@ -304,7 +304,7 @@ impl Instances {
     pub fn finish_zombies(&mut self) {
         let resumed: Vec<_> = self.resumed.drain(..).collect();
         for (n, _, log_len) in resumed {
-            let after = std::fs::read(self.log(n)).ok().and_then(|t| t.get(log_len as usize..).map(|t| String::from_utf8_lossy(t).into_owned()));
+            let after = std::fs::read(self.log(n)).ok().and_then(|t| t.get(log_len as usize..).map(|t| plain(&String::from_utf8_lossy(t))));
             let id = &self.all[n].id;
             if after.is_some_and(|t| t.contains("partitions revoked") && t.contains("lost=true")) {
                 self.figures.zombies_fenced += 1;
@@ -336,6 +336,24 @@ impl Instances {
     }
 }
 
+/// `text` without terminal colour codes (ESC [ ... letter), which the instances' log fields carry.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The last 16 KiB of an instance log: the logs grow large.
 fn tail(log: &Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
@@ -362,5 +380,14 @@ impl Drop for Instances {
                 let _ = child.wait();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn colour_codes_are_stripped_from_log_fields() {
+        let logged = "partitions revoked \u{1b}[3mlost\u{1b}[0m\u{1b}[2m=\u{1b}[0mtrue";
+        assert_eq!(super::plain(logged), "partitions revoked lost=true");
     }
 }

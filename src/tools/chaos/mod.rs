@@ -205,9 +205,11 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let rules_path = opts.work_dir.join("rules.toml");
     std::fs::write(&rules_path, rules.to_toml()).with_context(|| format!("writing {}", rules_path.display()))?;
 
+    // Every broker up and every ISR complete first: topics get the cluster's replication factor
+    // only with all brokers registered.
+    opts.cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
     let replication = replication_problems(&opts.cluster, &topics)?;
-    opts.cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
 
     let schedule = plan::plan(&opts.faults, opts.span, &mut rng);
     let seqs: Vec<u64> = ticks.iter().map(|t| t.seq).collect();
