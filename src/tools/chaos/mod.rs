@@ -337,13 +337,19 @@ fn drain(
     let started = Instant::now();
     loop {
         instances.tick(true)?;
-        let committed = committed_offsets(kafka, group, input)?;
-        if end.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
-            return Ok(());
-        }
-        if started.elapsed() > timeout {
-            warn!(?committed, ?end, "the committed offsets did not reach the input's end in time");
-            return Ok(());
+        // An observer's failed fetch (a coordinator still moving after a bounce) means "not yet":
+        // ask again until the deadline; the checks fetch once more and report what they find.
+        match committed_offsets(kafka, group, input) {
+            Ok(committed) if end.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) => {
+                return Ok(())
+            }
+            Ok(committed) if started.elapsed() > timeout => {
+                warn!(?committed, ?end, "the committed offsets did not reach the input's end in time");
+                return Ok(());
+            }
+            Err(e) if started.elapsed() > timeout => return Err(e.context("the committed offsets could not be fetched")),
+            Err(e) => warn!(error = format!("{e:#}"), "fetching the committed offsets failed; asking again"),
+            Ok(_) => {}
         }
         std::thread::sleep(Duration::from_millis(500));
     }
