@@ -325,13 +325,7 @@ impl Instances {
     pub fn processing(&self) -> Vec<usize> {
         self.targets()
             .into_iter()
-            .filter(|&n| {
-                let log = self.log(n);
-                let fresh = std::fs::metadata(&log)
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < Duration::from_secs(2)));
-                fresh && tail(&log).is_some_and(|t| t.contains("transaction committed"))
-            })
+            .filter(|&n| tail(&self.log(n)).and_then(|t| last_commit_age(&t)).is_some_and(|age| age < Duration::from_secs(2)))
             .collect()
     }
 }
@@ -365,6 +359,17 @@ fn tail(log: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&tail).into_owned())
 }
 
+/// How long ago the last `transaction committed` line of `log` was written, by its timestamp
+/// (the first word of a line, RFC 3339).
+fn last_commit_age(log: &str) -> Option<Duration> {
+    use time::format_description::well_known::Rfc3339;
+    let line = log.lines().rev().find(|l| l.contains("transaction committed"))?;
+    let stamp = plain(line).split_whitespace().next()?.to_owned();
+    let at = time::OffsetDateTime::parse(&stamp, &Rfc3339).ok()?;
+    let age = time::OffsetDateTime::now_utc() - at;
+    Some(age.try_into().unwrap_or(Duration::ZERO))
+}
+
 /// The last `alert-pipeline: ...` line of an instance log (its exit message).
 fn last_words(log: &Path) -> Option<String> {
     tail(log)?.lines().rev().find(|l| l.starts_with("alert-pipeline: ")).map(|l| l.chars().take(200).collect())
@@ -385,6 +390,16 @@ impl Drop for Instances {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_age_of_the_last_commit_is_read_from_its_timestamp() {
+        let an_hour_ago = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+        let stamp = an_hour_ago.format(&time::format_description::well_known::Rfc3339).unwrap();
+        let log = format!("\u{1b}[2m{stamp}\u{1b}[0m DEBUG transaction committed records=3\nlater line\n");
+        let age = super::last_commit_age(&log).unwrap();
+        assert!(age >= std::time::Duration::from_secs(3599) && age < std::time::Duration::from_secs(3660), "{age:?}");
+        assert_eq!(super::last_commit_age("no commit here"), None);
+    }
+
     #[test]
     fn colour_codes_are_stripped_from_log_fields() {
         let logged = "partitions revoked \u{1b}[3mlost\u{1b}[0m\u{1b}[2m=\u{1b}[0mtrue";
