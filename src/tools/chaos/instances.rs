@@ -39,6 +39,8 @@ struct Instance {
     phase: Phase,
     /// The current process was SIGKILLed by the runner, so its exit is planned.
     killed: bool,
+    /// When the current process was started (the log is shared by every incarnation).
+    since: Instant,
 }
 
 /// Counters of what happened to the instances.
@@ -101,7 +103,7 @@ impl Instances {
                 std::fs::remove_file(&log).with_context(|| format!("removing {}", log.display()))?;
             }
             let child = me.spawn(&i.to_string())?;
-            me.all.push(Instance { id: i.to_string(), child: Some(child), phase: Phase::Running, killed: false });
+            me.all.push(Instance { id: i.to_string(), child: Some(child), phase: Phase::Running, killed: false, since: Instant::now() });
         }
         Ok(me)
     }
@@ -219,6 +221,7 @@ impl Instances {
                 Phase::Down(at) if restart && now >= at => {
                     let id = self.all[n].id.clone();
                     self.all[n].child = Some(self.spawn(&id)?);
+                    self.all[n].since = Instant::now();
                     self.all[n].phase = Phase::Running;
                     self.all[n].killed = false;
                 }
@@ -319,12 +322,14 @@ impl Instances {
         Self::log_path(&self.launch.log_dir, &self.all[n].id)
     }
 
-    /// Running instances that are processing: their log ends with a commit of the last two
-    /// seconds. A zombie is taken from these, so that it is paused with partitions and (with
-    /// one-second batches) nearly always an open transaction: something to fence.
+    /// Running instances that are processing: their current process (up for more than five
+    /// seconds, so the line is its own) logged a commit in the last two seconds. A zombie is taken
+    /// from these, so that it is paused with partitions and (with one-second batches) nearly
+    /// always an open transaction: something to fence.
     pub fn processing(&self) -> Vec<usize> {
         self.targets()
             .into_iter()
+            .filter(|&n| self.all[n].since.elapsed() > Duration::from_secs(5))
             .filter(|&n| tail(&self.log(n)).and_then(|t| last_commit_age(&t)).is_some_and(|age| age < Duration::from_secs(2)))
             .collect()
     }
