@@ -20,6 +20,17 @@
 #                                       scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand \
 #                                         --bootstrap-server 127.0.0.1:9092 --list
 #
+# A local multi-broker KRaft cluster for chaos and failover (scripts/kafka/cluster.sh has the
+# details: replication 3, min.insync.replicas 2, state in .kafka/cluster/, ports 19092.. and
+# controllers 19192..), beside the single broker:
+#   scripts/kafka.sh up --brokers 3   start the 3 brokers in parallel (or reuse them), wait until
+#                                     all are registered; KAFKA_BROKERS=3 does the same
+#   scripts/kafka.sh down|status|logs --brokers 3   as above, for the cluster (`logs --broker K`
+#                                     for one broker's log)
+#   scripts/kafka.sh broker K start|stop|kill|status|pid
+#                                     one broker of the cluster: stop is SIGTERM (a controlled
+#                                     shutdown), kill is SIGKILL; start waits until K is registered
+#
 # All state lives in .kafka/ at the repository's top (git-ignored):
 #   .kafka/jars/              the jars; .kafka/jars/.stamp holds the hash of pom.xml they came from,
 #                             so a change to the pom fetches them again
@@ -70,6 +81,7 @@ KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}
 KAFKA_JVM_OPTS=${KAFKA_JVM_OPTS:-}
 KAFKA_TOOL_OPTS=${KAFKA_TOOL_OPTS:-}
 KAFKA_WIPE=${KAFKA_WIPE:-0}
+KAFKA_BROKERS=${KAFKA_BROKERS:-1}
 JAVA=${JAVA:-java}
 MVN=${MVN:-mvn}
 
@@ -169,31 +181,58 @@ port_open() { # HOST PORT
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
 }
 
-# Does a Kafka broker answer a Metadata request with at least one live broker? Sends Metadata v4
-# (api key 3; within what every Kafka 2.x-4.x broker supports) for no topics in particular and
-# reads the brokers-array length from the response: a fenced or still starting broker lists none.
-# Pure bash, about 10 ms, so readiness loops need no JVM per attempt.
-# Returns 0: answers with a live broker; 3: a Kafka broker that lists no live broker yet;
-# 2: not Kafka (an answer that is not Kafka's, or no answer in 3 s); 4: the connection failed or
-# was closed without an answer (also what a Kafka broker that no longer supports v4 would do).
-kafka_metadata_ok() { # HOST PORT
+# Which brokers does the Kafka broker at HOST PORT list as live? Sends Metadata v4 (api key 3;
+# within what every Kafka 2.x-4.x broker supports) for no topics in particular and prints the node
+# ids of the brokers array of the response, space-separated: a fenced or still starting broker
+# lists none (in KRaft the array holds the registered, unfenced brokers only). Pure bash, about
+# 10 ms, so readiness loops need no JVM per attempt.
+# Returns 0: answers, ids printed; 3: a Kafka broker that lists no live broker yet; 2: not Kafka
+# (an answer that is not Kafka's, or no answer in 3 s); 4: the connection failed or was closed
+# without an answer (also what a Kafka broker that no longer supports v4 would do).
+metadata_broker_ids() { # HOST PORT
   local out rc=0
   # shellcheck disable=SC2016 # $1 and $2 are expanded by the inner bash
-  # size=20 | api_key=3 | version=4 | correlation_id=1 | client_id="probe" | topics=null | auto_create=false
+  # size=20 | api_key=3 | version=4 | correlation_id=1 | client_id="probe" | topics=[] | auto_create=false
+  # No topics (an empty array; null would be all of them), so the answer stays small whatever the
+  # broker holds. It is read as its 4-byte size, then that many bytes (head -c never reads past N).
   out=$(timeout 3 bash -c '
       exec 3<>"/dev/tcp/$1/$2" || exit 1
-      printf "\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x01\x00\x05probe\xff\xff\xff\xff\x00" >&3
-      head -c 16 <&3 | od -An -tu1 -v
+      printf "\x00\x00\x00\x14\x00\x03\x00\x04\x00\x00\x00\x01\x00\x05probe\x00\x00\x00\x00\x00" >&3
+      read -r -a s <<<"$(head -c 4 <&3 | od -An -tu1 -v)"
+      ((${#s[@]} == 4)) || exit 0
+      n=$(((s[0] << 24) | (s[1] << 16) | (s[2] << 8) | s[3]))
+      ((n >= 12 && n <= 65536)) || { echo 0 0 0 0; exit 0; }
+      head -c "$n" <&3 | od -An -tu1 -v
     ' _ "$1" "$2" 2>/dev/null) || rc=$?
   ((rc == 124)) && return 2
   local -a b
   read -r -a b <<<"$(echo "$out" | tr -s ' \n' '  ')"
   ((${#b[@]} == 0)) && return 4
-  ((${#b[@]} >= 16)) || return 2
-  # bytes 4..7: correlation id (must be 1); 12..15: number of live brokers
-  ((b[4] == 0 && b[5] == 0 && b[6] == 0 && b[7] == 1)) || return 2
-  (((b[12] << 24) | (b[13] << 16) | (b[14] << 8) | b[15])) || return 3
-  return 0
+  ((${#b[@]} >= 12)) || return 2
+  # bytes 0..3: correlation id (must be 1); 4..7: throttle time; 8..11: number of live brokers,
+  # then per broker: node_id int32, host (int16 length + bytes), port int32, rack (int16 length,
+  # -1 for none, + bytes).
+  ((b[0] == 0 && b[1] == 0 && b[2] == 0 && b[3] == 1)) || return 2
+  local count=$(((b[8] << 24) | (b[9] << 16) | (b[10] << 8) | b[11])) i=12 k len
+  ((count > 0)) || return 3
+  local -a ids=()
+  for ((k = 0; k < count; k++)); do
+    ((i + 6 <= ${#b[@]})) || return 2
+    ids+=($(((b[i] << 24) | (b[i + 1] << 16) | (b[i + 2] << 8) | b[i + 3])))
+    len=$(((b[i + 4] << 8) | b[i + 5]))
+    i=$((i + 6 + len + 4))
+    ((i + 2 <= ${#b[@]})) || return 2
+    len=$(((b[i] << 8) | b[i + 1]))
+    ((len == 65535)) && len=0
+    i=$((i + 2 + len))
+  done
+  echo "${ids[*]}"
+}
+
+# Does a Kafka broker answer a Metadata request with at least one live broker? The return codes
+# of metadata_broker_ids, without printing.
+kafka_metadata_ok() { # HOST PORT
+  metadata_broker_ids "$1" "$2" >/dev/null
 }
 
 # The real check with Kafka's own admin client: list topics (a metadata round trip).
@@ -223,28 +262,30 @@ answers() { # HOST PORT
 # ---------------------------------------------------------------------------------------------
 # Our broker process
 
-# Is PID our broker (java running kafka.Kafka with this repository's server.properties)?
-is_our_broker() { # PID
-  local args
+# Is PID our broker (java running kafka.Kafka with this repository's server.properties, or with
+# PROPS: a broker of the cluster)?
+is_our_broker() { # PID [PROPS]
+  local args props=${2:-$PROPS}
   [[ $1 =~ ^[0-9]+$ ]] || return 1
   if [[ -r /proc/$1/cmdline ]]; then
     args=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
   else
     args=$(ps -ww -o args= -p "$1" 2>/dev/null) || return 1
   fi
-  [[ $args == *java* && $args == *" $BROKER_CLASS "* && $args == *"$PROPS"* ]]
+  [[ $args == *java* && $args == *" $BROKER_CLASS "* && $args == *"$props"* ]]
 }
 
-# The pid of our running broker, from the pid file or (if that was lost) the process table.
-our_pid() {
-  local pid
-  if [[ -f $PIDFILE ]]; then
-    pid=$(cat "$PIDFILE" 2>/dev/null || true)
-    if is_our_broker "$pid"; then echo "$pid"; return 0; fi
+# The pid of our running broker (or of the one run with PROPS), from the pid file or (if that was
+# lost) the process table.
+our_pid() { # [PROPS PIDFILE]
+  local pid props=${1:-$PROPS} pidfile=${2:-$PIDFILE}
+  if [[ -f $pidfile ]]; then
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if is_our_broker "$pid" "$props"; then echo "$pid"; return 0; fi
   fi
   command -v pgrep >/dev/null 2>&1 || return 1
   for pid in $(pgrep -f 'kafka\.Kafka' 2>/dev/null || true); do
-    if is_our_broker "$pid"; then echo "$pid"; return 0; fi
+    if is_our_broker "$pid" "$props"; then echo "$pid"; return 0; fi
   done
   return 1
 }
@@ -301,6 +342,43 @@ share.coordinator.state.topic.min.isr=1
 # No 3 s wait before the first rebalance of a new group.
 group.initial.rebalance.delay.ms=0
 EOF
+}
+
+# Starts a broker JVM with PROPS in the background, its output to LOG (the previous one kept as
+# LOG.1), and prints its pid. Fails (with the log's tail) if it does not even start.
+launch_broker() { # PROPS LOG HEAP_OPTS
+  local props=$1 log=$2 cp pid
+  cp=$(classpath)
+  if [[ -f $log ]]; then mv -f "$log" "$log.1"; fi
+  local -a jvm
+  read -r -a jvm <<<"$3 -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true $KAFKA_JVM_OPTS"
+  # setsid: the broker outlives the shell (and terminal) that ran `up`. 8>&- 9>&-: it must not
+  # inherit the locks.
+  local launcher=()
+  if command -v setsid >/dev/null 2>&1; then launcher=(setsid); fi
+  (
+    cd "$(dirname -- "$props")"
+    exec ${launcher[@]+"${launcher[@]}"} nohup "$JAVA" "${jvm[@]}" \
+      -Dkafka.log.level=INFO -Dkafka.log.target=SYSTEM_OUT \
+      -Dlog4j2.configurationFile="$LOG_CONF_DIR/log4j2.properties" \
+      -cp "$cp" "$BROKER_CLASS" "$props" </dev/null >"$log" 2>&1 8>&- 9>&-
+  ) &
+  pid=$!
+  # $! is the broker itself (the subshell execs setsid, which execs nohup, which execs java)
+  # unless setsid had to fork; then find the broker by its command line.
+  local tries=0
+  until is_our_broker "$pid" "$props"; do
+    if ((tries >= 50)) || ! kill -0 "$pid" 2>/dev/null; then
+      if ! pid=$(our_pid "$props" /nonexistent); then
+        LOG=$log print_log_tail
+        die "the broker did not start; its log: $log"
+      fi
+      break
+    fi
+    sleep 0.1
+    tries=$((tries + 1))
+  done
+  echo "$pid"
 }
 
 # Wait until the broker PID answers at 127.0.0.1:KAFKA_PORT. Returns 1 if the process died, 2 on
@@ -390,35 +468,7 @@ cmd_up() {
       fi
     fi
 
-    if [[ -f $LOG ]]; then mv -f "$LOG" "$LOG.1"; fi
-    local -a jvm
-    read -r -a jvm <<<"$KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true $KAFKA_JVM_OPTS"
-    # setsid: the broker outlives the shell (and terminal) that ran `up`. 9>&-: it must not
-    # inherit the lock.
-    local launcher=()
-    if command -v setsid >/dev/null 2>&1; then launcher=(setsid); fi
-    (
-      cd "$STATE"
-      exec ${launcher[@]+"${launcher[@]}"} nohup "$JAVA" "${jvm[@]}" \
-        -Dkafka.log.level=INFO -Dkafka.log.target=SYSTEM_OUT \
-        -Dlog4j2.configurationFile="$LOG_CONF_DIR/log4j2.properties" \
-        -cp "$cp" "$BROKER_CLASS" "$PROPS" </dev/null >"$LOG" 2>&1 9>&-
-    ) &
-    pid=$!
-    # $! is the broker itself (the subshell execs setsid, which execs nohup, which execs java)
-    # unless setsid had to fork; then find the broker by its command line.
-    local tries=0
-    until is_our_broker "$pid"; do
-      if ((tries >= 50)) || ! kill -0 "$pid" 2>/dev/null; then
-        if ! pid=$(our_pid); then
-          print_log_tail
-          die "the broker did not start; its log: $LOG"
-        fi
-        break
-      fi
-      sleep 0.1
-      tries=$((tries + 1))
-    done
+    pid=$(launch_broker "$PROPS" "$LOG" "$KAFKA_HEAP_OPTS")
     echo "$pid" >"$PIDFILE"
     log "started broker (pid $pid) on 127.0.0.1:$KAFKA_PORT, controller 127.0.0.1:$KAFKA_CONTROLLER_PORT; waiting up to ${KAFKA_START_TIMEOUT}s"
   fi
@@ -444,15 +494,22 @@ cmd_up() {
   esac
 }
 
-cmd_down() {
-  local wipe=$KAFKA_WIPE pid start
+# Prints 1 if `down`'s arguments ask for --wipe (or KAFKA_WIPE=1), else 0; refuses anything else.
+wipe_flag() {
+  local wipe=$KAFKA_WIPE
   while (($#)); do
     case $1 in
       --wipe) wipe=1 ;;
-      *) die "down: unknown argument '$1' (usage: down [--wipe])" ;;
+      *) die "down: unknown argument '$1' (usage: down [--brokers N] [--wipe])" ;;
     esac
     shift
   done
+  echo "$wipe"
+}
+
+cmd_down() {
+  local wipe pid start
+  wipe=$(wipe_flag "$@")
   start=$(now_ms)
   lock_state
   if pid=$(our_pid); then
@@ -525,14 +582,38 @@ usage() {
   sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
 }
 
+# The cluster's commands live in kafka/cluster.sh.
+# shellcheck source=kafka/cluster.sh
+source "$SCRIPT_DIR/kafka/cluster.sh"
+
 main() {
-  local cmd=${1:-}
+  local cmd=${1:-} args=()
   (($#)) && shift
+  # --brokers N (or KAFKA_BROKERS=N) with N > 1: up, down, status and logs act on the cluster.
+  while (($#)); do
+    case $1 in
+      --brokers) shift; KAFKA_BROKERS=${1:-} ;;
+      --brokers=*) KAFKA_BROKERS=${1#--brokers=} ;;
+      *) args+=("$1") ;;
+    esac
+    shift
+  done
+  set -- ${args[@]+"${args[@]}"}
+  [[ $KAFKA_BROKERS =~ ^[0-9]+$ ]] || die "--brokers/KAFKA_BROKERS must be a number, not '$KAFKA_BROKERS'"
+  if ((KAFKA_BROKERS > 1)); then
+    case $cmd in
+      up) cluster_up "$KAFKA_BROKERS"; return ;;
+      down) cluster_down "$@"; return ;;
+      status) cluster_status "$@"; return ;;
+      logs) cluster_logs "$@"; return ;;
+    esac
+  fi
   case $cmd in
     up) cmd_up "$@" ;;
     down) cmd_down "$@" ;;
     status) cmd_status "$@" ;;
     logs) cmd_logs "$@" ;;
+    broker) cmd_broker "$@" ;;
     classpath) cmd_classpath "$@" ;;
     tool) cmd_tool "$@" ;;
     -h | --help | help) usage ;;

@@ -2,18 +2,22 @@
 # scripts/test.sh: runs every test of the project, the broker tests included, against a real
 # single-node Apache Kafka. Starts the local broker (scripts/kafka.sh up) when none answers at
 # KAFKA_BOOTSTRAP and stops it again at the end; a broker that was already running is reused and
-# left alone.
+# left alone. The chaos test (tests/chaos.rs) runs on the local 3-broker cluster
+# (scripts/kafka.sh up --brokers 3), started and stopped the same way, in parallel with the single
+# broker.
 #
 # Broker tests are #[ignore]d under a plain `cargo test` (no broker there); here they run with
 # --include-ignored, so none is silently skipped.
 #
-# Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092); extra arguments go to `cargo test`
+# Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), KAFKA_CLUSTER_BOOTSTRAP (default the
+# cluster's 127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094); extra arguments go to `cargo test`
 # before `--` (e.g. scripts/test.sh --test pipeline).
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$ROOT"
 export KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:9092}
+export KAFKA_CLUSTER_BOOTSTRAP=${KAFKA_CLUSTER_BOOTSTRAP:-127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094}
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
 # promtool (the distribution's prometheus package) checks the alert rules; install it when we may.
@@ -27,15 +31,26 @@ if ! command -v promtool >/dev/null; then
   fi
 fi
 
-started=0
-if ! scripts/kafka.sh status >/dev/null 2>&1; then
-  scripts/kafka.sh up
-  started=1
-fi
+started=0 cluster_started=0
 cleanup() {
   if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; fi
+  if [ "$cluster_started" = 1 ]; then scripts/kafka.sh down --brokers 3 --wipe >/dev/null || true; fi
 }
 trap cleanup EXIT
+# The jars first (once), then the single broker and the cluster start side by side.
+scripts/kafka.sh classpath >/dev/null
+pids=()
+if ! scripts/kafka.sh status >/dev/null 2>&1; then
+  started=1
+  scripts/kafka.sh up &
+  pids+=($!)
+fi
+if ! scripts/kafka.sh status --brokers 3 >/dev/null 2>&1; then
+  cluster_started=1
+  scripts/kafka.sh up --brokers 3 &
+  pids+=($!)
+fi
+for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid"; done
 
 SECONDS=0
 cargo build --locked --workspace --all-targets

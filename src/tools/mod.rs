@@ -5,7 +5,10 @@
 //! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
 //! - [`verify`] (`alert-verify`): the oracle, expected notifications against committed ones.
 //! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once.
+//! - [`chaos`] (`alert-chaos`): pipeline instances and brokers of a 3-broker cluster killed,
+//!   paused and bounced while a stream is processed, then exactly-once checked.
 
+pub mod chaos;
 pub mod demo;
 pub mod generate;
 pub mod replay;

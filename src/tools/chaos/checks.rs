@@ -1,0 +1,101 @@
+//! What a chaos run must leave behind, checked after every instance has stopped:
+//!
+//! - the group's committed offsets are the input's end on every partition;
+//! - the read_committed notifications are exactly the expected ones (the verifier:
+//!   [`crate::tools::verify`]);
+//! - no transaction is left open: Kafka's `find-hanging` reports none on any broker, and every
+//!   output partition's last stable offset has reached its high watermark (an open transaction
+//!   holds the LSO back; [`open_transactions`]);
+//! - every poison tick of the input is in the DLQ exactly once, matched by the
+//!   `dlq.original.partition`/`dlq.original.offset` headers ([`dead_letters_once`]).
+
+use crate::dlq;
+use crate::kafka::read::{partition_count, read_topic_to_end, reader, DEFAULT_READ_TIMEOUT};
+use crate::kafka::{Isolation, KafkaConfig};
+use anyhow::Context as _;
+use rdkafka::consumer::Consumer;
+use rdkafka::Message;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The dead letters against the poison ticks of the input, by origin (partition, offset).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetters {
+    /// Poison ticks in the input.
+    pub expected: u64,
+    /// Dead letters read (read_committed).
+    pub found: u64,
+    /// Poison ticks without a dead letter.
+    pub missing: Vec<(i32, i64)>,
+    /// Origins dead-lettered more than once, with the count.
+    pub duplicate: Vec<((i32, i64), u64)>,
+    /// Dead letters of no poison tick (or without origin headers).
+    pub unexpected: Vec<String>,
+}
+
+impl DeadLetters {
+    pub fn ok(&self) -> bool {
+        self.missing.is_empty() && self.duplicate.is_empty() && self.unexpected.is_empty()
+    }
+}
+
+/// Reads `dlq` (read_committed) and matches each dead letter's origin against `poison`, the input
+/// positions of the poison ticks.
+pub fn dead_letters_once(kafka: &KafkaConfig, dlq_topic: &str, poison: &BTreeSet<(i32, i64)>) -> anyhow::Result<DeadLetters> {
+    let mut seen: BTreeMap<(i32, i64), u64> = BTreeMap::new();
+    let mut unexpected = Vec::new();
+    let found = read_topic_to_end(kafka, dlq_topic, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
+        let origin = dlq::header(m, "dlq.original.partition")
+            .zip(dlq::header(m, "dlq.original.offset"))
+            .and_then(|(p, o)| Some((p.parse::<i32>().ok()?, o.parse::<i64>().ok()?)));
+        match origin {
+            Some(o) if poison.contains(&o) => *seen.entry(o).or_default() += 1,
+            Some((p, o)) => unexpected.push(format!("{p}/{o}")),
+            None => unexpected.push(format!("dead letter without origin headers at {dlq_topic} offset {}", m.offset())),
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading the DLQ {dlq_topic}"))?;
+    Ok(DeadLetters {
+        expected: poison.len() as u64,
+        found,
+        missing: poison.iter().filter(|o| !seen.contains_key(o)).copied().collect(),
+        duplicate: seen.into_iter().filter(|(_, n)| *n > 1).collect(),
+        unexpected,
+    })
+}
+
+/// Partitions of `topics` whose last stable offset is behind the high watermark: a transaction is
+/// open there. A read_committed client's ListOffsets answers the LSO, a read_uncommitted one's the
+/// high watermark.
+pub fn open_transactions(kafka: &KafkaConfig, topics: &[&str]) -> anyhow::Result<Vec<String>> {
+    let committed = reader(kafka, Isolation::ReadCommitted)?;
+    let uncommitted = reader(kafka, Isolation::ReadUncommitted)?;
+    let mut open = Vec::new();
+    for topic in topics {
+        for p in 0..partition_count(&committed, topic, WATERMARK_TIMEOUT)? {
+            let (_, lso) = committed.fetch_watermarks(topic, p, WATERMARK_TIMEOUT).with_context(|| format!("LSO of {topic}/{p}"))?;
+            let (_, hw) = uncommitted.fetch_watermarks(topic, p, WATERMARK_TIMEOUT).with_context(|| format!("high watermark of {topic}/{p}"))?;
+            if lso < hw {
+                open.push(format!("{topic}/{p}: last stable offset {lso} < high watermark {hw}"));
+            }
+        }
+    }
+    Ok(open)
+}
+
+/// Polls [`open_transactions`] until none is open or `timeout` passed; returns the last answer.
+/// After a clean stop nothing should be open at once; an instance whose stop failed leaves its
+/// transaction to the coordinator, which aborts it within the transaction timeout.
+pub fn wait_no_open_transactions(kafka: &KafkaConfig, topics: &[&str], timeout: Duration) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let open = open_transactions(kafka, topics)?;
+        if open.is_empty() || Instant::now() > deadline {
+            return Ok(open);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

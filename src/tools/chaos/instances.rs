@@ -1,0 +1,413 @@
+//! The pipeline instances of a chaos run: real `alert-pipeline` child processes, signalled the
+//! way an orchestrator or an outage would (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and restarted with
+//! the same instance id whenever they exit, as a StatefulSet would.
+//!
+//! Each instance is a small state machine driven by [`Instances::tick`], which the runner calls
+//! every few hundred milliseconds: an exited process is reaped and restarted, a SIGTERM that is
+//! not honoured within the shutdown timeout (plus a grace) is escalated to SIGKILL, a paused
+//! zombie is resumed when its pause is over. Nothing here waits: the runner's loop keeps every
+//! instance and the broker bounces going at the same time.
+//!
+//! Each instance's stderr is appended to `<log_dir>/instance-<id>.log` across its restarts; the
+//! commit count of the figures is read from there (the `transaction committed` debug lines).
+
+use anyhow::Context as _;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// What the runner may do to an instance, and what the instance is doing.
+#[derive(Debug)]
+enum Phase {
+    /// Processing.
+    Running,
+    /// SIGTERM sent at this instant; waiting for it to exit.
+    Terminating(Instant),
+    /// SIGSTOPped until this instant (the zombie).
+    Paused(Instant),
+    /// Exited; restart at this instant.
+    Down(Instant),
+}
+
+/// One instance id and its current process.
+#[derive(Debug)]
+struct Instance {
+    id: String,
+    child: Option<Child>,
+    phase: Phase,
+    /// The current process was SIGKILLed by the runner, so its exit is planned.
+    killed: bool,
+    /// When the current process was started (the log is shared by every incarnation).
+    since: Instant,
+}
+
+/// Counters of what happened to the instances.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceFigures {
+    pub starts: u64,
+    pub sigkills: u64,
+    pub sigterms: u64,
+    /// SIGTERMed instances that exited 0.
+    pub clean_exits: u64,
+    /// SIGTERMs escalated to SIGKILL because the instance did not exit in time.
+    pub term_escalations: u64,
+    pub sigstops: u64,
+    /// Exits nobody asked for (fenced, a fatal broker error, ...), each with its status.
+    pub unplanned_exits: Vec<String>,
+    /// Zombies that exited non-zero on their own after SIGCONT: fenced, as they must be.
+    pub zombies_fenced: u64,
+    /// How each zombie ended: fenced, or went on running.
+    pub zombie_outcomes: Vec<String>,
+}
+
+/// How to start an instance.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The `alert-pipeline` binary.
+    pub binary: PathBuf,
+    /// Arguments of every instance (without --instance-id).
+    pub args: Vec<String>,
+    /// Folder of the instances' logs.
+    pub log_dir: PathBuf,
+    /// The instances' --shutdown-timeout: a SIGTERM not honoured within it (plus a grace) is
+    /// escalated.
+    pub shutdown_timeout: Duration,
+}
+
+/// The supervised instances.
+pub struct Instances {
+    launch: Launch,
+    all: Vec<Instance>,
+    /// Zombies resumed and not yet seen to end, with when and how long their log was then: their
+    /// fate is watched, and no fault is aimed at them meanwhile, so it is their own.
+    resumed: Vec<(usize, Instant, u64)>,
+    pub figures: InstanceFigures,
+}
+
+/// Grace after the shutdown timeout before a SIGTERM is escalated.
+const TERM_GRACE: Duration = Duration::from_secs(10);
+/// How long after SIGCONT an exit is put down to the zombie's fencing (and the zombie is spared).
+const ZOMBIE_WATCH: Duration = Duration::from_secs(60);
+
+impl Instances {
+    /// Starts `n` instances, ids `0..n`.
+    pub fn start(launch: Launch, n: usize) -> anyhow::Result<Self> {
+        let mut me = Instances { launch, all: Vec::new(), resumed: Vec::new(), figures: InstanceFigures::default() };
+        for i in 0..n {
+            // A fresh log per run: counts are read from it, and a reused folder must not add an
+            // earlier run's lines.
+            let log = Self::log_path(&me.launch.log_dir, &i.to_string());
+            if log.exists() {
+                std::fs::remove_file(&log).with_context(|| format!("removing {}", log.display()))?;
+            }
+            let child = me.spawn(&i.to_string())?;
+            me.all.push(Instance { id: i.to_string(), child: Some(child), phase: Phase::Running, killed: false, since: Instant::now() });
+        }
+        Ok(me)
+    }
+
+    /// Log file of instance `id`.
+    pub fn log_path(dir: &Path, id: &str) -> PathBuf {
+        dir.join(format!("instance-{id}.log"))
+    }
+
+    fn spawn(&mut self, id: &str) -> anyhow::Result<Child> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(Self::log_path(&self.launch.log_dir, id))
+            .context("opening an instance log")?;
+        let child = Command::new(&self.launch.binary)
+            .args(&self.launch.args)
+            .args(["--instance-id", id])
+            // Commits at debug level: the figures count them from the log.
+            .env("RUST_LOG", "warn,price_alerts=info,price_alerts::pipeline::commit=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.launch.binary.display()))?;
+        self.figures.starts += 1;
+        info!(instance = id, pid = child.id(), "instance started");
+        Ok(child)
+    }
+
+    /// Number of instances.
+    pub fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+
+    /// Indexes of instances that are running (not paused, stopping or down).
+    pub fn running(&self) -> Vec<usize> {
+        self.all.iter().enumerate().filter(|(_, i)| matches!(i.phase, Phase::Running)).map(|(n, _)| n).collect()
+    }
+
+    /// The instances a fault may hit now: running ones, but not a zombie whose fate after SIGCONT
+    /// is still being watched.
+    pub fn targets(&self) -> Vec<usize> {
+        let now = Instant::now();
+        let watched = |n: usize| self.resumed.iter().any(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+        self.running().into_iter().filter(|&n| !watched(n)).collect()
+    }
+
+    /// The instance ids.
+    pub fn ids(&self) -> Vec<String> {
+        self.all.iter().map(|i| i.id.clone()).collect()
+    }
+
+    fn signal(&self, n: usize, sig: &str) -> anyhow::Result<()> {
+        let Some(child) = &self.all[n].child else { return Ok(()) };
+        let status = Command::new("kill").args([format!("-{sig}"), child.id().to_string()]).status().context("running kill")?;
+        if !status.success() {
+            // The process exited between the check and the signal; tick() reaps it.
+            warn!(instance = %self.all[n].id, sig, "signal not delivered (the process had exited)");
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs instance `n`; it is restarted at once (tick).
+    pub fn kill(&mut self, n: usize) -> anyhow::Result<()> {
+        self.signal(n, "KILL")?;
+        self.all[n].killed = true;
+        self.figures.sigkills += 1;
+        info!(instance = %self.all[n].id, "SIGKILL");
+        Ok(())
+    }
+
+    /// SIGTERMs instance `n`; it is restarted once it has exited.
+    pub fn terminate(&mut self, n: usize) -> anyhow::Result<()> {
+        self.signal(n, "TERM")?;
+        self.all[n].phase = Phase::Terminating(Instant::now());
+        self.figures.sigterms += 1;
+        info!(instance = %self.all[n].id, "SIGTERM");
+        Ok(())
+    }
+
+    /// SIGSTOPs instance `n` for `pause`: a zombie that wakes up after its transaction timed out
+    /// and its group moved on.
+    pub fn pause(&mut self, n: usize, pause: Duration) -> anyhow::Result<()> {
+        self.signal(n, "STOP")?;
+        self.all[n].phase = Phase::Paused(Instant::now() + pause);
+        self.figures.sigstops += 1;
+        info!(instance = %self.all[n].id, pause_s = pause.as_secs(), "SIGSTOP (zombie)");
+        Ok(())
+    }
+
+    /// Reaps, restarts, escalates and resumes, as due. `restart` says whether exited instances
+    /// come back (not while the run is being stopped).
+    pub fn tick(&mut self, restart: bool) -> anyhow::Result<()> {
+        let now = Instant::now();
+        for n in 0..self.all.len() {
+            match self.all[n].phase {
+                Phase::Paused(until) if now >= until => {
+                    self.signal(n, "CONT")?;
+                    self.all[n].phase = Phase::Running;
+                    let log_len = std::fs::metadata(self.log(n)).map(|m| m.len()).unwrap_or(0);
+                    self.resumed.push((n, now, log_len));
+                    info!(instance = %self.all[n].id, "SIGCONT (zombie resumed)");
+                }
+                Phase::Terminating(since) if now.duration_since(since) > self.launch.shutdown_timeout + TERM_GRACE => {
+                    warn!(instance = %self.all[n].id, "SIGTERM not honoured in time: SIGKILL");
+                    self.signal(n, "KILL")?;
+                    self.all[n].killed = true;
+                    self.figures.term_escalations += 1;
+                }
+                Phase::Down(at) if restart && now >= at => {
+                    let id = self.all[n].id.clone();
+                    self.all[n].child = Some(self.spawn(&id)?);
+                    self.all[n].since = Instant::now();
+                    self.all[n].phase = Phase::Running;
+                    self.all[n].killed = false;
+                }
+                _ => {}
+            }
+            if let Some(status) = self.try_reap(n)? {
+                self.exited(n, status, now);
+            }
+        }
+        Ok(())
+    }
+
+    fn try_reap(&mut self, n: usize) -> anyhow::Result<Option<ExitStatus>> {
+        let Some(child) = self.all[n].child.as_mut() else { return Ok(None) };
+        let status = child.try_wait().context("waiting for an instance")?;
+        if status.is_some() {
+            self.all[n].child = None;
+        }
+        Ok(status)
+    }
+
+    fn exited(&mut self, n: usize, status: ExitStatus, now: Instant) {
+        let inst = &mut self.all[n];
+        let planned_term = matches!(inst.phase, Phase::Terminating(_));
+        if planned_term && status.success() {
+            self.figures.clean_exits += 1;
+        } else if !inst.killed && !planned_term {
+            let zombie = self.resumed.iter().position(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+            if let Some(z) = zombie {
+                let (_, at, _) = self.resumed.remove(z);
+                let after = now.duration_since(at).as_secs_f64();
+                if !status.success() {
+                    self.figures.zombies_fenced += 1;
+                }
+                self.figures.zombie_outcomes.push(format!("instance {} exited ({status}) {after:.1}s after SIGCONT", inst.id));
+            }
+            warn!(instance = %inst.id, %status, zombie, "instance exited unasked; restarting");
+            let why = last_words(&Self::log_path(&self.launch.log_dir, &inst.id)).unwrap_or_default();
+            self.figures.unplanned_exits.push(format!("instance {}: {status} {why}", inst.id));
+        }
+        info!(instance = %inst.id, %status, "instance exited");
+        // A killed instance comes back at once (its successor fences it); an unplanned exit after
+        // a second, so that a crash loop does not spin.
+        let delay = if inst.killed || planned_term { Duration::ZERO } else { Duration::from_secs(1) };
+        inst.phase = Phase::Down(now + delay);
+    }
+
+    /// Whether every instance is running (none paused, stopping or down).
+    pub fn all_running(&self) -> bool {
+        self.running().len() == self.all.len()
+    }
+
+    /// SIGTERMs every running instance (not counted among the chaos' SIGTERMs) and waits up to
+    /// `timeout` for all to exit; those still running then are SIGKILLed. Returns the exit
+    /// status of each final process.
+    pub fn stop_all(&mut self, timeout: Duration) -> anyhow::Result<Vec<(String, String)>> {
+        for n in self.running() {
+            self.signal(n, "TERM")?;
+        }
+        let deadline = Instant::now() + timeout;
+        let mut outcome = Vec::new();
+        for n in 0..self.all.len() {
+            let Some(mut child) = self.all[n].child.take() else { continue };
+            let status = loop {
+                if let Some(s) = child.try_wait().context("waiting for an instance")? {
+                    break s.to_string();
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break "did not exit in time: SIGKILL".to_owned();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            outcome.push((self.all[n].id.clone(), status));
+        }
+        Ok(outcome)
+    }
+
+    /// Zombie outcomes once the run is over, for a resumed zombie not seen to exit: the group
+    /// fenced it if it found its assignment lost after SIGCONT (its generation is gone, so its
+    /// offsets could not commit: KIP-447) and it went on as a new member; else it was not fenced.
+    pub fn finish_zombies(&mut self) {
+        let resumed: Vec<_> = self.resumed.drain(..).collect();
+        for (n, _, log_len) in resumed {
+            let after = std::fs::read(self.log(n)).ok().and_then(|t| t.get(log_len as usize..).map(|t| plain(&String::from_utf8_lossy(t))));
+            let id = &self.all[n].id;
+            if after.is_some_and(|t| t.contains("partitions revoked") && t.contains("lost=true")) {
+                self.figures.zombies_fenced += 1;
+                self.figures.zombie_outcomes.push(format!("instance {id} found its assignment lost after SIGCONT and rejoined"));
+            } else {
+                self.figures.zombie_outcomes.push(format!("instance {id} went on after SIGCONT (not fenced)"));
+            }
+        }
+    }
+
+    fn log(&self, n: usize) -> PathBuf {
+        Self::log_path(&self.launch.log_dir, &self.all[n].id)
+    }
+
+    /// Running instances that are processing: their current process (up for more than five
+    /// seconds, so the line is its own) logged a commit in the last two seconds. A zombie is taken
+    /// from these, so that it is paused with partitions and (with one-second batches) nearly
+    /// always an open transaction: something to fence.
+    pub fn processing(&self) -> Vec<usize> {
+        self.targets()
+            .into_iter()
+            .filter(|&n| self.all[n].since.elapsed() > Duration::from_secs(5))
+            .filter(|&n| tail(&self.log(n)).and_then(|t| last_commit_age(&t)).is_some_and(|age| age < Duration::from_secs(2)))
+            .collect()
+    }
+}
+
+/// `text` without terminal colour codes (ESC [ ... letter), which the instances' log fields carry.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The last 16 KiB of an instance log: the logs grow large.
+fn tail(log: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(log).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024))).ok()?;
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).ok()?;
+    Some(String::from_utf8_lossy(&tail).into_owned())
+}
+
+/// How long ago the last `transaction committed` line of `log` was written, by its timestamp
+/// (the first word of a line, RFC 3339).
+fn last_commit_age(log: &str) -> Option<Duration> {
+    use time::format_description::well_known::Rfc3339;
+    let line = log.lines().rev().find(|l| l.contains("transaction committed"))?;
+    let stamp = plain(line).split_whitespace().next()?.to_owned();
+    let at = time::OffsetDateTime::parse(&stamp, &Rfc3339).ok()?;
+    let age = time::OffsetDateTime::now_utc() - at;
+    Some(age.try_into().unwrap_or(Duration::ZERO))
+}
+
+/// The last `alert-pipeline: ...` line of an instance log (its exit message).
+fn last_words(log: &Path) -> Option<String> {
+    tail(log)?.lines().rev().find(|l| l.starts_with("alert-pipeline: ")).map(|l| l.chars().take(200).collect())
+}
+
+impl Drop for Instances {
+    fn drop(&mut self) {
+        // A failing run must not leave processors running (or stopped: SIGCONT first).
+        for inst in &mut self.all {
+            if let Some(child) = inst.child.as_mut() {
+                let _ = Command::new("kill").args(["-CONT".to_owned(), child.id().to_string()]).status();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_age_of_the_last_commit_is_read_from_its_timestamp() {
+        let an_hour_ago = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+        let stamp = an_hour_ago.format(&time::format_description::well_known::Rfc3339).unwrap();
+        let log = format!("\u{1b}[2m{stamp}\u{1b}[0m DEBUG transaction committed records=3\nlater line\n");
+        let age = super::last_commit_age(&log).unwrap();
+        assert!(age >= std::time::Duration::from_secs(3599) && age < std::time::Duration::from_secs(3660), "{age:?}");
+        assert_eq!(super::last_commit_age("no commit here"), None);
+    }
+
+    #[test]
+    fn colour_codes_are_stripped_from_log_fields() {
+        let logged = "partitions revoked \u{1b}[3mlost\u{1b}[0m\u{1b}[2m=\u{1b}[0mtrue";
+        assert_eq!(super::plain(logged), "partitions revoked lost=true");
+    }
+}

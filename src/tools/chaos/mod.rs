@@ -1,0 +1,570 @@
+//! The chaos runner: exactly-once under crashes, zombies and broker failover, on a real cluster.
+//!
+//! A run creates fresh topics on the local cluster (`scripts/kafka.sh up --brokers 3`), feeds a
+//! seeded tick stream while it runs, and starts N `alert-pipeline` instances with fault injection
+//! on (so dead letters happen). Then it plays a seeded schedule ([`plan`]): SIGKILL and SIGTERM
+//! of instances (restarted with the same id), one instance SIGSTOPped beyond its transaction
+//! timeout and woken up (a zombie: the group has moved on and its transaction was aborted), and
+//! hard (SIGKILL) and clean (SIGTERM) bounces of brokers, the first aimed at the transaction
+//! coordinator of an instance, the next at the group coordinator ([`cluster`]).
+//!
+//! ```text
+//!   feed thread ──► input ──► instances 0..N (restarted on exit) ──► notifications, state, DLQ
+//!   main loop (every 100 ms): reap/restart/escalate/resume instances ([`instances`]),
+//!                             fire the faults that are due ([`plan`])
+//!   bounce thread (one at a time): wait until fully replicated ─► locate the target ─► stop/kill
+//!                             ─► down for a while ─► start ─► wait until fully replicated
+//!   end: input fed and faults done ─► committed offsets reach the input's end ─► SIGTERM all
+//!        ─► checks ([`checks`]) ─► figures ([`ChaosReport`])
+//! ```
+//!
+//! Bounded in time: the whole run fails past `limit`. Only one broker is down at a time, and the
+//! next bounce waits until every partition's ISR is complete again, so no partition drops below
+//! min.insync.replicas by the runner's doing: what is tested is failover, not an outage.
+
+pub mod checks;
+pub mod cluster;
+pub mod instances;
+pub mod plan;
+
+use crate::dlq::FaultInjection;
+use crate::kafka::feed::{next_offsets, Feed, Landed};
+use crate::kafka::offsets::committed_offsets;
+use crate::kafka::topics::{self, Topics};
+use crate::tick::DEFAULT_MAX_TICK_BYTES;
+use crate::tools::generate::{generate, GenOptions};
+use crate::tools::verify::{verify, VerifyReport};
+use anyhow::{anyhow, bail, Context as _};
+use checks::DeadLetters;
+use cluster::{Cluster, Stop};
+use instances::{InstanceFigures, Instances, Launch};
+use plan::{Fault, FaultCounts, Target};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Bound on waiting for every ISR to be complete, before and after a bounce.
+const REPLICATION_TIMEOUT: Duration = Duration::from_secs(180);
+/// Main-loop period: how late a due fault or an exited instance is noticed.
+const STEP: Duration = Duration::from_millis(100);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// The cluster (every broker in the bootstrap list) and `scripts/kafka.sh`.
+    pub cluster: Cluster,
+    /// The `alert-pipeline` binary.
+    pub pipeline: PathBuf,
+    /// Seed of the stream, the schedule and every random choice.
+    pub seed: u64,
+    pub ticks: usize,
+    pub symbols: usize,
+    /// Input partitions.
+    pub partitions: i32,
+    /// Pipeline instances (distinct instance ids).
+    pub instances: usize,
+    /// Planned chaos time: the input is fed and the faults are spread over it.
+    pub span: Duration,
+    pub faults: FaultCounts,
+    /// The instances' --transaction-timeout; the zombie's pause exceeds it.
+    pub transaction_timeout: Duration,
+    /// The instances' session.timeout.ms: a paused or dead static member keeps its partitions
+    /// this long, so it stays well below the zombie's pause.
+    pub session_timeout: Duration,
+    /// The instances' --shutdown-timeout.
+    pub shutdown_timeout: Duration,
+    /// The instances' --commit-interval.
+    pub commit_interval: Duration,
+    /// Static group membership (the pipeline's default) or dynamic (`--dynamic-membership`).
+    pub static_membership: bool,
+    /// Longest time a bounced broker stays down (drawn from 1 s up to this).
+    pub max_down: Duration,
+    /// Bound on the whole run; past it the run fails.
+    pub limit: Duration,
+    /// Where the rules file and the instances' logs go.
+    pub work_dir: PathBuf,
+    /// Keep the run's topics after a passing run (a failing run always keeps them).
+    pub keep_topics: bool,
+}
+
+impl ChaosOptions {
+    /// The short run of `scripts/test.sh` (about a minute of chaos): 30,000 ticks over 60 s,
+    /// 3 instances, 3 SIGKILLs, 3 SIGTERMs, one zombie, one hard and one clean broker bounce (the
+    /// first of a transaction coordinator, the second of the group coordinator), with dynamic
+    /// membership. The
+    /// binary's defaults too.
+    pub fn short(cluster: Cluster, pipeline: PathBuf, seed: u64) -> Self {
+        ChaosOptions {
+            cluster,
+            pipeline,
+            seed,
+            ticks: 30_000,
+            symbols: 100,
+            partitions: 6,
+            instances: 3,
+            span: Duration::from_secs(60),
+            faults: FaultCounts { kills: 3, terms: 3, zombies: 1, hard_bounces: 1, clean_bounces: 1 },
+            // As the broker tests: a shared CI machine once stalled a broker for about 9 s.
+            transaction_timeout: Duration::from_secs(30),
+            session_timeout: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(20),
+            // One-second batches: a transaction is open nearly all the time, so every kill, pause
+            // and bounce lands in one (and a commit's fixed cost on three replicas is paid less
+            // often than with the production 100 ms).
+            commit_interval: Duration::from_secs(1),
+            // Dynamic: with static membership (the pipeline's default) a partition can be left
+            // without owner for good when an instance is stopped between the two rounds of a
+            // cooperative rebalance and its successor takes its place without a rebalance; the
+            // long run in README shows the static case, `--static-membership`.
+            static_membership: false,
+            max_down: Duration::from_secs(5),
+            limit: Duration::from_secs(600),
+            work_dir: std::env::temp_dir().join(format!("alert-chaos-{seed}")),
+            keep_topics: false,
+        }
+    }
+}
+
+/// One broker bounce, as it happened.
+#[derive(Debug, Clone)]
+pub struct Bounce {
+    pub broker: i32,
+    pub hard: bool,
+    /// Why this broker: the coordinator it was, or "any".
+    pub role: String,
+    pub down: Duration,
+    /// From the start command to every ISR complete again.
+    pub recovered: Duration,
+}
+
+/// The figures and the verdict of a run.
+#[derive(Debug, Clone)]
+pub struct ChaosReport {
+    pub seed: u64,
+    pub prefix: String,
+    pub ticks: usize,
+    pub instances: usize,
+    pub figures: InstanceFigures,
+    pub bounces: Vec<Bounce>,
+    /// Transactions committed and aborted, as the instances logged them.
+    pub commits: u64,
+    pub aborts: u64,
+    /// Partitions of the run's topics without the cluster's replication factor.
+    pub replication: Vec<String>,
+    /// The group's committed offsets after the stop, and the input's end.
+    pub committed: Vec<Option<i64>>,
+    pub end: BTreeMap<i32, i64>,
+    pub verify: VerifyReport,
+    pub dead_letters: DeadLetters,
+    /// Partitions whose LSO stayed behind the high watermark.
+    pub open_transactions: Vec<String>,
+    /// find-hanging rows, per broker.
+    pub hanging: Vec<String>,
+    /// Exit status of each instance's last process.
+    pub final_exits: Vec<(String, String)>,
+    pub chaos: Duration,
+    pub total: Duration,
+}
+
+impl ChaosReport {
+    /// Whether the committed offsets are the input's end on every partition.
+    pub fn committed_at_end(&self) -> bool {
+        self.end.iter().all(|(p, o)| self.committed.get(*p as usize).copied().flatten() == Some(*o))
+    }
+
+    /// Every property holds.
+    pub fn ok(&self) -> bool {
+        self.committed_at_end()
+            && self.verify.ok()
+            && self.verify.input_records == self.ticks as u64
+            && self.dead_letters.ok()
+            && self.open_transactions.is_empty()
+            && self.hanging.is_empty()
+            && self.replication.is_empty()
+    }
+}
+
+/// Runs the chaos and checks what it left. An `Err` means the run itself could not be carried
+/// out (cluster control failed, the limit passed); a finished run returns its report, whose
+/// [`ChaosReport::ok`] is the verdict.
+pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
+    let started = Instant::now();
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let kafka = &opts.cluster.kafka;
+    let prefix = format!("chaos-{}-{}-", opts.seed, topics::unique_suffix());
+    let app_id = format!("{prefix}app");
+    let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
+    info!(seed = opts.seed, prefix, "chaos run");
+    let (rules, ticks) = generate(&GenOptions { symbols: opts.symbols, ticks: opts.ticks, seed: opts.seed, stale_every: 97 });
+    std::fs::create_dir_all(&opts.work_dir).with_context(|| format!("creating {}", opts.work_dir.display()))?;
+    let rules_path = opts.work_dir.join("rules.toml");
+    std::fs::write(&rules_path, rules.to_toml()).with_context(|| format!("writing {}", rules_path.display()))?;
+
+    // Every broker up and every ISR complete first: topics get the cluster's replication factor
+    // only with all brokers registered.
+    opts.cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
+    futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
+    let replication = replication_problems(&opts.cluster, &topics)?;
+
+    let schedule = plan::plan(&opts.faults, opts.span, &mut rng);
+    let seqs: Vec<u64> = ticks.iter().map(|t| t.seq).collect();
+    let feed = spawn_feed(kafka.clone(), topics.input.clone(), ticks, opts.span)?;
+    let mut instances = Instances::start(launch(opts, &rules_path, &app_id, &topics), opts.instances)?;
+    let played = play(opts, &app_id, schedule, feed, &mut instances, &mut rng, started)?;
+    let end = next_offsets(&played.landed);
+    info!(chaos_s = played.chaos.as_secs(), "chaos over; waiting for the committed offsets to reach the input's end");
+    drain(kafka, &app_id, &topics.input, &end, &mut instances, opts.limit.saturating_sub(started.elapsed()))?;
+    let final_exits = instances.stop_all(opts.shutdown_timeout + Duration::from_secs(10))?;
+    instances.finish_zombies();
+
+    // The checks, once every instance has stopped.
+    let outputs = [topics.notifications.as_str(), topics.changelog.as_str(), topics.dlq.as_str()];
+    let open_transactions =
+        checks::wait_no_open_transactions(kafka, &outputs, opts.transaction_timeout + Duration::from_secs(30))?;
+    let mut hanging = Vec::new();
+    for b in 1..=opts.cluster.brokers {
+        hanging.extend(opts.cluster.find_hanging(b)?.into_iter().map(|row| format!("broker {b}: {row}")));
+    }
+    let faults = FaultInjection { enabled: true };
+    let verify = verify(kafka, &topics.input, &topics.notifications, &rules, DEFAULT_MAX_TICK_BYTES, faults)?;
+    let poison: BTreeSet<(i32, i64)> = (played.landed.iter().zip(&seqs))
+        .filter(|(_, s)| faults.is_poison(**s))
+        .map(|(l, _)| (l.partition, l.offset))
+        .collect();
+    let dead_letters = checks::dead_letters_once(kafka, &topics.dlq, &poison)?;
+    let (commits, aborts) = logged_transactions(&opts.work_dir, &instances.ids());
+    let report = ChaosReport {
+        seed: opts.seed,
+        prefix,
+        ticks: opts.ticks,
+        instances: opts.instances,
+        figures: instances.figures.clone(),
+        bounces: played.bounces,
+        commits,
+        aborts,
+        replication,
+        committed: committed_offsets(kafka, &app_id, &topics.input)?,
+        end,
+        verify,
+        dead_letters,
+        open_transactions,
+        hanging,
+        final_exits,
+        chaos: played.chaos,
+        total: started.elapsed(),
+    };
+    if report.ok() && !opts.keep_topics {
+        if let Err(e) = futures::executor::block_on(topics::delete_topics(kafka, &topics.names())) {
+            warn!(error = format!("{e:#}"), "could not delete the run's topics");
+        }
+    }
+    Ok(report)
+}
+
+/// What the chaos phase leaves: where the input landed, the bounces, how long it took.
+struct Played {
+    landed: Vec<Landed>,
+    bounces: Vec<Bounce>,
+    chaos: Duration,
+}
+
+/// The chaos: fires the due faults (in order, where one can be fired now) and keeps the instances
+/// alive, until every fault is done, the input is fed and every instance runs.
+fn play(
+    opts: &ChaosOptions,
+    app_id: &str,
+    mut pending: Vec<plan::Planned>,
+    feed: JoinHandle<anyhow::Result<Vec<Landed>>>,
+    instances: &mut Instances,
+    rng: &mut ChaCha8Rng,
+    started: Instant,
+) -> anyhow::Result<Played> {
+    let chaos_started = Instant::now();
+    let mut bouncing: Option<JoinHandle<anyhow::Result<Bounce>>> = None;
+    let mut bounces = Vec::new();
+    let mut feed = Some(feed);
+    let mut landed = None;
+    loop {
+        if started.elapsed() > opts.limit {
+            bail!("the chaos did not finish within {:?} ({} faults still pending)", opts.limit, pending.len());
+        }
+        instances.tick(true)?;
+        if bouncing.as_ref().is_some_and(JoinHandle::is_finished) {
+            let done = bouncing.take().map(JoinHandle::join).transpose().map_err(|_| anyhow!("the bounce thread panicked"))?;
+            if let Some(b) = done.transpose()? {
+                info!(broker = b.broker, hard = b.hard, role = %b.role, "broker bounced");
+                bounces.push(b);
+            }
+        }
+        if feed.as_ref().is_some_and(JoinHandle::is_finished) {
+            let fed = feed.take().map(JoinHandle::join).transpose().map_err(|_| anyhow!("the feed thread panicked"))?;
+            landed = fed.transpose()?;
+        }
+        let now = chaos_started.elapsed();
+        let mut fired = Vec::new();
+        for (i, p) in pending.iter().enumerate().filter(|(_, p)| p.at <= now) {
+            if fire(p.fault, opts, app_id, instances, &mut bouncing, rng)? {
+                fired.push(i);
+            }
+        }
+        for i in fired.into_iter().rev() {
+            pending.remove(i);
+        }
+        if pending.is_empty() && bouncing.is_none() && instances.all_running() {
+            if let Some(landed) = landed.take() {
+                return Ok(Played { landed, bounces, chaos: chaos_started.elapsed() });
+            }
+        }
+        std::thread::sleep(STEP);
+    }
+}
+
+/// Keeps the instances alive until the group's committed offsets are the input's `end`, or
+/// `timeout` passed (then the checks report the difference).
+fn drain(
+    kafka: &crate::kafka::KafkaConfig,
+    group: &str,
+    input: &str,
+    end: &BTreeMap<i32, i64>,
+    instances: &mut Instances,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        instances.tick(true)?;
+        // An observer's failed fetch (a coordinator still moving after a bounce) means "not yet":
+        // ask again until the deadline; the checks fetch once more and report what they find.
+        match committed_offsets(kafka, group, input) {
+            Ok(committed) if end.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) => {
+                return Ok(())
+            }
+            Ok(committed) if started.elapsed() > timeout => {
+                warn!(?committed, ?end, "the committed offsets did not reach the input's end in time");
+                return Ok(());
+            }
+            Err(e) if started.elapsed() > timeout => return Err(e.context("the committed offsets could not be fetched")),
+            Err(e) => warn!(error = format!("{e:#}"), "fetching the committed offsets failed; asking again"),
+            Ok(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// How every instance is started: the cluster's full bootstrap list, fault injection, and the
+/// timeouts of the options.
+fn launch(opts: &ChaosOptions, rules: &std::path::Path, app_id: &str, topics: &Topics) -> Launch {
+    let secs = |d: Duration| format!("{}ms", d.as_millis());
+    let mut args = [
+        "--rules",
+        &rules.display().to_string(),
+        "--app-id",
+        app_id,
+        "--input",
+        &topics.input,
+        "--output",
+        &topics.notifications,
+        "--bootstrap",
+        &opts.cluster.kafka.bootstrap,
+        "--inject-faults",
+        "--transaction-timeout",
+        &secs(opts.transaction_timeout),
+        "--shutdown-timeout",
+        &secs(opts.shutdown_timeout),
+        "--commit-interval",
+        &secs(opts.commit_interval),
+        "-X",
+        &format!("session.timeout.ms={}", opts.session_timeout.as_millis()),
+        // An instance blocked inside a client call (librdkafka #5456/#5511: a transactional call
+        // that waits forever for a group coordinator that was killed) stops polling; a minute
+        // later its group gives its partitions to the others instead of after the default 5.
+        "-X",
+        "max.poll.interval.ms=60000",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    if !opts.static_membership {
+        args.push("--dynamic-membership".to_owned());
+    }
+    Launch { binary: opts.pipeline.clone(), args, log_dir: opts.work_dir.clone(), shutdown_timeout: opts.shutdown_timeout }
+}
+
+/// Feeds `ticks` to `input` evenly over `span`, on a thread of its own; returns where each landed.
+fn spawn_feed(
+    kafka: crate::kafka::KafkaConfig,
+    input: String,
+    ticks: Vec<crate::tick::Tick>,
+    span: Duration,
+) -> anyhow::Result<JoinHandle<anyhow::Result<Vec<Landed>>>> {
+    let per_second = (ticks.len() as u64).div_ceil(span.as_secs().max(1));
+    let feed = Feed::new(&kafka)?;
+    Ok(std::thread::spawn(move || feed.send_ticks_at_rate(&input, &ticks, per_second)))
+}
+
+/// Fires `fault` if it can be now; returns whether it did (a bounce waits for the previous one,
+/// a signal for a running instance).
+fn fire(
+    fault: Fault,
+    opts: &ChaosOptions,
+    app_id: &str,
+    instances: &mut Instances,
+    bouncing: &mut Option<JoinHandle<anyhow::Result<Bounce>>>,
+    rng: &mut ChaCha8Rng,
+) -> anyhow::Result<bool> {
+    let running = instances.targets();
+    let processing = instances.processing();
+    let pick = |rng: &mut ChaCha8Rng, from: &[usize]| from[rng.random_range(0..from.len())];
+    match fault {
+        Fault::Kill | Fault::Term if running.is_empty() => Ok(false),
+        Fault::Zombie if processing.is_empty() => Ok(false),
+        Fault::Kill => instances.kill(pick(rng, &running)).map(|()| true),
+        Fault::Term => instances.terminate(pick(rng, &running)).map(|()| true),
+        // Beyond the transaction timeout, so the coordinator aborts the zombie's transaction,
+        // and far beyond the session timeout, so the group has moved on when it wakes.
+        Fault::Zombie => {
+            instances.pause(pick(rng, &processing), opts.transaction_timeout + Duration::from_secs(10)).map(|()| true)
+        }
+        Fault::Bounce { .. } if bouncing.is_some() => Ok(false),
+        Fault::Bounce { hard, target } => {
+            let how = if hard { Stop::Hard } else { Stop::Clean };
+            let down = Duration::from_millis(rng.random_range(1_000..=opts.max_down.as_millis().max(1_000) as u64));
+            let instance = rng.random_range(0..instances.len());
+            let txn_id = format!("{app_id}-{instance}");
+            let any = rng.random_range(1..=opts.cluster.brokers);
+            let (cluster, group) = (opts.cluster.clone(), app_id.to_owned());
+            *bouncing = Some(std::thread::spawn(move || bounce(&cluster, how, target, down, &txn_id, &group, any)));
+            Ok(true)
+        }
+    }
+}
+
+/// One broker bounce: locate the target, take it down, leave it down for `down`, start it, wait
+/// until every ISR is complete again.
+fn bounce(cluster: &Cluster, how: Stop, target: Target, down: Duration, txn_id: &str, group: &str, any: i32) -> anyhow::Result<Bounce> {
+    cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
+    let located = match target {
+        Target::TransactionCoordinator => Some(cluster.transaction_coordinator(txn_id).map(|b| (b, format!("transaction coordinator of {txn_id}")))),
+        Target::GroupCoordinator => Some(cluster.group_coordinator(group).map(|b| (b, "group coordinator".to_owned()))),
+        Target::Any => None,
+    };
+    let (broker, role) = match located {
+        Some(Ok(found)) => found,
+        Some(Err(e)) => {
+            warn!(error = format!("{e:#}"), ?target, "coordinator not found; bouncing a random broker");
+            (any, format!("any ({target:?} not found)"))
+        }
+        None => (any, "any".to_owned()),
+    };
+    info!(broker, ?how, role, down_ms = down.as_millis() as u64, "bouncing a broker");
+    cluster.stop_broker(broker, how)?;
+    // How long the broker stays down is the fault itself, not a wait for a condition.
+    std::thread::sleep(down);
+    let restarted = Instant::now();
+    cluster.start_broker(broker)?;
+    cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
+    Ok(Bounce { broker, hard: how == Stop::Hard, role, down, recovered: restarted.elapsed() })
+}
+
+/// Partitions of the run's topics whose replication factor is not the cluster's (min(N, 3)).
+fn replication_problems(cluster: &Cluster, topics: &Topics) -> anyhow::Result<Vec<String>> {
+    let want = cluster.brokers.min(3) as usize;
+    let mut problems = Vec::new();
+    for t in topics.names() {
+        let rf = cluster.replication_factors(t)?;
+        if rf.is_empty() || rf.iter().any(|&r| r != want) {
+            problems.push(format!("{t}: replication factors {rf:?}, not {want}"));
+        }
+    }
+    Ok(problems)
+}
+
+/// Commits and aborts the instances logged (every incarnation appends to its instance's log).
+fn logged_transactions(dir: &std::path::Path, ids: &[String]) -> (u64, u64) {
+    let (mut commits, mut aborts) = (0, 0);
+    for id in ids {
+        let text = std::fs::read(Instances::log_path(dir, id)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        commits += text.matches("transaction committed").count() as u64;
+        aborts += text.matches("transaction aborted").count() as u64;
+    }
+    (commits, aborts)
+}
+
+impl fmt::Display for ChaosReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fig = &self.figures;
+        let (hard, clean) = (self.bounces.iter().filter(|b| b.hard).count(), self.bounces.iter().filter(|b| !b.hard).count());
+        let v = &self.verify;
+        let d = &self.dead_letters;
+        writeln!(f, "chaos run, seed {} (the same --seed replays the stream and the schedule)", self.seed)?;
+        writeln!(f, "{:<22} {}", "ticks", self.ticks)?;
+        writeln!(f, "{:<22} {} ({} process starts)", "instances", self.instances, fig.starts)?;
+        writeln!(f, "{:<22} {}", "SIGKILLs", fig.sigkills)?;
+        writeln!(f, "{:<22} {} ({} exited 0, {} escalated to SIGKILL)", "SIGTERMs", fig.sigterms, fig.clean_exits, fig.term_escalations)?;
+        writeln!(f, "{:<22} {} ({} fenced: {})", "SIGSTOPs (zombies)", fig.sigstops, fig.zombies_fenced, fig.zombie_outcomes.join("; "))?;
+        writeln!(f, "{:<22} {} hard, {} clean", "broker bounces", hard, clean)?;
+        for b in &self.bounces {
+            writeln!(
+                f,
+                "  {:<5} broker {} ({}): down {:.1}s, back and fully replicated in {:.1}s",
+                if b.hard { "hard" } else { "clean" },
+                b.broker,
+                b.role,
+                b.down.as_secs_f64(),
+                b.recovered.as_secs_f64()
+            )?;
+        }
+        writeln!(f, "{:<22} {}", "unplanned exits", fig.unplanned_exits.len())?;
+        for e in &fig.unplanned_exits {
+            writeln!(f, "  {e}")?;
+        }
+        let finals: Vec<String> = self.final_exits.iter().map(|(id, s)| format!("{id}: {s}")).collect();
+        writeln!(f, "{:<22} {}", "final stops", finals.join("; "))?;
+        writeln!(f, "{:<22} {} ({} aborted)", "commits", self.commits, self.aborts)?;
+        writeln!(f, "{:<22} {}", "expected", v.expected)?;
+        writeln!(f, "{:<22} {}", "found", v.found)?;
+        writeln!(f, "{:<22} {}", "missing", v.missing.len())?;
+        writeln!(f, "{:<22} {}", "duplicate", v.duplicate.len())?;
+        writeln!(f, "{:<22} {}", "unexpected", v.unexpected.len())?;
+        writeln!(
+            f,
+            "{:<22} {} of {} poison ticks (missing {}, duplicate {}, unexpected {})",
+            "dead letters",
+            d.found,
+            d.expected,
+            d.missing.len(),
+            d.duplicate.len(),
+            d.unexpected.len()
+        )?;
+        writeln!(f, "{:<22} {}", "offsets at input end", if self.committed_at_end() { "yes" } else { "NO" })?;
+        writeln!(f, "{:<22} {} open, {} hanging (find-hanging)", "transactions left", self.open_transactions.len(), self.hanging.len())?;
+        writeln!(f, "{:<22} {:.1}s (chaos {:.1}s)", "duration", self.total.as_secs_f64(), self.chaos.as_secs_f64())?;
+        let problems = self
+            .replication
+            .iter()
+            .chain(&self.open_transactions)
+            .chain(&self.hanging)
+            .map(String::as_str)
+            .chain(v.missing.iter().take(5).map(String::as_str))
+            .chain(v.duplicate.iter().take(5).map(|(id, _)| id.as_str()))
+            .chain(v.unexpected.iter().take(5).map(String::as_str));
+        for p in problems {
+            writeln!(f, "  ! {p}")?;
+        }
+        if !self.committed_at_end() {
+            writeln!(f, "  ! committed {:?}, input end {:?}", self.committed, self.end)?;
+        }
+        if v.input_records != self.ticks as u64 {
+            writeln!(f, "  ! the input holds {} records, {} were fed", v.input_records, self.ticks)?;
+        }
+        if self.ok() {
+            write!(f, "VERDICT: exactly once")
+        } else {
+            write!(f, "VERDICT: FAILED (the run's topics are kept: prefix {})", self.prefix)
+        }
+    }
+}
