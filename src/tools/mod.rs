@@ -4,7 +4,8 @@
 //!   read_uncommitted 10.
 //! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
 //! - [`verify`] (`alert-verify`): the oracle, expected notifications against committed ones.
-//! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once.
+//! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once, with a
+//!   replay ledger; inspecting a DLQ.
 
 pub mod demo;
 pub mod generate;
