@@ -1,7 +1,7 @@
 //! DLQ replay on the real broker: the poison ticks of a fault-injected run go back to the input
 //! exactly once, with their original bytes, and the pipeline takes them in; filters never make the
 //! dead letters they did not select unreplayable; an interrupted replay, rerun, replays each dead
-//! letter once; `inspect` counts what is still unhandled.
+//! letter once; `inspect` and the backlog gauge count what is still unhandled.
 
 mod common;
 
@@ -407,4 +407,46 @@ fn inspect_counts_match_the_ledger_and_the_dlq() {
     assert!(!text.contains("payload") && !text.contains("{\"letter\""), "no payload unless asked: {text}");
     let text = s.run_ok(&["inspect", "--show", "1", "--payload"]);
     assert!(text.contains("payload: {\"letter\":"), "{text}");
+}
+
+/// The pipeline's DLQ gauges: after a fault-injected run they count the unhandled dead letters
+/// (records, exactly) with a positive oldest age; after a full replay, 0.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn the_backlog_gauges_count_unhandled_dead_letters_until_replayed() {
+    let (rules, ticks) = generate(&GenOptions { symbols: 10, ticks: 500, seed: 9, stale_every: 0 });
+    let mut run = Run::new("backlog", rules);
+    run.faults = FaultInjection { enabled: true };
+    let addr = common::free_addr();
+    run.extra = ["--metrics-addr", &addr, "--dlq-watch-interval", "300ms"].map(String::from).to_vec();
+    run.create_topics(2);
+    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let p = run.spawn("0");
+    run.wait_committed(&next_offsets(&landed), Duration::from_secs(120));
+    let poison = ticks.iter().filter(|t| t.seq % 25 == 0).count() as f64;
+    let gauge = |name| price_alerts::metrics::scrape(&addr, name);
+    wait_until("the gauge counts every dead letter", || gauge("alerts_dlq_unhandled") == poison);
+    assert!(gauge("alerts_dlq_oldest_unhandled_age_seconds") > 0.0);
+
+    // To a scratch topic: with its faults on, the running pipeline would dead-letter them again.
+    let scratch = format!("{}scratch", run.prefix);
+    let spec = price_alerts::kafka::topics::TopicSpec { name: scratch.clone(), partitions: 1, compacted: false, retention: None };
+    futures::executor::block_on(price_alerts::kafka::topics::ensure_topic(&kafka(), &spec)).unwrap();
+    let done = replay(&ReplayOptions { to: Some(scratch), ..ReplayOptions::new(kafka(), run.topics().dlq) }).unwrap();
+    assert_eq!(done.total_replayed() as f64, poison);
+    wait_until("the gauges fall to 0 once all are replayed", || {
+        gauge("alerts_dlq_unhandled") == 0.0 && gauge("alerts_dlq_oldest_unhandled_age_seconds") == 0.0
+    });
+    assert_eq!(common::http_get(&addr, "/metrics").0, 200, "the endpoint answered, so 0 is a reading");
+    p.signal("TERM");
+    assert!(p.wait(Duration::from_secs(40)).success());
+}
+
+/// Polls `condition` until it holds, failing after a minute.
+fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -39,6 +39,10 @@ pub struct PipelineArgs {
     /// keep them long enough to replay, not for ever). An existing topic is left as it is.
     #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
     pub dlq_retention: std::time::Duration,
+    /// With --metrics-addr: how often the DLQ backlog gauges (unhandled dead letters, oldest
+    /// age) are refreshed from the DLQ and its replay ledger.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub dlq_watch_interval: std::time::Duration,
     /// Commit the open transaction when it is this old.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub commit_interval: std::time::Duration,

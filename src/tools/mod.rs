@@ -5,7 +5,7 @@
 //! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
 //! - [`verify`] (`alert-verify`): the oracle, expected notifications against committed ones.
 //! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once, with a
-//!   replay ledger; inspecting a DLQ.
+//!   replay ledger; inspecting a DLQ; the DLQ backlog watcher behind the pipeline's DLQ gauges.
 
 pub mod demo;
 pub mod generate;

@@ -1,10 +1,11 @@
-//! The DLQ tooling behind `dlq-replay`: replaying dead letters exactly once, and inspecting a DLQ.
+//! The DLQ tooling behind `dlq-replay`: replaying dead letters exactly once, inspecting a DLQ, and
+//! the backlog watcher that gives the pipeline its DLQ gauges.
 //!
 //! Progress is kept per dead letter, in a replay ledger beside the DLQ, not as a consumer
 //! group's offsets: an offset can only say "everything before here", which made a filtered replay
 //! commit past the dead letters it did not select and left them unreplayable for good. With the
 //! ledger a dead letter is *handled* iff it has an entry, a filter takes exactly what it selects,
-//! and every reader (replay, inspect) agrees on what is left.
+//! and every reader (replay, inspect, watcher) agrees on what is left.
 //!
 //! In data-flow order:
 //! - [`select`]: which dead letters a command takes (class, partition, offset range); unknown
@@ -12,15 +13,18 @@
 //! - [`ledger`]: the ledger topic `<dlq>.replayed`, its keys and entries, reading it.
 //! - [`run`]: `replay`: fence, read the ledger, scan the DLQ, copy and record in one transaction.
 //! - [`inspect`]: `inspect`: counts by class and source partition, handled or not, ages, samples.
+//! - [`watch`]: the backlog watcher: tails the DLQ and the ledger, sets the DLQ gauges.
 
 pub mod inspect;
 pub mod ledger;
 pub mod run;
 pub mod select;
+pub mod watch;
 
 pub use inspect::{inspect, InspectOptions, Inspection};
 pub use run::{replay, ClassCounts, ReplayHooks, ReplayOptions, ReplayReport, DEFAULT_BATCH};
 pub use select::{SelectError, Selection};
+pub use watch::Watcher;
 
 use rdkafka::message::BorrowedMessage;
 
