@@ -23,7 +23,10 @@ fn run() -> anyhow::Result<()> {
         }
         // The DLQ backlog gauges, only where they are scraped; it stops when dropped at the end.
         let _dlq_watch = match args.metrics_addr {
-            Some(_) => Some(Watcher::spawn(opts.engine.kafka.clone(), opts.engine.topics.dlq.clone(), args.dlq_watch_interval)?),
+            Some(_) => {
+                let (kafka, dlq) = (opts.engine.kafka.clone(), opts.engine.topics.dlq.clone());
+                Some(Watcher::spawn(kafka, dlq, args.dlq_watch_interval)?)
+            }
             None => None,
         };
         let shutdown = shutdown_signal_bounded(opts.shutdown_timeout);

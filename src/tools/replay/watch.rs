@@ -161,7 +161,9 @@ pub fn watch(kafka: &KafkaConfig, dlq: &str, every: Duration, stop: &AtomicBool)
     let mut wait = Duration::ZERO;
     info!(dlq, every = ?every, "watching the DLQ backlog");
     while !stop.load(Ordering::Relaxed) {
-        if Instant::now() >= refresh_at {
+        // Also as soon as the first catch-up is done, not an interval later.
+        let first = !reported && letters.caught_up() && entries.caught_up();
+        if first || Instant::now() >= refresh_at {
             for (partition, low) in letters.refresh() {
                 backlog.forget_before(partition, low);
             }
