@@ -91,6 +91,9 @@ pub struct ReplayArgs {
     /// Dead letters per transaction.
     #[arg(long, default_value_t = DEFAULT_BATCH)]
     pub batch_size: usize,
+    /// Producer transaction.timeout.ms: a batch must be written and committed within it.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub transaction_timeout: std::time::Duration,
     /// TEST ONLY: crash (abort the process) once this many dead letters are copied, inside the
     /// open transaction.
     #[arg(long, hide = true)]
@@ -110,6 +113,7 @@ impl ReplayArgs {
             to: self.to.clone(),
             dry_run: self.dry_run,
             batch: self.batch_size,
+            transaction_timeout: self.transaction_timeout,
             hooks: ReplayHooks { crash_after: self.test_crash_after },
             ..ReplayOptions::new(self.common.kafka.connect()?, &self.common.dlq)
         })

@@ -30,9 +30,12 @@
 //! `init_transactions`).
 //!
 //! # Error handling
-//! A replay is a short batch job: any error ends it (the open transaction is aborted when that is
-//! still possible) and a rerun continues where the last commit ended. Fenced by a newer replay,
-//! it says so and stops; the newer one replays what this one did not commit.
+//! A transaction that must be aborted (a record timed out while the broker stalled, say) ends the
+//! attempt; the replay then starts again from step 1, at most [`ATTEMPTS`] times in all: a new
+//! producer fences whatever the failed attempt left open, and the ledger says what it committed.
+//! Any other error ends the replay (the open transaction is aborted when that is still possible),
+//! and a rerun continues where the last commit ended. Fenced by a newer replay, it says so and
+//! stops; the newer one replays what this one did not commit.
 //!
 //! A copy keeps the dead letter's key, value and headers, loses the `dlq.*` headers and gains
 //! `replay.origin` (its ledger key), so a record that fails again can be traced to its earlier
@@ -44,20 +47,23 @@ use super::select::Selection;
 use super::{class_of, table};
 use crate::dlq::{copy_headers, header};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
-use crate::kafka::read::{partition_count, read_partitions_to_end, reader};
+use crate::kafka::read::{partition_count, partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::pipeline::producer::{TxnError, TxnProducer};
+use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::message::{BorrowedMessage, Header};
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 /// Dead letters replayed per transaction by default.
 pub const DEFAULT_BATCH: usize = 500;
+
+/// Attempts of a replay whose transaction had to be aborted.
+pub const ATTEMPTS: u32 = 3;
 
 /// Bound on the scan of the DLQ, commits included. A replay cut short by it has committed what it
 /// committed; a rerun continues.
@@ -79,6 +85,8 @@ pub struct ReplayOptions {
     pub dry_run: bool,
     /// Dead letters per transaction.
     pub batch: usize,
+    /// `transaction.timeout.ms` of the replay's producer; a batch must be written within it.
+    pub transaction_timeout: Duration,
     pub hooks: ReplayHooks,
 }
 
@@ -93,6 +101,7 @@ impl ReplayOptions {
             to: None,
             dry_run: false,
             batch: DEFAULT_BATCH,
+            transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
             hooks: ReplayHooks::default(),
         }
     }
@@ -171,7 +180,29 @@ impl ReplayReport {
 }
 
 /// Replays the selected, unhandled dead letters of the DLQ. Blocking.
+///
+/// After an attempt whose transaction had to be aborted, the report is the last attempt's: what
+/// the earlier ones committed counts as "handled before".
 pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
+    let mut attempt = 1;
+    loop {
+        match replay_once(opts) {
+            Err(e) if attempt < ATTEMPTS && must_abort(&e) => {
+                warn!(dlq = %opts.dlq, attempt, error = format!("{e:#}"), "replay transaction aborted; starting again from the ledger");
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether `e` is a transaction that had to be aborted (worth another attempt), not a fence, a
+/// fatal error or a mistake in the request.
+fn must_abort(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<TxnError>().is_some_and(|t| t.class == TxnErrorClass::Abortable)
+}
+
+fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     if opts.batch == 0 {
         bail!("the batch size must be at least 1");
     }
@@ -180,7 +211,7 @@ pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         bail!("cannot replay {} into {to}", opts.dlq);
     }
     let consumer = reader(&opts.kafka, Isolation::ReadCommitted)?;
-    let count = partition_count(&consumer, &opts.dlq, SCAN_TIMEOUT).with_context(|| format!("the DLQ {}", opts.dlq))?;
+    let count = partition_count(&consumer, &opts.dlq, DEFAULT_READ_TIMEOUT).with_context(|| format!("the DLQ {}", opts.dlq))?;
     let partitions = opts.select.partitions_of(&opts.dlq, count)?;
 
     // 1. Fence first, 2. then read the ledger (see the module header for why in this order).
@@ -188,14 +219,14 @@ pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         None
     } else {
         ledger::ensure(&opts.kafka, &opts.dlq)?;
-        let cfg = opts.kafka.transactional_producer(&ledger::transactional_id(&opts.dlq), DEFAULT_TRANSACTION_TIMEOUT)?;
+        let cfg = opts.kafka.transactional_producer(&ledger::transactional_id(&opts.dlq), opts.transaction_timeout)?;
         Some(TxnProducer::new(&cfg).context("registering the replay's transactional id")?)
     };
     let ledger = ledger::read(&opts.kafka, &opts.dlq)?;
     info!(dlq = %opts.dlq, handled = ledger.len(), dry_run = opts.dry_run, "replay starting");
 
     let mut report = ReplayReport { dlq: opts.dlq.clone(), dry_run: opts.dry_run, ..ReplayReport::default() };
-    let mut batches = producer.as_deref().map(|p| Batches::new(p, opts));
+    let mut batches = producer.as_deref().map(|p| Batches::new(p, &consumer, opts));
     let mut replayed = 0u64;
     let scanned = read_partitions_to_end(&consumer, &opts.dlq, &partitions, SCAN_TIMEOUT, |m| {
         let class = class_of(m);
@@ -225,8 +256,15 @@ pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     }
     report.transactions = batches.map_or(0, |b| b.transactions);
     let total = report.total();
-    info!(dlq = %opts.dlq, read = total.read, replayed = total.replayed, left = total.left, transactions = report.transactions,
-        dry_run = opts.dry_run, "replay done");
+    info!(
+        dlq = %opts.dlq,
+        read = total.read,
+        replayed = total.replayed,
+        left = total.left,
+        transactions = report.transactions,
+        dry_run = opts.dry_run,
+        "replay done"
+    );
     Ok(report)
 }
 
@@ -242,6 +280,10 @@ fn explain(e: anyhow::Error, dlq: &str) -> anyhow::Error {
 /// The transactions of a replay: copies with their ledger entries, committed every `size`.
 struct Batches<'a> {
     producer: &'a TxnProducer,
+    /// Asks the broker whether a target topic exists.
+    probe: &'a Reader,
+    /// Target topics known to exist.
+    targets: HashSet<String>,
     size: usize,
     /// Dead letters in the open transaction (0: none open).
     open: usize,
@@ -252,13 +294,15 @@ struct Batches<'a> {
 }
 
 impl<'a> Batches<'a> {
-    fn new(producer: &'a TxnProducer, opts: &ReplayOptions) -> Self {
-        Batches { producer, size: opts.batch, open: 0, copied: 0, transactions: 0, hooks: opts.hooks }
+    fn new(producer: &'a TxnProducer, probe: &'a Reader, opts: &ReplayOptions) -> Self {
+        let (size, hooks) = (opts.batch, opts.hooks);
+        Batches { producer, probe, targets: HashSet::new(), size, open: 0, copied: 0, transactions: 0, hooks }
     }
 
     /// Copies dead letter `m` and writes its ledger entry, in the open transaction.
     fn add(&mut self, m: &BorrowedMessage<'_>, class: &str, to: Option<&str>) -> anyhow::Result<()> {
         let target = target_of(m, to)?;
+        self.check(target, m)?;
         if self.open == 0 {
             self.producer.begin()?;
         }
@@ -275,6 +319,19 @@ impl<'a> Batches<'a> {
         if self.open >= self.size {
             self.commit()?;
         }
+        Ok(())
+    }
+
+    /// Refuses a target topic that does not exist: a record sent there would only time out, and
+    /// the batch with it, after `message.timeout.ms`.
+    fn check(&mut self, target: &str, m: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        if self.targets.contains(target) {
+            return Ok(());
+        }
+        if partition_count_if_exists(self.probe, target, DEFAULT_READ_TIMEOUT)?.is_none() {
+            bail!("the target topic {target} of {} does not exist: create it, or choose another with --to", ledger::key_of(m));
+        }
+        self.targets.insert(target.to_owned());
         Ok(())
     }
 
