@@ -41,7 +41,7 @@
 //! Shared plumbing and the tools around the processor:
 //! - [`kafka`]: client configuration, topics, offsets, readers, the tick feed.
 //! - [`tools`]: the commit/abort experiment, the tick generator, the verifier (oracle), the DLQ
-//!   replay.
+//!   replay (with its replay ledger), inspection and backlog watcher.
 //! - [`cli`]: the command-line layer of the thin binaries in `src/bin/`; the library never
 //!   imports it.
 //!

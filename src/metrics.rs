@@ -61,8 +61,8 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (FENCED, Kind::Counter, "Times this instance found itself fenced by a newer one (it then stops)."),
     (DELIVERY_FAILURES, Kind::Counter, "Records the producer could not deliver, by topic (the DLQ's included)."),
     (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition."),
-    (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet handled by the replay group (0 when none)."),
-    (DLQ_UNHANDLED, Kind::Gauge, "Offsets of the DLQ past the replay group's committed position (approximate count)."),
+    (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet replayed (no entry in the replay ledger <dlq>.replayed; 0 when none)."),
+    (DLQ_UNHANDLED, Kind::Gauge, "Dead letters not yet replayed (no entry in the replay ledger <dlq>.replayed): a count of records."),
 ];
 
 /// Dead-letter classes, the values of the `class` label of [`DEAD_LETTERED`].
@@ -172,10 +172,10 @@ pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
     gauge!(CONSUMER_LAG, "topic" => topic.to_owned(), "partition" => partition.to_string()).set(lag as f64);
 }
 
-/// What the DLQ holds that the replay group has not handled yet.
-pub fn dlq_unhandled(oldest_age: Duration, approximate_count: u64) {
+/// What the DLQ holds that has not been replayed yet: the oldest one's age and how many records.
+pub fn dlq_unhandled(oldest_age: Duration, count: u64) {
     gauge!(DLQ_OLDEST_AGE).set(oldest_age.as_secs_f64());
-    gauge!(DLQ_UNHANDLED).set(approximate_count as f64);
+    gauge!(DLQ_UNHANDLED).set(count as f64);
 }
 
 /// Sum of the samples of metric `name` on a Prometheus endpoint (0 while it does not answer):

@@ -191,7 +191,7 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
 
     futures::executor::block_on(topics::create_topics(
         &kafka(),
-        &[topics::TopicSpec { name: dlq_topic.clone(), partitions: 1, compacted: false }],
+        &[topics::TopicSpec { name: dlq_topic.clone(), partitions: 1, compacted: false, retention: None }],
     ))
     .unwrap();
     run.wait_committed(&next_offsets(&bad), CAUGHT_UP);

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(version, about = "Kill, pause and bounce pipeline instances and brokers, then check exactly-once")]
+#[command(name = "alert-chaos", version, about = "Kill, pause and bounce pipeline instances and brokers, then check exactly-once")]
 struct Cli {
     /// Every broker of the cluster.
     #[arg(long, env = "KAFKA_CLUSTER_BOOTSTRAP", default_value = DEFAULT_CLUSTER_BOOTSTRAP)]
@@ -38,7 +38,7 @@ struct Cli {
     #[arg(long)]
     instances: Option<usize>,
     /// Planned chaos time: the input is fed and the faults spread over it.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = price_alerts::cli::duration)]
     span: Option<Duration>,
     #[arg(long)]
     kills: Option<u32>,
@@ -50,7 +50,7 @@ struct Cli {
     hard_bounces: Option<u32>,
     #[arg(long)]
     clean_bounces: Option<u32>,
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = price_alerts::cli::duration)]
     limit: Option<Duration>,
     /// Where the instances' logs go (default: a temp folder named after the seed).
     #[arg(long)]
@@ -78,9 +78,9 @@ fn main() -> ExitCode {
         (f.kills, f.terms, f.zombies) = (cli.kills.unwrap_or(f.kills), cli.terms.unwrap_or(f.terms), cli.zombies.unwrap_or(f.zombies));
         f.hard_bounces = cli.hard_bounces.unwrap_or(f.hard_bounces);
         f.clean_bounces = cli.clean_bounces.unwrap_or(f.clean_bounces);
-        println!("alert-chaos: seed {}; instance logs in {}", o.seed, o.work_dir.display());
+        price_alerts::outln!("alert-chaos: seed {}; instance logs in {}", o.seed, o.work_dir.display());
         let report = chaos::run(&o)?;
-        println!("{report}");
+        price_alerts::outln!("{report}");
         Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     })
 }

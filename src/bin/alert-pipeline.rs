@@ -3,6 +3,7 @@
 use clap::Parser;
 use price_alerts::cli::{main_of, shutdown_signal_bounded, PipelineArgs};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
+use price_alerts::tools::replay::Watcher;
 use price_alerts::{errln, outln, pipeline};
 use std::process::ExitCode;
 
@@ -20,6 +21,14 @@ fn run() -> anyhow::Result<()> {
         if let Some(addr) = args.metrics_addr {
             health::serve(addr, health.clone()).await?;
         }
+        // The DLQ backlog gauges, only where they are scraped; it stops when dropped at the end.
+        let _dlq_watch = match args.metrics_addr {
+            Some(_) => {
+                let (kafka, dlq) = (opts.engine.kafka.clone(), opts.engine.topics.dlq.clone());
+                Some(Watcher::spawn(kafka, dlq, args.dlq_watch_interval)?)
+            }
+            None => None,
+        };
         let shutdown = shutdown_signal_bounded(opts.shutdown_timeout);
         let stats = pipeline::run(opts, health, shutdown).await?;
         errln!("alert-pipeline: stopped cleanly");

@@ -62,7 +62,7 @@ fn run() -> anyhow::Result<()> {
     let kafka = cli.kafka.connect()?;
     futures::executor::block_on(create_topics(
         &kafka,
-        &[TopicSpec { name: cli.topic.clone(), partitions: cli.partitions, compacted: false }],
+        &[TopicSpec { name: cli.topic.clone(), partitions: cli.partitions, compacted: false, retention: None }],
     ))?;
     let started = Instant::now();
     Feed::new(&kafka)?.send_ticks_at_rate(&cli.topic, &ticks, cli.rate)?;

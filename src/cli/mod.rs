@@ -16,6 +16,7 @@
 
 mod log;
 pub mod pipeline;
+pub mod replay;
 
 pub use log::{init_logging, LogGuard};
 pub use pipeline::{GuaranteeArg, PipelineArgs};

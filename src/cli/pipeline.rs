@@ -35,6 +35,14 @@ pub struct PipelineArgs {
     /// Dead-letter topic (default: <input>.dlq).
     #[arg(long)]
     pub dlq: Option<String>,
+    /// retention.ms of the dead-letter topic when it is created (dead letters hold raw payloads:
+    /// keep them long enough to replay, not for ever). An existing topic is left as it is.
+    #[arg(long, default_value = "14d", value_parser = super::duration)]
+    pub dlq_retention: std::time::Duration,
+    /// With --metrics-addr: how often the DLQ backlog gauges (unhandled dead letters, oldest
+    /// age) are refreshed from the DLQ and its replay ledger.
+    #[arg(long, default_value = "15s", value_parser = super::duration)]
+    pub dlq_watch_interval: std::time::Duration,
     /// Commit the open transaction when it is this old.
     #[arg(long, default_value = "100ms", value_parser = super::interval)]
     pub commit_interval: std::time::Duration,
@@ -161,6 +169,10 @@ impl PipelineArgs {
         if let Some(dlq) = &self.dlq {
             topics.dlq = dlq.clone();
         }
+        if self.dlq_retention.is_zero() {
+            anyhow::bail!("--dlq-retention must be positive");
+        }
+        topics.dlq_retention = self.dlq_retention;
         Ok(PipelineOptions {
             engine: crate::pipeline::EngineSettings {
                 max_tick_bytes: self.max_tick_bytes,
@@ -237,5 +249,14 @@ mod tests {
         assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
         let err = options(&["--commit-interval", "20s"], "").unwrap_err();
         assert!(format!("{err:#}").contains("transaction-timeout"), "{err:#}");
+    }
+
+    #[test]
+    fn dlq_retention_reaches_the_topics() {
+        let two_weeks = std::time::Duration::from_secs(14 * 24 * 3600);
+        assert_eq!(options(&[], "").unwrap().engine.topics.dlq_retention, two_weeks);
+        let o = options(&["--dlq-retention", "3d"], "").unwrap();
+        assert_eq!(o.engine.topics.dlq_retention, std::time::Duration::from_secs(3 * 24 * 3600));
+        assert!(options(&["--dlq-retention", "0s"], "").is_err());
     }
 }

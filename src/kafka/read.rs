@@ -31,21 +31,26 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Number of partitions of `topic`, or an error if it does not exist.
 pub fn partition_count<X: ConsumerContext, C: Consumer<X>>(consumer: &C, topic: &str, timeout: Duration) -> anyhow::Result<i32> {
+    partition_count_if_exists(consumer, topic, timeout)?.ok_or_else(|| anyhow!("topic {topic} does not exist"))
+}
+
+/// Number of partitions of `topic`, or `None` if it does not exist (yet): for readers that may
+/// start before a topic is created (the DLQ backlog watcher, the replay ledger).
+pub fn partition_count_if_exists<X: ConsumerContext, C: Consumer<X>>(
+    consumer: &C,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<Option<i32>> {
     let md = consumer
         .fetch_metadata(Some(topic), timeout)
         .with_context(|| format!("fetching metadata of {topic}"))?;
-    let t = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .ok_or_else(|| anyhow!("topic {topic} not in metadata"))?;
-    if let Some(err) = t.error() {
-        bail!("topic {topic}: {:?}", rdkafka::error::RDKafkaErrorCode::from(err));
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+    match t.error().map(rdkafka::error::RDKafkaErrorCode::from) {
+        None => {}
+        Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(None),
+        Some(code) => bail!("topic {topic}: {code:?}"),
     }
-    if t.partitions().is_empty() {
-        bail!("topic {topic} does not exist");
-    }
-    Ok(t.partitions().len() as i32)
+    Ok((!t.partitions().is_empty()).then(|| t.partitions().len() as i32))
 }
 
 /// Reads the given partitions of `topic` from the beginning up to their end, calling `f` for each

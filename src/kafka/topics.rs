@@ -5,9 +5,14 @@
 //! counts must match), the notifications and DLQ topics with the input's count as a sensible
 //! default. An existing changelog with another partition count is refused: using it would restore
 //! the wrong state. Lacking the right to create a topic is reported as such.
+//!
+//! The DLQ is created with an explicit `retention.ms` ([`DEFAULT_DLQ_RETENTION`], or the
+//! deployment's own): its records are raw payloads that failed, kept long enough to be inspected
+//! and replayed, not for ever, and not at whatever the broker's default happens to be. An existing
+//! topic is never altered.
 
 use super::config::KafkaConfig;
-use super::read::partition_count;
+use super::read::{partition_count, partition_count_if_exists};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use super::logging::Logged;
@@ -28,7 +33,13 @@ pub struct Topics {
     pub changelog: String,
     /// Dead-lettered ticks.
     pub dlq: String,
+    /// `retention.ms` of the DLQ when it has to be created.
+    pub dlq_retention: Duration,
 }
+
+/// How long dead letters are kept by default: two weeks, time for an incident to be fixed and its
+/// dead letters replayed, after which raw payloads should not linger.
+pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 
 impl Topics {
     /// The names of DESIGN.md: `market-updates`, `notifications`, `<app>-state`, `<input>.dlq`.
@@ -38,7 +49,13 @@ impl Topics {
 
     /// Names derived from an input and an output topic.
     pub fn with(input: String, notifications: String, app_id: &str) -> Self {
-        Topics { dlq: format!("{input}.dlq"), changelog: format!("{app_id}-state"), input, notifications }
+        Topics {
+            dlq: format!("{input}.dlq"),
+            changelog: format!("{app_id}-state"),
+            input,
+            notifications,
+            dlq_retention: DEFAULT_DLQ_RETENTION,
+        }
     }
 
     /// The standard names behind a prefix (tests and demos use a fresh prefix per run); a prefix
@@ -77,20 +94,27 @@ pub struct TopicSpec {
     pub name: String,
     pub partitions: i32,
     pub compacted: bool,
+    /// `retention.ms`; `None`: the broker's default.
+    pub retention: Option<Duration>,
 }
 
 /// Creates the topics that do not exist yet. Replication factor: the broker's default.
 pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::Result<()> {
     let admin: AdminClient<Logged> = kafka.admin().create_with_context(Logged).context("creating an admin client")?;
+    // NewTopic borrows its config values: the retention strings live here, beside it.
+    let retention: Vec<Option<String>> = specs.iter().map(|s| s.retention.map(|r| r.as_millis().to_string())).collect();
     let new: Vec<NewTopic<'_>> = specs
         .iter()
-        .map(|s| {
-            let t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(-1));
+        .zip(&retention)
+        .map(|(s, retention_ms)| {
+            let mut t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(-1));
             if s.compacted {
-                t.set("cleanup.policy", "compact")
-            } else {
-                t
+                t = t.set("cleanup.policy", "compact");
             }
+            if let Some(ms) = retention_ms {
+                t = t.set("retention.ms", ms);
+            }
+            t
         })
         .collect();
     let results = admin
@@ -133,14 +157,15 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
             let Some(n) = input_partitions else {
                 return Err(e.context(format!("input topic {} is missing", topics.input)));
             };
-            create_topics(kafka, &[TopicSpec { name: topics.input.clone(), partitions: n, compacted: false }]).await?;
+            create_topics(kafka, &[TopicSpec { name: topics.input.clone(), partitions: n, compacted: false, retention: None }])
+                .await?;
             wait_for_partitions(&probe, &topics.input)?
         }
     };
     let specs = [
-        TopicSpec { name: topics.notifications.clone(), partitions: input, compacted: false },
-        TopicSpec { name: topics.changelog.clone(), partitions: input, compacted: true },
-        TopicSpec { name: topics.dlq.clone(), partitions: input, compacted: false },
+        TopicSpec { name: topics.notifications.clone(), partitions: input, compacted: false, retention: None },
+        TopicSpec { name: topics.changelog.clone(), partitions: input, compacted: true, retention: None },
+        TopicSpec { name: topics.dlq.clone(), partitions: input, compacted: false, retention: Some(topics.dlq_retention) },
     ];
     let mut missing = Vec::new();
     for s in &specs {
@@ -161,6 +186,17 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
         ));
     }
     Ok(input)
+}
+
+/// Creates `spec`'s topic unless it exists; returns its partition count (the existing topic's,
+/// which may differ from the spec's).
+pub async fn ensure_topic(kafka: &KafkaConfig, spec: &TopicSpec) -> anyhow::Result<i32> {
+    let probe: BaseConsumer<Logged> = kafka.admin().create_with_context(Logged).context("creating a metadata client")?;
+    if let Some(n) = partition_count_if_exists(&probe, &spec.name, ADMIN_TIMEOUT)? {
+        return Ok(n);
+    }
+    create_topics(kafka, std::slice::from_ref(spec)).await?;
+    wait_for_partitions(&probe, &spec.name)
 }
 
 /// Partition count of a topic that was just created: a broker answers CreateTopics before its

@@ -4,7 +4,8 @@
 //!   read_uncommitted 10.
 //! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
 //! - [`verify`] (`alert-verify`): the oracle, expected notifications against committed ones.
-//! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once.
+//! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once, with a
+//!   replay ledger; inspecting a DLQ; the DLQ backlog watcher behind the pipeline's DLQ gauges.
 //! - [`chaos`] (`alert-chaos`): pipeline instances and brokers of a 3-broker cluster killed,
 //!   paused and bounced while a stream is processed, then exactly-once checked.
 

@@ -111,7 +111,7 @@ pub fn run(opts: &BenchOptions, stop: &AtomicBool) -> anyhow::Result<BenchReport
     let plan = schedule(&opts.modes, &opts.sizes, opts.repeats, &opts.prefix);
     let specs: Vec<TopicSpec> = plan
         .iter()
-        .map(|r| TopicSpec { name: r.topic.clone(), partitions: opts.partitions, compacted: false })
+        .map(|r| TopicSpec { name: r.topic.clone(), partitions: opts.partitions, compacted: false, retention: None })
         .collect();
     // All topics up front: topic creation is controller work that would otherwise land between
     // (or inside) runs.
