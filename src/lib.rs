@@ -41,6 +41,7 @@
 //! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
 //! - [`demo`]: the commit/abort experiment (5 versus 10).
 //! - [`cli`]: the command-line pieces the thin binaries in `src/bin/` share.
+//! - [`sink`]: past Kafka's edge: notifications into PostgreSQL, effectively once (`alert-sink`).
 
 pub mod alert;
 pub mod bench;
@@ -58,6 +59,7 @@ pub mod pipeline_bench;
 pub mod reader;
 pub mod replay;
 pub mod rules;
+pub mod sink;
 pub mod state;
 pub mod tick;
 pub mod topics;
