@@ -61,12 +61,10 @@ impl DbError {
 pub fn classify(e: &tokio_postgres::Error) -> DbError {
     let text = error_text(e);
     let Some(code) = e.code() else {
-        // No SQLSTATE: the connection itself. TLS and authentication-protocol failures are
-        // configuration; sockets that fail or close are an outage.
-        let tls = std::error::Error::source(e).is_some_and(|s| {
-            s.is::<openssl::ssl::Error>() || s.is::<openssl::error::ErrorStack>()
-        });
-        return if tls { DbError::Fatal(text) } else { DbError::Unavailable(text) };
+        // No SQLSTATE: the connection itself. A TLS protocol failure (a certificate that does not
+        // verify, no common protocol version) is configuration; sockets that fail or close, also
+        // during the handshake, are an outage.
+        return if tls_refused(e) { DbError::Fatal(text) } else { DbError::Unavailable(text) };
     };
     let code = code.code();
     match &code[..2] {
@@ -83,6 +81,21 @@ pub fn classify(e: &tokio_postgres::Error) -> DbError {
         },
         _ => DbError::Fatal(text),
     }
+}
+
+/// Whether a TLS handshake was refused (not merely cut off) somewhere in `e`'s causes.
+fn tls_refused(e: &tokio_postgres::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(ssl) = c.downcast_ref::<openssl::ssl::Error>() {
+            return ssl.code() == openssl::ssl::ErrorCode::SSL;
+        }
+        if c.is::<openssl::error::ErrorStack>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The error and its causes on one line (the message of a database error, never its detail,

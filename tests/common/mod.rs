@@ -1,6 +1,8 @@
 //! Helpers of the broker tests: the broker address, fresh names, engine settings.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod postgres;
+
 use price_alerts::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
 use price_alerts::engine::EngineSettings;
 use price_alerts::rules::Rules;
