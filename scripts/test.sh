@@ -7,7 +7,11 @@
 # Broker tests are #[ignore]d under a plain `cargo test` (no broker there); here they run with
 # --include-ignored, so none is silently skipped.
 #
-# Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092); extra arguments go to `cargo test`
+# alert-sink's tests need PostgreSQL too: scripts/postgres.sh up when it is not running (stopped
+# again at the end), unless DATABASE_URL names a server already.
+#
+# Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), DATABASE_URL (default the cluster of
+# scripts/postgres.sh); extra arguments go to `cargo test`
 # before `--` (e.g. scripts/test.sh --test pipeline).
 set -euo pipefail
 
@@ -22,8 +26,20 @@ if ! scripts/kafka.sh status >/dev/null 2>&1; then
   scripts/kafka.sh up
   started=1
 fi
+# PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
+# running (and stopped again at the end); a DATABASE_URL given by the caller is used as it is.
+pg_started=0
+if [ -z "${DATABASE_URL:-}" ]; then
+  if ! scripts/postgres.sh status >/dev/null 2>&1; then
+    scripts/postgres.sh up >/dev/null
+    pg_started=1
+  fi
+  DATABASE_URL=$(scripts/postgres.sh url)
+  export DATABASE_URL
+fi
 cleanup() {
   if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; fi
+  if [ "$pg_started" = 1 ]; then scripts/postgres.sh down >/dev/null || true; fi
 }
 trap cleanup EXIT
 

@@ -41,7 +41,8 @@
 //! - [`generate`], [`verify`]: a seeded tick stream, and the oracle that checks the output.
 //! - [`demo`]: the commit/abort experiment (5 versus 10).
 //! - [`cli`]: the command-line pieces the thin binaries in `src/bin/` share.
-//! - [`sink`]: past Kafka's edge: notifications into PostgreSQL, effectively once (`alert-sink`).
+//! - [`sink`]: past Kafka's edge: notifications into PostgreSQL, effectively once (`alert-sink`);
+//!   [`sink_bench`]: its rows/s and tick-to-row latency.
 
 pub mod alert;
 pub mod bench;
@@ -60,6 +61,7 @@ pub mod reader;
 pub mod replay;
 pub mod rules;
 pub mod sink;
+pub mod sink_bench;
 pub mod state;
 pub mod tick;
 pub mod topics;

@@ -38,6 +38,18 @@ pub fn restored(partitions: usize) {
     counter!("alerts_partitions_restored_total").increment(partitions as u64);
 }
 
+/// Serves the Prometheus endpoint on `addr`, if given (`--metrics-addr` of the binaries). Call it
+/// inside the tokio runtime: the listener runs on it.
+pub fn serve(addr: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+    if let Some(addr) = addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| anyhow::anyhow!("metrics endpoint on {addr}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Sum of the samples of metric `name` on a Prometheus endpoint (0 while it does not answer):
 /// how the benchmark and the tests read a running pipeline's counters.
 pub fn scrape(addr: &str, name: &str) -> f64 {

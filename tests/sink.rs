@@ -7,11 +7,11 @@
 mod common;
 
 use common::postgres::{admin_url, free_port, options, state_dir, SinkRun, TestDb};
-use common::{kafka, Run};
+use common::{kafka, load_slowly, Run};
 use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
 use price_alerts::config::Isolation;
 use price_alerts::generate::{generate, GenOptions};
-use price_alerts::load::{next_offsets, produce_ticks, Landed, Loader};
+use price_alerts::load::{next_offsets, produce_ticks};
 use price_alerts::metrics::scrape;
 use price_alerts::reader::{committed_offsets, read_topic_to_end, DEFAULT_READ_TIMEOUT};
 use price_alerts::sink::options::{SslMode, TlsOptions};
@@ -61,22 +61,6 @@ fn record(n: &Notification) -> (Option<Vec<u8>>, Vec<u8>) {
 fn create_topic(name: &str, partitions: i32) {
     let spec = TopicSpec { name: name.to_owned(), partitions, compacted: false };
     futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");
-}
-
-/// Loads `records` in `chunks` slices spread over about `spread` from a thread of its own, so the
-/// sink works on a live stream; returns where every record landed.
-fn load_slowly(topic: String, records: Vec<(Option<Vec<u8>>, Vec<u8>)>, chunks: usize, spread: Duration) -> thread::JoinHandle<Vec<Landed>> {
-    thread::spawn(move || {
-        let loader = Loader::new(&kafka()).expect("loader");
-        let size = records.len().div_ceil(chunks);
-        let pause = spread / chunks as u32;
-        let mut landed = Vec::new();
-        for chunk in records.chunks(size) {
-            landed.extend(loader.send_raw(&topic, chunk).expect("loading"));
-            thread::sleep(pause); // input pacing, not a wait for a condition
-        }
-        landed
-    })
 }
 
 /// Asserts the table holds exactly `expected` (as a set and as a count) and nothing was

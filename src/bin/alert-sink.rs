@@ -23,12 +23,7 @@ fn run() -> anyhow::Result<()> {
     }
     let opts = args.options()?;
     runtime.block_on(async {
-        if let Some(addr) = args.metrics_addr {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .install()
-                .map_err(|e| anyhow::anyhow!("metrics endpoint on {addr}: {e}"))?;
-        }
+        price_alerts::metrics::serve(args.metrics_addr)?;
         let stats = sink::run(opts, shutdown_signal()).await?;
         eprintln!("alert-sink: stopped cleanly: {stats:?}");
         Ok(())

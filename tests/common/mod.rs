@@ -33,6 +33,27 @@ pub fn create_topics(s: &EngineSettings, partitions: i32) {
     futures::executor::block_on(topics::ensure(&s.kafka, &s.topics, Some(partitions))).expect("creating topics");
 }
 
+/// Loads raw (key, value) records in `chunks` slices spread over about `spread`, from a thread of
+/// its own, so the consumer under test works on a live stream; returns where every record landed.
+pub fn load_slowly(
+    topic: String,
+    records: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    chunks: usize,
+    spread: Duration,
+) -> std::thread::JoinHandle<Vec<price_alerts::load::Landed>> {
+    std::thread::spawn(move || {
+        let loader = price_alerts::load::Loader::new(&kafka()).expect("loader");
+        let size = records.len().div_ceil(chunks);
+        let pause = spread / chunks as u32;
+        let mut landed = Vec::new();
+        for chunk in records.chunks(size) {
+            landed.extend(loader.send_raw(&topic, chunk).expect("loading records"));
+            std::thread::sleep(pause); // input pacing, not a wait for a condition
+        }
+        landed
+    })
+}
+
 /// A running `alert-pipeline` child process.
 pub struct Pipeline {
     pub child: std::process::Child,
