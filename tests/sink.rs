@@ -13,7 +13,7 @@ use price_alerts::config::Isolation;
 use price_alerts::generate::{generate, GenOptions};
 use price_alerts::load::{next_offsets, produce_ticks};
 use price_alerts::metrics::scrape;
-use price_alerts::reader::{committed_offsets, read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use price_alerts::reader::{committed_offsets, read_topic_to_end};
 use price_alerts::sink::options::{SslMode, TlsOptions};
 use price_alerts::sink::record::decode;
 use price_alerts::sink::store::{Batch, Store};
@@ -118,13 +118,14 @@ fn end_to_end_the_table_equals_the_verifiers_expected_set() {
     // Every committed notification, as read_committed readers see it: its text and its position.
     let mut sent: HashMap<String, serde_json::Value> = HashMap::new();
     let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
-    read_topic_to_end(&kafka(), &run.output, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
+    // (A longer bound than the readers' default: the shared CI machine can be slow.)
+    read_topic_to_end(&kafka(), &run.output, Isolation::ReadCommitted, CAUGHT_UP, |m| {
         let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
         sent.insert(v["id"].as_str().unwrap_or_default().to_owned(), v);
         ends.insert(m.partition(), m.offset() + 1);
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("reading the notifications: {e:#}"));
     sink.wait_stored(&ends, CAUGHT_UP);
     s1.signal("TERM");
     assert!(s1.wait(EXIT).success(), "a stopped sink exits 0");

@@ -182,8 +182,10 @@ impl Shared {
         t.max(Duration::from_millis(1))
     }
 
+    /// Nothing arrived for `idle` since the last record or assignment, and nothing is open. Only
+    /// once partitions are owned: a slow group join is not idleness.
     pub(super) fn idle(&self, st: &State, idle: Duration) -> bool {
-        st.batch_since.is_none() && st.outage.is_none() && st.last_record.elapsed() >= idle
+        !st.assigned.is_empty() && st.batch_since.is_none() && st.outage.is_none() && st.last_record.elapsed() >= idle
     }
 
     pub(super) fn take_fatal(&self, st: &mut State) -> Option<anyhow::Error> {
@@ -400,9 +402,8 @@ impl Shared {
         let parts = partitions_of(tpl, &self.opts.topic);
         let lost = consumer.assignment_lost();
         let buffered = st.batch.records();
-        if !lost && st.store.is_some() {
-            self.flush(st, consumer)?;
-        }
+        // A failed write still lets the partitions go (below); its error is reported after.
+        let stored = if !lost && st.store.is_some() { self.flush(st, consumer) } else { Ok(()) };
         let dropped = st.batch.drop_partitions(&parts);
         info!(partitions = ?parts, lost, buffered, dropped, "partitions revoked");
         for p in &parts {
@@ -414,7 +415,7 @@ impl Shared {
         }
         unassign(consumer, tpl).context("unassigning partitions")?;
         m::assigned(st.assigned.len());
-        Ok(())
+        stored
     }
 }
 
