@@ -89,7 +89,8 @@ is_root() { [[ $(id -u) == 0 ]]; }
 # Runs a command as the user the server runs as (postgres when we are root, else ourselves).
 as_server() {
   if is_root; then
-    runuser -u "$PG_USER" -- "$@"
+    # From /: the server's user may not be allowed into the caller's working directory.
+    (cd / && runuser -u "$PG_USER" -- "$@")
   else
     "$@"
   fi
@@ -119,7 +120,7 @@ prepare_state() {
   parent=$(dirname -- "$DATA")
   mkdir -p "$parent"
   if is_root; then chown "$PG_USER:" "$parent"; fi
-  if [[ $DATA != "$STATE/data" ]]; then
+  if [[ $DATA != "$STATE/data" && ! -f $STATE/data-dir ]]; then
     echo "$DATA" >"$STATE/data-dir"
     log "the '$PG_USER' user cannot reach $STATE: data goes to $DATA"
   fi
@@ -293,6 +294,8 @@ cmd_down() {
     log "no cluster started by this script is running"
   fi
   if ((wipe)); then
+    # The folder under /var/tmp too, when the data was kept there.
+    if [[ $DATA != "$STATE/data" ]]; then rm -rf "$(dirname -- "$DATA")"; fi
     rm -rf "$DATA" "$PORT_FILE" "$PASSWORD_FILE" "$URL_FILE" "$STATE/data-dir" "$STATE/server.key" "$STATE/server.crt"
     log "deleted the cluster's data, password and port"
   fi
