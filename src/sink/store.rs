@@ -10,8 +10,8 @@
 //!      DO UPDATE SET next_offset = GREATEST(sink_offsets.next_offset, EXCLUDED.next_offset)
 //!  COMMIT
 //! ```
-//! Three statements whatever the batch size, pipelined on the connection: one round trip for the
-//! statements and one for the commit.
+//! Three statements whatever the batch size, pipelined on the connection: three round trips per
+//! batch (BEGIN, the statements, COMMIT), not one per row.
 //!
 //! # Why a redo is harmless, and why the offsets never move back
 //! Every row and dead letter has a primary key taken from the record (notification id; origin
