@@ -183,13 +183,18 @@ impl Store {
             &source_partitions, &source_offsets, &topic, &partitions, &offsets,
         ];
         let offset_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&group, &topic, &off_p, &off_o];
-        // Pipelined: the three statements go out together and run in this order.
-        let (inserted, _, _) = futures::try_join!(
+        // Pipelined: the three statements go out together and run in this order. Every answer is
+        // awaited and the first failing statement's error is the one reported: after a refused row
+        // the later statements fail only with "transaction aborted" (25P02), which says nothing,
+        // and which error a poll happens to see first is not guaranteed.
+        let (alerts, dead, offsets) = futures::join!(
             txn.execute(&self.insert_alerts, &alert_params),
             d.insert(&txn, &self.insert_dead_letters, topic, group),
             txn.execute(&self.upsert_offsets, &offset_params),
-        )
-        .map_err(err)?;
+        );
+        let inserted = alerts.map_err(err)?;
+        dead.map_err(err)?;
+        offsets.map_err(err)?;
         hold_if(hold, HoldAt::InDbTxn, batch);
         txn.commit().await.map_err(err)?;
         let mut written = Written { inserted, conflicted: rows.len() as u64 - inserted, ..Written::default() };
