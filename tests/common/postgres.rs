@@ -40,7 +40,8 @@ pub fn options(url: &str) -> DbOptions {
     DbOptions {
         url: url.parse::<DatabaseUrl>().expect("url"),
         tls: TlsOptions::default(),
-        connect_timeout: Duration::from_secs(5),
+        // Generous: a debug build's SCRAM and TLS handshake on a loaded 2-core machine take seconds.
+        connect_timeout: Duration::from_secs(30),
     }
 }
 
@@ -71,24 +72,37 @@ pub struct StoredDeadLetter {
 pub struct TestDb {
     pub name: String,
     pub url: String,
+    /// One connection for the test's queries (each new one costs a SCRAM exchange), made again
+    /// after an error; its runtime drives it between queries.
+    conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    rt: tokio::runtime::Runtime,
 }
 
 impl TestDb {
     pub fn create(test: &str) -> Self {
         let name = format!("t_{test}_{}", price_alerts::cli::unique_suffix());
         admin(&format!("CREATE DATABASE {name}"));
-        TestDb { url: with_database(&admin_url(), &name), name }
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        TestDb { url: with_database(&admin_url(), &name), name, conn: std::sync::Mutex::new(None), rt }
     }
 
     pub fn options(&self) -> DbOptions {
         options(&self.url)
     }
 
-    /// Runs `f` with a fresh connection to this database.
+    /// Runs `f` with the test's connection to this database (connecting when there is none).
     pub fn with<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, tokio_postgres::Error>) -> Result<T, String> {
-        runtime().block_on(async {
-            let c = db::connect(&self.options()).await.map_err(|e| e.to_string())?;
-            f(&c).await.map_err(|e| e.to_string())
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        self.rt.block_on(async {
+            if conn.as_ref().is_none_or(|c| c.is_closed()) {
+                *conn = Some(db::connect(&self.options()).await.map_err(|e| e.to_string())?);
+            }
+            let c = conn.as_ref().expect("connected just above");
+            let result = f(c).await.map_err(|e| e.to_string());
+            if result.is_err() {
+                *conn = None;
+            }
+            result
         })
     }
 
@@ -159,6 +173,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
         let name = self.name.clone();
         let _ = std::panic::catch_unwind(|| admin(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")));
     }
