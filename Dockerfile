@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Image of the price-alert pipeline: `alert-pipeline` (the entrypoint) and its companions
-# (`txn-demo`, `tick-gen`, `alert-verify`).
+# (`txn-demo`, `tick-gen`, `alert-verify`, `alert-sink`).
 # Built by `docker compose build` (see docker-compose.yml) or `docker build -t price-alerts .`.
 
 # ---- build ----
@@ -21,7 +21,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p price-alerts --bins \
     && mkdir -p /out \
     && cp target/release/alert-pipeline target/release/txn-demo target/release/tick-gen \
-          target/release/alert-verify /out/
+          target/release/alert-verify target/release/alert-sink /out/
 
 # ---- runtime ----
 FROM debian:bookworm-slim

@@ -4,8 +4,13 @@
 #      after a restart that redoes the aborted batch).
 #   2. The pipeline: generate a seeded tick stream, run alert-pipeline over it until it idles,
 #      and check the output with the verifier (expected, found, missing, duplicate, unexpected).
-# Starts the broker (scripts/kafka.sh up) if none answers; leaves it running.
-# Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), TICKS (10000), SYMBOLS (50).
+#   3. alert-sink stores the pipeline's notifications in PostgreSQL (a database of this run's own);
+#      the row count, a sample query, and the verifier comparing the table with the expected
+#      notifications.
+# Starts the broker (scripts/kafka.sh up) and PostgreSQL (scripts/postgres.sh up) if needed;
+# leaves them running.
+# Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), TICKS (10000), SYMBOLS (50), DATABASE_URL
+# (default the cluster of scripts/postgres.sh).
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -32,5 +37,23 @@ trap 'rm -rf "$work"' EXIT
 "$BIN/alert-pipeline" --rules "$work/rules.toml" --app-id "$run" --input "$run-market-updates" \
   --output "$run-notifications" --exit-when-idle 3s
 "$BIN/alert-verify" --rules "$work/rules.toml" --input "$run-market-updates" --output "$run-notifications"
+
 echo
-echo "demo.sh: done; topics of this run start with $run-. The broker keeps running: scripts/kafka.sh down"
+echo "== 3. Past Kafka's edge: the notifications into PostgreSQL (alert-sink) =="
+# A database of this run's own on the local cluster (scripts/postgres.sh, started if needed), or on
+# the server DATABASE_URL names.
+admin_url=${DATABASE_URL:-$(scripts/postgres.sh up)}
+db="${run//-/_}"
+psql "$admin_url" -qc "CREATE DATABASE $db"
+base=${admin_url%%\?*}
+db_url="${base%/*}/$db"
+DATABASE_URL="$db_url" "$BIN/alert-sink" --app-id "$run" --topic "$run-notifications" --exit-when-idle 3s
+psql "$db_url" -c "SELECT count(*) AS rows, count(DISTINCT symbol) AS symbols, min(tick_ts) AS first, max(tick_ts) AS last FROM alerts"
+top=$(psql "$db_url" -Atc "SELECT symbol FROM alerts GROUP BY symbol ORDER BY count(*) DESC, symbol LIMIT 1")
+echo "Which alerts fired for $top today?"
+psql "$db_url" -c "SELECT tick_ts, direction, threshold, previous_price, price, seq FROM alerts
+                    WHERE symbol = '$top' AND tick_ts >= date_trunc('day', now()) ORDER BY seq, threshold LIMIT 10"
+DATABASE_URL="$db_url" "$BIN/alert-verify" --rules "$work/rules.toml" --input "$run-market-updates" --table
+echo
+echo "demo.sh: done; topics of this run start with $run-, its database is $db. The broker and"
+echo "PostgreSQL keep running: scripts/kafka.sh down, scripts/postgres.sh down"

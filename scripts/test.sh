@@ -9,8 +9,12 @@
 # Broker tests are #[ignore]d under a plain `cargo test` (no broker there); here they run with
 # --include-ignored, so none is silently skipped.
 #
+# alert-sink's tests need PostgreSQL too: scripts/postgres.sh up when it is not running (stopped
+# again at the end), unless DATABASE_URL names a server already.
+#
 # Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), KAFKA_CLUSTER_BOOTSTRAP (default the
-# cluster's 127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094); extra arguments go to `cargo test`
+# cluster's 127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094), DATABASE_URL (default the cluster of
+# scripts/postgres.sh); extra arguments go to `cargo test`
 # before `--` (e.g. scripts/test.sh --test pipeline).
 set -euo pipefail
 
@@ -31,12 +35,23 @@ if ! command -v promtool >/dev/null; then
   fi
 fi
 
-started=0 cluster_started=0
+# PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
+# running (and stopped again at the end); a DATABASE_URL given by the caller is used as it is.
+started=0 cluster_started=0 pg_started=0
 cleanup() {
   if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; fi
   if [ "$cluster_started" = 1 ]; then scripts/kafka.sh down --brokers 3 --wipe >/dev/null || true; fi
+  if [ "$pg_started" = 1 ]; then scripts/postgres.sh down >/dev/null || true; fi
 }
 trap cleanup EXIT
+if [ -z "${DATABASE_URL:-}" ]; then
+  if ! scripts/postgres.sh status >/dev/null 2>&1; then
+    scripts/postgres.sh up >/dev/null
+    pg_started=1
+  fi
+  DATABASE_URL=$(scripts/postgres.sh url)
+  export DATABASE_URL
+fi
 # The jars first (once), then the single broker and the cluster start side by side.
 scripts/kafka.sh classpath >/dev/null
 pids=()

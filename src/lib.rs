@@ -42,6 +42,10 @@
 //! - [`kafka`]: client configuration, topics, offsets, readers, the tick feed.
 //! - [`tools`]: the commit/abort experiment, the tick generator, the verifier (oracle), the DLQ
 //!   replay (with its replay ledger), inspection and backlog watcher.
+//!
+//! Past Kafka's edge, where transactions cannot reach:
+//! - [`sink`]: notifications into PostgreSQL, effectively once (`alert-sink`).
+//!
 //! - [`cli`]: the command-line layer of the thin binaries in `src/bin/`; the library never
 //!   imports it.
 //!
@@ -56,6 +60,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod pipeline;
 pub mod rules;
+pub mod sink;
 pub mod tick;
 pub mod tools;
 pub mod trace;

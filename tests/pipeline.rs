@@ -7,7 +7,7 @@ mod common;
 use common::{kafka, Run};
 use price_alerts::kafka::Isolation;
 use price_alerts::tools::generate::{generate, GenOptions};
-use price_alerts::kafka::feed::{next_offsets, produce_ticks, Feed, Landed};
+use price_alerts::kafka::feed::{next_offsets, produce_ticks, Landed};
 use price_alerts::kafka::read::{count_records, reader};
 use price_alerts::rules::Rules;
 use price_alerts::pipeline::state;
@@ -27,17 +27,8 @@ fn stream(symbols: usize, ticks: usize, seed: u64) -> (Rules, Vec<Tick>) {
 /// Loads `ticks` in `chunks` slices spread over about `spread`, from a thread of its own, so the
 /// processor works on a live stream; returns where every tick landed.
 fn load_slowly(input: String, ticks: Vec<Tick>, chunks: usize, spread: Duration) -> thread::JoinHandle<Vec<Landed>> {
-    thread::spawn(move || {
-        let feed = Feed::new(&kafka()).expect("tick feed");
-        let size = ticks.len().div_ceil(chunks);
-        let pause = spread / chunks as u32;
-        let mut landed = Vec::new();
-        for chunk in ticks.chunks(size) {
-            landed.extend(feed.send_ticks(&input, chunk).expect("loading ticks"));
-            thread::sleep(pause); // input pacing, not a wait for a condition
-        }
-        landed
-    })
+    let records = ticks.iter().map(|t| (Some(t.symbol.as_bytes().to_vec()), price_alerts::tick::encode(t))).collect();
+    common::load_slowly(input, records, chunks, spread)
 }
 
 /// Waits until the group's committed offsets have moved `by` past `from` (summed over partitions).

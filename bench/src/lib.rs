@@ -6,10 +6,13 @@
 //!   (`bench/compare.sh`).
 //! - [`pipeline`] (`pipeline-bench`): what exactly-once costs the whole processor: throughput,
 //!   end-to-end latency and peak RSS by commit interval, against at-least-once.
+//! - [`sink`] (`sink-bench`): alert-sink's rows/s into PostgreSQL, batched against one row per
+//!   transaction, and the latency from a tick's append to its row.
 //! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
 //!
 //! Figures, with their commands and machine, are in `bench/RESULTS.md`.
 
 pub mod pipeline;
 pub mod producer;
+pub mod sink;
 pub mod stats;

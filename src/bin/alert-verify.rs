@@ -27,6 +27,11 @@ struct Cli {
     /// The pipeline ran with --inject-faults: poison ticks imply no notification.
     #[arg(long)]
     inject_faults: bool,
+    /// Check alert-sink's `alerts` table (at --database-url / DATABASE_URL) instead of the topic.
+    #[arg(long)]
+    table: bool,
+    #[command(flatten)]
+    db: price_alerts::cli::sink::DbArgs,
 }
 
 fn main() -> ExitCode {
@@ -46,7 +51,12 @@ fn run() -> anyhow::Result<bool> {
     let kafka = cli.kafka.connect()?;
     let rules = Rules::load(&cli.rules)?;
     let faults = price_alerts::dlq::FaultInjection { enabled: cli.inject_faults };
-    let report = verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?;
+    let report = if cli.table {
+        let db = cli.db.options()?;
+        price_alerts::sink::check::verify_table(&kafka, &cli.input, &rules, cli.max_tick_bytes, faults, &db)?
+    } else {
+        verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?
+    };
     price_alerts::outln!("{report}");
     Ok(report.ok())
 }

@@ -17,6 +17,7 @@
 mod log;
 pub mod pipeline;
 pub mod replay;
+pub mod sink;
 
 pub use log::{init_logging, LogGuard};
 pub use pipeline::{GuaranteeArg, PipelineArgs};

@@ -1,6 +1,8 @@
 //! Helpers of the broker tests: the broker address, fresh names, engine settings.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod postgres;
+
 use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
 use price_alerts::pipeline::EngineSettings;
 use price_alerts::rules::Rules;
@@ -29,6 +31,27 @@ pub fn settings(prefix: &str, rules: Rules) -> EngineSettings {
 /// Creates the topics of `s` with `partitions` input partitions.
 pub fn create_topics(s: &EngineSettings, partitions: i32) {
     futures::executor::block_on(topics::ensure(&s.kafka, &s.topics, Some(partitions))).expect("creating topics");
+}
+
+/// Loads raw (key, value) records in `chunks` slices spread over about `spread`, from a thread of
+/// its own, so the consumer under test works on a live stream; returns where every record landed.
+pub fn load_slowly(
+    topic: String,
+    records: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    chunks: usize,
+    spread: Duration,
+) -> std::thread::JoinHandle<Vec<price_alerts::kafka::feed::Landed>> {
+    std::thread::spawn(move || {
+        let feed = price_alerts::kafka::feed::Feed::new(&kafka()).expect("tick feed");
+        let size = records.len().div_ceil(chunks);
+        let pause = spread / chunks as u32;
+        let mut landed = Vec::new();
+        for chunk in records.chunks(size) {
+            landed.extend(feed.send_raw(&topic, chunk).expect("loading records"));
+            std::thread::sleep(pause); // input pacing, not a wait for a condition
+        }
+        landed
+    })
 }
 
 /// A running `alert-pipeline` child process.

@@ -1,0 +1,241 @@
+//! alert-sink's command line (and the database flags alert-verify shares), mapped onto
+//! [`SinkOptions`] and [`DbOptions`].
+
+// The `///` comments on clap arguments are the --help texts, written for a terminal, not rustdoc.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
+use super::{duration, interval, KafkaArgs};
+use crate::sink::options::{
+    split_tls_params, Backoff, DatabaseUrl, DbOptions, HoldAt, SinkOptions, SslMode, TestHold, TlsOptions,
+};
+use anyhow::{bail, Context as _};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The database flags, shared by alert-sink and alert-verify.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DbArgs {
+    /// PostgreSQL connection string (postgres://user:password@host:port/db?sslmode=...).
+    /// Never logged with its password.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<DatabaseUrl>,
+    /// TLS mode, as libpq's sslmode (wins over the URL's).
+    #[arg(long, env = "PGSSLMODE", value_enum)]
+    pub db_ssl_mode: Option<SslMode>,
+    /// CA certificates (PEM) to verify the server with, as libpq's sslrootcert.
+    #[arg(long, env = "PGSSLROOTCERT")]
+    pub db_ssl_root_cert: Option<PathBuf>,
+    /// Client certificate (PEM), as libpq's sslcert.
+    #[arg(long, env = "PGSSLCERT")]
+    pub db_ssl_cert: Option<PathBuf>,
+    /// Client certificate key (PEM), as libpq's sslkey.
+    #[arg(long, env = "PGSSLKEY")]
+    pub db_ssl_key: Option<PathBuf>,
+    /// Bound on one connection attempt.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub db_connect_timeout: Duration,
+}
+
+impl DbArgs {
+    /// The connection settings; an error if no URL was given.
+    pub fn options(&self) -> anyhow::Result<DbOptions> {
+        let url = self.database_url.clone().context("no database: give --database-url or set DATABASE_URL")?;
+        let (url, mut tls) = split_tls_params(&url)?;
+        let flags = TlsOptions {
+            mode: self.db_ssl_mode,
+            root_cert: self.db_ssl_root_cert.clone(),
+            cert: self.db_ssl_cert.clone(),
+            key: self.db_ssl_key.clone(),
+        };
+        tls.mode = flags.mode.or(tls.mode);
+        tls.root_cert = flags.root_cert.or(tls.root_cert);
+        tls.cert = flags.cert.or(tls.cert);
+        tls.key = flags.key.or(tls.key);
+        if tls.cert.is_some() != tls.key.is_some() {
+            bail!("a client certificate needs its key and the other way round (sslcert with sslkey)");
+        }
+        Ok(DbOptions { url, tls, connect_timeout: self.db_connect_timeout })
+    }
+}
+
+/// alert-sink's command line.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "alert-sink",
+    version,
+    about = "Notifications into PostgreSQL, effectively once: idempotent rows and the consumed offsets in one database transaction"
+)]
+pub struct SinkArgs {
+    #[command(subcommand)]
+    pub command: Option<SinkCommand>,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Application id; the sink's group is <app>-sink unless --group says otherwise.
+    #[arg(long, default_value = "price-alerts")]
+    pub app_id: String,
+    /// The sink's consumer group (default <app>-sink).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Instance id, stable across restarts of this instance (group.instance.id = <group>-<instance>).
+    #[arg(long, env = "INSTANCE_ID", default_value = "0")]
+    pub instance_id: String,
+    /// Dynamic group membership instead of static (group.instance.id).
+    #[arg(long)]
+    pub dynamic_membership: bool,
+    /// The notifications topic.
+    #[arg(long, default_value = "notifications")]
+    pub topic: String,
+    /// Write a batch when it holds this many records.
+    #[arg(long, default_value_t = crate::sink::options::DEFAULT_MAX_BATCH)]
+    pub max_batch: usize,
+    /// Write a batch when it is this old, even if records keep arriving.
+    #[arg(long, default_value = "100ms", value_parser = interval)]
+    pub commit_interval: Duration,
+    /// Write a batch when no record arrived for this long.
+    #[arg(long, default_value = "5ms", value_parser = duration)]
+    pub linger: Duration,
+    /// Bound on writing one batch; past it the database counts as unavailable.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub write_timeout: Duration,
+    /// First reconnection delay during an outage (doubling up to --reconnect-max).
+    #[arg(long, default_value = "200ms", value_parser = duration)]
+    pub reconnect_initial: Duration,
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub reconnect_max: Duration,
+    /// Notifications larger than this many bytes are dead-lettered as oversize.
+    #[arg(long, default_value_t = crate::sink::record::DEFAULT_MAX_RECORD_BYTES)]
+    pub max_record_bytes: usize,
+    /// Do not commit the stored offsets to the Kafka group (they are only for lag monitoring).
+    #[arg(long)]
+    pub no_kafka_commit: bool,
+    /// How long a graceful shutdown may take before exiting non-zero.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub shutdown_timeout: Duration,
+    /// Stop once idle this long with nothing buffered (demos, benchmarks).
+    #[arg(long, value_parser = duration)]
+    pub exit_when_idle: Option<Duration>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9899); alerts_sink_ready is 0
+    /// while the sink is paused.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// TEST ONLY: stop dead at in-db-txn:N or after-db-commit:N (the N-th batch).
+    #[arg(long, hide = true)]
+    pub test_hold: Option<String>,
+    /// TEST ONLY: the file written when the hold is reached.
+    #[arg(long, hide = true)]
+    pub test_hold_file: Option<PathBuf>,
+}
+
+/// What alert-sink does besides sinking.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SinkCommand {
+    /// Apply the database migrations and exit (the sink also applies them at start).
+    Migrate,
+}
+
+impl SinkArgs {
+    /// The consumer group.
+    pub fn group_id(&self) -> String {
+        self.group.clone().unwrap_or_else(|| format!("{}-sink", self.app_id))
+    }
+
+    /// Validates the arguments and builds the options.
+    pub fn options(&self) -> anyhow::Result<SinkOptions> {
+        let kafka = self.kafka.config()?;
+        kafka.validate()?;
+        if self.max_batch == 0 {
+            bail!("--max-batch must be at least 1");
+        }
+        if self.reconnect_initial.is_zero() || self.reconnect_max < self.reconnect_initial {
+            bail!("--reconnect-initial must be above 0 and at most --reconnect-max");
+        }
+        let test_hold = match (&self.test_hold, &self.test_hold_file) {
+            (None, _) => None,
+            (Some(_), None) => bail!("--test-hold needs --test-hold-file"),
+            (Some(spec), Some(file)) => {
+                let (at, n) = spec.split_once(':').context("--test-hold is AT:N")?;
+                let at = match at {
+                    "in-db-txn" => HoldAt::InDbTxn,
+                    "after-db-commit" => HoldAt::AfterDbCommit,
+                    other => bail!("--test-hold: unknown point {other:?}"),
+                };
+                Some(TestHold { at, batch: n.parse().context("--test-hold: N")?, file: file.clone() })
+            }
+        };
+        let group_id = self.group_id();
+        Ok(SinkOptions {
+            kafka,
+            db: self.db.options()?,
+            topic: self.topic.clone(),
+            group_instance_id: (!self.dynamic_membership).then(|| format!("{group_id}-{}", self.instance_id)),
+            group_id,
+            max_batch: self.max_batch,
+            commit_interval: self.commit_interval,
+            linger: self.linger,
+            write_timeout: self.write_timeout,
+            backoff: Backoff { initial: self.reconnect_initial, max: self.reconnect_max },
+            max_record_bytes: self.max_record_bytes,
+            commit_to_kafka: !self.no_kafka_commit,
+            shutdown_timeout: self.shutdown_timeout,
+            exit_when_idle: self.exit_when_idle,
+            test_hold,
+        })
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::options::{DEFAULT_COMMIT_INTERVAL, DEFAULT_LINGER, DEFAULT_MAX_BATCH};
+    use clap::Parser;
+
+    #[test]
+    fn the_password_never_shows_in_the_arguments_or_the_options() {
+        let args = SinkArgs::try_parse_from(["alert-sink", "--database-url", "postgres://u:s3cr3t@h/d"]).unwrap();
+        assert!(!format!("{args:?}").contains("s3cr3t"), "Debug of the arguments masks it");
+        assert!(!format!("{:?}", args.options().unwrap()).contains("s3cr3t"), "and of the options");
+    }
+
+    #[test]
+    fn tls_flags_win_over_the_url() {
+        let args = SinkArgs::try_parse_from([
+            "alert-sink",
+            "--database-url",
+            "postgres://u@h/d?sslmode=require&sslrootcert=/a.pem",
+            "--db-ssl-root-cert",
+            "/b.pem",
+        ])
+        .unwrap();
+        let db = args.options().unwrap().db;
+        assert_eq!((db.tls.mode, db.tls.root_cert), (Some(SslMode::Require), Some(PathBuf::from("/b.pem"))));
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let o = SinkArgs::try_parse_from(["alert-sink", "--database-url", "postgres://h/d"]).unwrap().options().unwrap();
+        assert_eq!(o.group_id, "price-alerts-sink");
+        assert_eq!(o.group_instance_id.as_deref(), Some("price-alerts-sink-0"));
+        assert_eq!((o.max_batch, o.commit_interval), (DEFAULT_MAX_BATCH, DEFAULT_COMMIT_INTERVAL));
+        assert_eq!(o.linger, DEFAULT_LINGER);
+        assert!(o.commit_to_kafka);
+        let err = SinkArgs::try_parse_from(["alert-sink", "--max-batch", "0", "--database-url", "x"]).unwrap().options();
+        assert!(err.is_err());
+        let hold = SinkArgs::try_parse_from([
+            "alert-sink",
+            "--database-url",
+            "x",
+            "--test-hold",
+            "after-db-commit:3",
+            "--test-hold-file",
+            "/tmp/f",
+        ])
+        .unwrap()
+        .options()
+        .unwrap()
+        .test_hold;
+        assert_eq!(hold.map(|h| (h.at, h.batch)), Some((HoldAt::AfterDbCommit, 3)));
+    }
+}

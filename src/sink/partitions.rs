@@ -1,0 +1,510 @@
+//! What the sink owns and what happens to it: the open batch, writing it, a database outage
+//! (pause, reconnect, resume), and rebalances (where an assigned partition starts, what happens to
+//! a revoked partition's records).
+//!
+//! ```text
+//!            write ok                              write fails: unavailable
+//!   ┌──────────────────────┐            ┌───────────────────────────────────────┐
+//!   ▼                      │            │                                       ▼
+//! CONSUMING ── batch due ──┴── write ───┘         PAUSED: every partition paused, polling goes on,
+//!   ▲                                             the batch kept; reconnect at backoff deadlines
+//!   └───── reconnected, batch written, partitions resumed ◄───────────────────┘
+//! ```
+//!
+//! # Invariants
+//! - The stored offsets (`sink_offsets`) are the truth. An assigned partition starts at its stored
+//!   offset (the beginning when none is stored), never at the Kafka group's committed offset.
+//! - A record's offset is stored only in the transaction that stores its row or dead letter.
+//! - An outage never drops or dead-letters a record: the batch waits in memory, the partitions are
+//!   paused (the consumer keeps polling, so it stays in the group and serves rebalances), and the
+//!   same batch is written once the database answers.
+//! - A revoked partition's records are either stored before the revoke completes (the batch is
+//!   written inside the rebalance callback while the database answers and the assignment was not
+//!   lost) or dropped; the next owner starts at the stored offsets, so dropped records are read
+//!   again and nothing is lost.
+//! - If the database is down when a partition is assigned, it starts at the Kafka group's
+//!   committed offset, which is never above the stored one (it is committed only after the
+//!   database commit of the same offsets, and stored offsets never move back), and is paused; once
+//!   the database answers it is moved to its stored offset before it resumes.
+//!
+//! Everything here runs on the consumer's thread: the rebalance callback runs inside `poll`, so the
+//! mutex around [`State`] is never contended; it exists because the callback reaches the state
+//! through the consumer's context. Database calls are async; this thread drives them with
+//! `Handle::block_on`, bounded by the write timeout.
+
+use crate::health::Health;
+use super::db::{self, DbError};
+use super::metrics as m;
+use super::options::{HoldAt, SinkOptions};
+use super::record::Entry;
+use super::store::{hold_if, Batch, Store};
+use anyhow::{anyhow, Context as _};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaResult;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// Counters of one sink instance; logged at shutdown.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SinkStats {
+    /// Batches committed in the database.
+    pub batches: u64,
+    /// Records of those batches.
+    pub records: u64,
+    /// Rows new to the table.
+    pub rows_inserted: u64,
+    /// Rows that were there already (redone work).
+    pub rows_conflicted: u64,
+    pub dead_letters: u64,
+    /// Database outages (each paused the partitions until the database answered again).
+    pub outages: u64,
+}
+
+impl std::fmt::Display for SinkStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rows = [
+            ("records stored", self.records),
+            ("  rows inserted", self.rows_inserted),
+            ("  rows already there", self.rows_conflicted),
+            ("  dead-lettered", self.dead_letters),
+            ("batches", self.batches),
+            ("database outages", self.outages),
+        ];
+        for (i, (label, n)) in rows.iter().enumerate() {
+            let end = if i + 1 < rows.len() { "\n" } else { "" };
+            write!(f, "{label:<24}{n:>12}{end}")?;
+        }
+        Ok(())
+    }
+}
+
+/// An ongoing database outage.
+#[derive(Debug)]
+struct Outage {
+    since: Instant,
+    /// Reconnection attempts so far.
+    attempts: u32,
+    next_attempt: Instant,
+}
+
+/// The sink's state, shared by the loop and the rebalance callback.
+pub(super) struct State {
+    /// The connection; None during an outage.
+    store: Option<Store>,
+    outage: Option<Outage>,
+    /// The open batch: everything consumed and not stored yet.
+    batch: Batch,
+    /// When the open batch got its first record.
+    batch_since: Option<Instant>,
+    /// When the last record arrived.
+    pub(super) last_record: Instant,
+    /// Owned partitions.
+    assigned: BTreeSet<i32>,
+    /// Partitions assigned while the database was down: not yet at their stored offsets.
+    unsynced: BTreeSet<i32>,
+    /// Batches committed so far (numbers the test hold).
+    batches_written: u64,
+    stats: SinkStats,
+    /// An error of the rebalance callback, reported after `poll` returns.
+    fatal: Option<anyhow::Error>,
+}
+
+/// What the loop and the rebalance callback share.
+pub(super) struct Shared {
+    pub(super) opts: SinkOptions,
+    rt: tokio::runtime::Handle,
+    /// Readiness: not while a database outage keeps the partitions paused.
+    pub(super) health: Health,
+    state: Mutex<State>,
+}
+
+/// The consumer's context: the rebalance callbacks.
+pub struct SinkContext {
+    shared: Arc<Shared>,
+}
+
+impl Shared {
+    pub(super) fn new(opts: SinkOptions, rt: tokio::runtime::Handle, store: Store, health: Health) -> Arc<Self> {
+        Arc::new(Shared {
+            opts,
+            rt,
+            health,
+            state: Mutex::new(State {
+                store: Some(store),
+                outage: None,
+                batch: Batch::default(),
+                batch_since: None,
+                last_record: Instant::now(),
+                assigned: BTreeSet::new(),
+                unsynced: BTreeSet::new(),
+                batches_written: 0,
+                stats: SinkStats::default(),
+                fatal: None,
+            }),
+        })
+    }
+
+    pub(super) fn context(self: &Arc<Self>) -> SinkContext {
+        SinkContext { shared: Arc::clone(self) }
+    }
+
+    pub(super) fn lock(&self) -> anyhow::Result<MutexGuard<'_, State>> {
+        // A poisoned lock means a panic while the state was half-updated: nothing can be trusted.
+        self.state.lock().map_err(|_| anyhow!("sink state lock poisoned by an earlier panic"))
+    }
+
+    fn tpl(&self, partitions: impl IntoIterator<Item = i32>) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition(&self.opts.topic, p);
+        }
+        tpl
+    }
+
+    /// Adds a consumed record to the open batch.
+    pub(super) fn push(&self, st: &mut State, entry: Entry, offset: i64) {
+        let p = entry.partition();
+        match entry {
+            Entry::Row(row, raw) => st.batch.rows.push((row, raw)),
+            Entry::Dead(d) => {
+                // Logged here (never the payload) and counted once stored.
+                warn!(partition = d.partition, offset = d.offset, class = d.class, error = %d.message, "notification dead-lettered");
+                st.batch.dead.push(d);
+            }
+        }
+        st.batch.next_offsets.insert(p, offset + 1);
+        let now = Instant::now();
+        st.batch_since.get_or_insert(now);
+        st.last_record = now;
+    }
+
+    /// Whether the open batch should be written now; `quiet` says the last poll found nothing.
+    pub(super) fn batch_due(&self, st: &State, quiet: bool) -> bool {
+        let Some(since) = st.batch_since else { return false };
+        st.store.is_some()
+            && (st.batch.records() >= self.opts.max_batch
+                || since.elapsed() >= self.opts.commit_interval
+                || (quiet && st.last_record.elapsed() >= self.opts.linger))
+    }
+
+    /// How long the next poll may wait: until the batch or a reconnection is due, at most `slice`.
+    pub(super) fn poll_timeout(&self, st: &State, slice: Duration) -> Duration {
+        let now = Instant::now();
+        let mut t = slice;
+        if let Some(since) = st.batch_since {
+            t = t.min(self.opts.linger).min((since + self.opts.commit_interval).saturating_duration_since(now));
+        }
+        if let Some(o) = &st.outage {
+            t = t.min(o.next_attempt.saturating_duration_since(now));
+        }
+        t.max(Duration::from_millis(1))
+    }
+
+    /// Nothing arrived for `idle` since the last record or assignment, and nothing is open. Only
+    /// once partitions are owned: a slow group join is not idleness.
+    pub(super) fn idle(&self, st: &State, idle: Duration) -> bool {
+        !st.assigned.is_empty() && st.batch_since.is_none() && st.outage.is_none() && st.last_record.elapsed() >= idle
+    }
+
+    pub(super) fn take_fatal(&self, st: &mut State) -> Option<anyhow::Error> {
+        st.fatal.take()
+    }
+
+    pub(super) fn stats(&self, st: &State) -> SinkStats {
+        st.stats.clone()
+    }
+
+    pub(super) fn owns_partitions(&self, st: &State) -> bool {
+        !st.assigned.is_empty()
+    }
+
+    /// Writes the open batch in one database transaction. An unavailable database starts (or
+    /// continues) an outage and is not an error; anything else the database says is.
+    pub(super) fn flush(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
+        if st.batch.next_offsets.is_empty() {
+            return Ok(());
+        }
+        let State { store, batch, batches_written, .. } = st;
+        let Some(store) = store.as_mut() else { return Ok(()) };
+        let n = *batches_written + 1;
+        let hold = self.opts.test_hold.as_ref().map(|h| (h, n));
+        let started = Instant::now();
+        let (group, topic) = (&self.opts.group_id, &self.opts.topic);
+        let result = self
+            .rt
+            .block_on(tokio::time::timeout(self.opts.write_timeout, store.write(group, topic, batch, hold)))
+            .unwrap_or_else(|_| Err(DbError::Unavailable(format!("batch not written within {:?}", self.opts.write_timeout))));
+        let written = match result {
+            Ok(w) => w,
+            Err(e) if e.is_unavailable() => {
+                self.enter_outage(st, consumer, &e);
+                return Ok(());
+            }
+            Err(e) => return Err(anyhow!(e).context("writing a batch")),
+        };
+        let took = started.elapsed();
+        st.batches_written = n;
+        let records = st.batch.records();
+        let s = &mut st.stats;
+        s.batches += 1;
+        s.records += records as u64;
+        s.rows_inserted += written.inserted;
+        s.rows_conflicted += written.conflicted;
+        s.dead_letters += written.dead_letters.values().sum::<u64>();
+        m::batch_written(&written, records, took);
+        debug!(
+            records,
+            inserted = written.inserted,
+            conflicted = written.conflicted,
+            dead_letters = ?written.dead_letters,
+            offsets = ?st.batch.next_offsets,
+            write_ms = took.as_millis() as u64,
+            "batch stored"
+        );
+        hold_if(hold, HoldAt::AfterDbCommit, &st.batch);
+        let batch = std::mem::take(&mut st.batch);
+        st.batch_since = None;
+        if self.opts.commit_to_kafka {
+            // For lag monitoring only: the sink starts from the stored offsets, not from these.
+            let mut tpl = TopicPartitionList::new();
+            for (&p, &o) in &batch.next_offsets {
+                tpl.add_partition_offset(topic, p, Offset::Offset(o))?;
+            }
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                debug!(error = %e, "offsets not committed to the Kafka group (lag monitoring only)");
+            }
+        }
+        Ok(())
+    }
+
+    /// The database is unavailable: drop the connection, pause every owned partition, schedule a
+    /// reconnection. The open batch stays.
+    fn enter_outage(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>, e: &DbError) {
+        st.store = None;
+        let now = Instant::now();
+        match &mut st.outage {
+            Some(o) => {
+                o.attempts += 1;
+                o.next_attempt = now + self.opts.backoff.delay(o.attempts, rand::random_range(0.5..=1.0));
+            }
+            None => {
+                st.outage = Some(Outage {
+                    since: now,
+                    attempts: 0,
+                    next_attempt: now + self.opts.backoff.delay(1, rand::random_range(0.5..=1.0)),
+                });
+                st.stats.outages += 1;
+                m::outage_started(st.assigned.len());
+                self.health.not_ready("database unavailable: partitions paused");
+                warn!(error = %e, partitions = ?st.assigned, buffered = st.batch.records(), "database unavailable: partitions paused, reconnecting");
+            }
+        }
+        if let Err(e) = consumer.pause(&self.tpl(st.assigned.iter().copied())) {
+            warn!(error = %e, "pausing partitions failed");
+        }
+    }
+
+    /// During an outage, once the next attempt is due: reconnect, move the partitions assigned
+    /// meanwhile to their stored offsets, write the waiting batch, resume every partition.
+    pub(super) fn try_recover(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
+        let Some(o) = &st.outage else { return Ok(()) };
+        if Instant::now() < o.next_attempt {
+            return Ok(());
+        }
+        let connected = self.rt.block_on(async {
+            let client = db::connect(&self.opts.db).await?;
+            Store::new(client).await
+        });
+        match connected {
+            Ok(store) => st.store = Some(store),
+            Err(e) if e.is_unavailable() => {
+                debug!(error = %e, "database still unavailable");
+                self.enter_outage(st, consumer, &e);
+                return Ok(());
+            }
+            Err(e) => return Err(anyhow!(e).context("reconnecting to the database")),
+        }
+        if !st.unsynced.is_empty() {
+            self.sync_unsynced(st, consumer)?;
+        }
+        self.flush(st, consumer)?;
+        if st.store.is_none() {
+            return Ok(()); // down again while writing: the outage goes on
+        }
+        if let Err(e) = consumer.resume(&self.tpl(st.assigned.iter().copied())) {
+            return Err(anyhow!(e).context("resuming partitions after the outage"));
+        }
+        if let Some(o) = st.outage.take() {
+            m::outage_ended(o.since.elapsed());
+            self.health.ready();
+            info!(
+                outage_ms = o.since.elapsed().as_millis() as u64,
+                attempts = o.attempts + 1,
+                partitions = ?st.assigned,
+                "database back: batch stored, partitions resumed"
+            );
+        }
+        Ok(())
+    }
+
+    /// Moves the partitions assigned during the outage to their stored offsets (dropping what was
+    /// read of them from the Kafka-committed position meanwhile).
+    fn sync_unsynced(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
+        let Some(store) = st.store.as_ref() else { return Ok(()) };
+        let stored = match self.rt.block_on(self.read_offsets(store)) {
+            Ok(s) => s,
+            Err(e) if e.is_unavailable() => {
+                self.enter_outage(st, consumer, &e);
+                return Ok(());
+            }
+            Err(e) => return Err(anyhow!(e).context("reading the stored offsets")),
+        };
+        let unsynced: Vec<i32> = std::mem::take(&mut st.unsynced).into_iter().collect();
+        st.batch.drop_partitions(&unsynced);
+        let mut tpl = TopicPartitionList::new();
+        for &p in &unsynced {
+            tpl.add_partition_offset(&self.opts.topic, p, stored.get(&p).map_or(Offset::Beginning, |&o| Offset::Offset(o)))?;
+        }
+        match consumer.seek_partitions(tpl, self.opts.write_timeout) {
+            Ok(r) if r.elements().iter().all(|e| e.error().is_ok()) => {
+                info!(partitions = ?unsynced, "partitions assigned during the outage moved to their stored offsets")
+            }
+            // Still correct from the committed offset (never above the stored one): only redone.
+            other => warn!(result = ?other.map(|r| r.elements().len()), "seeking to the stored offsets failed; reading on from the committed ones"),
+        }
+        Ok(())
+    }
+
+    async fn read_offsets(&self, store: &Store) -> Result<BTreeMap<i32, i64>, DbError> {
+        tokio::time::timeout(self.opts.write_timeout, store.offsets(&self.opts.group_id, &self.opts.topic))
+            .await
+            .unwrap_or_else(|_| Err(DbError::Unavailable("stored offsets not read in time".into())))
+    }
+
+    /// Assignment: start each partition at its stored offset (the beginning when none is stored).
+    fn on_assign(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>, tpl: &mut TopicPartitionList) -> anyhow::Result<()> {
+        let parts: Vec<i32> = partitions_of(tpl, &self.opts.topic);
+        let stored = match &st.store {
+            Some(store) => self.rt.block_on(self.read_offsets(store)),
+            None => Err(DbError::Unavailable("database unavailable at assignment".into())),
+        };
+        match stored {
+            Ok(stored) => {
+                for &p in &parts {
+                    let at = stored.get(&p).map_or(Offset::Beginning, |&o| Offset::Offset(o));
+                    tpl.set_partition_offset(&self.opts.topic, p, at)?;
+                }
+                info!(partitions = ?parts, stored = ?stored, "partitions assigned: starting at the stored offsets");
+            }
+            Err(e) if e.is_unavailable() => {
+                // The committed offsets (a lower bound of the stored ones) until the database
+                // answers; paused below, moved to the stored offsets on recovery.
+                st.unsynced.extend(&parts);
+                self.enter_outage(st, consumer, &e);
+                warn!(partitions = ?parts, "partitions assigned during a database outage: paused");
+            }
+            Err(e) => return Err(anyhow!(e).context("reading the stored offsets")),
+        }
+        assign(consumer, tpl).context("assigning partitions")?;
+        st.assigned.extend(&parts);
+        st.last_record = Instant::now();
+        if st.outage.is_some() {
+            consumer.pause(&self.tpl(parts)).context("pausing partitions assigned during an outage")?;
+        }
+        m::assigned(st.assigned.len());
+        Ok(())
+    }
+
+    /// Revocation: store the open batch first when the database answers and the assignment is
+    /// still ours; otherwise drop the revoked partitions' records (the next owner reads them again
+    /// from the stored offsets).
+    fn on_revoke(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>, tpl: &TopicPartitionList) -> anyhow::Result<()> {
+        let parts = partitions_of(tpl, &self.opts.topic);
+        let lost = consumer.assignment_lost();
+        let buffered = st.batch.records();
+        // A failed write still lets the partitions go (below); its error is reported after.
+        let stored = if !lost && st.store.is_some() { self.flush(st, consumer) } else { Ok(()) };
+        let dropped = st.batch.drop_partitions(&parts);
+        info!(partitions = ?parts, lost, buffered, dropped, "partitions revoked");
+        for p in &parts {
+            st.assigned.remove(p);
+            st.unsynced.remove(p);
+        }
+        if st.batch.next_offsets.is_empty() {
+            st.batch_since = None;
+        }
+        unassign(consumer, tpl).context("unassigning partitions")?;
+        m::assigned(st.assigned.len());
+        stored
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
+    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition()).collect()
+}
+
+fn assign(consumer: &BaseConsumer<SinkContext>, tpl: &TopicPartitionList) -> KafkaResult<()> {
+    match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => consumer.incremental_assign(tpl),
+        _ => consumer.assign(tpl),
+    }
+}
+
+fn unassign(consumer: &BaseConsumer<SinkContext>, tpl: &TopicPartitionList) -> KafkaResult<()> {
+    match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
+        _ => consumer.unassign(),
+    }
+}
+
+impl ClientContext for SinkContext {}
+
+impl ConsumerContext for SinkContext {
+    /// Replaces rdkafka's default rebalance: the assigned partitions' start offsets come from the
+    /// database, and a revoked partition's batch is stored (or dropped) before it goes.
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let shared = &self.shared;
+        let mut st = match shared.lock() {
+            Ok(g) => g,
+            Err(e) => return error!(error = %e, "rebalance with a poisoned state"),
+        };
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => shared.on_assign(&mut st, consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => shared.on_revoke(&mut st, consumer, tpl),
+            other => {
+                // librdkafka asks for the assignment to be dropped on a rebalance error.
+                warn!(error = ?other, "rebalance error; dropping the assignment");
+                let all: Vec<i32> = st.assigned.iter().copied().collect();
+                let tpl = shared.tpl(all);
+                shared.on_revoke(&mut st, consumer, &tpl)
+            }
+        };
+        if let Err(e) = result {
+            error!(error = format!("{e:#}"), "rebalance failed");
+            st.fatal.get_or_insert(e);
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            debug!(error = %e, "offset commit to the Kafka group failed (lag monitoring only)");
+        }
+    }
+}
+
+impl Batch {
+    /// Drops the records of `partitions`; returns how many.
+    pub fn drop_partitions(&mut self, partitions: &[i32]) -> usize {
+        let before = self.records();
+        self.rows.retain(|(r, _)| !partitions.contains(&r.partition));
+        self.dead.retain(|d| !partitions.contains(&d.partition));
+        for p in partitions {
+            self.next_offsets.remove(p);
+        }
+        before - self.records()
+    }
+}

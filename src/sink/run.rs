@@ -1,0 +1,167 @@
+//! The long-running sink: start-up (connect, migrate), the poll loop, and shutdown.
+//!
+//! ```text
+//!  connect (waiting out an unavailable database) ─► migrate ─► subscribe
+//!  ┌──────────────── dedicated thread (rdkafka's poll and the rebalance callback) ─────────────┐
+//!  │ loop: reconnect if an outage's next attempt is due ─► write the batch if due ─► poll ≤100 ms│
+//!  │       (batch due: max-batch records, or commit-interval old, or linger without a record)  │
+//!  └──────────────────────────────────────────────▲───────────────────────────────────────────┘
+//!                      stop flag set by ──────────┘ the async side: SIGINT/SIGTERM (any future)
+//! ```
+//! The loop never sleeps: during an outage it keeps polling (paused partitions deliver nothing, but
+//! the consumer serves rebalances and stays in the group) with the poll's timeout ending at the
+//! next reconnection attempt.
+//!
+//! Shutdown is a parameter: [`run`] takes any future. On shutdown the loop stops polling, writes the
+//! open batch (if the database answers; otherwise its records stay unstored and are read again by
+//! the next owner), leaves the group and returns; past the shutdown timeout [`run`] returns an error.
+
+use super::db;
+use crate::health::Health;
+use super::metrics as m;
+use super::options::SinkOptions;
+use super::partitions::{Shared, SinkContext, SinkStats};
+use super::record::Entry;
+use super::store::Store;
+use anyhow::{bail, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Longest single poll: bounds how late a batch, a reconnection or a stop request is noticed.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// Runs the sink until `shutdown` resolves (or it idles out, or fails), reporting its liveness and
+/// readiness to `health`.
+pub async fn run(opts: SinkOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<SinkStats> {
+    tokio::pin!(shutdown);
+    m::ready(false);
+    health.not_ready("connecting to the database");
+    info!(db = %db::describe(&opts.db), topic = %opts.topic, group = %opts.group_id, "alert-sink starting");
+    let Some(mut client) = db::connect_waiting(&opts.db, opts.backoff, &mut shutdown).await? else {
+        info!("shutdown requested while waiting for the database");
+        return Ok(SinkStats::default());
+    };
+    db::migrate(&mut client).await?;
+    let store = Store::new(client).await.context("preparing the statements")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let shutdown_timeout = opts.shutdown_timeout;
+    let worker = {
+        let stop = Arc::clone(&stop);
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || run_blocking(opts, rt, store, health, &stop))
+    };
+    tokio::pin!(worker);
+    tokio::select! {
+        // The worker's own end (error or idle exit) wins over a shutdown arriving at the same
+        // moment, so its result is never dropped.
+        biased;
+        done = &mut worker => return done.context("the sink thread panicked")?,
+        () = &mut shutdown => info!("shutdown requested"),
+    }
+    stop.store(true, Ordering::Relaxed);
+    match tokio::time::timeout(shutdown_timeout, worker).await {
+        Ok(done) => done.context("the sink thread panicked")?,
+        Err(_) => bail!("shutdown did not finish within {shutdown_timeout:?}"),
+    }
+}
+
+/// Applies the migrations and returns the versions applied now (`alert-sink migrate`).
+pub async fn migrate_only(opts: &super::options::DbOptions) -> anyhow::Result<Vec<String>> {
+    let mut client = db::connect(opts).await.with_context(|| format!("connecting to {}", db::describe(opts)))?;
+    db::migrate(&mut client).await
+}
+
+/// The consumer loop. Blocking: run it on a thread of its own.
+fn run_blocking(
+    opts: SinkOptions,
+    rt: tokio::runtime::Handle,
+    store: Store,
+    health: Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<SinkStats> {
+    let mut cfg = opts.kafka.group_consumer(&opts.group_id, opts.group_instance_id.as_deref());
+    if cfg.get("fetch.wait.max.ms").is_none() {
+        // Notifications become visible in bursts, when a pipeline transaction commits; a fetch
+        // that waits for more data delays the burst's delivery by up to this bound (librdkafka's
+        // default is 500 ms), which is most of the sink's latency. -X overrides it.
+        cfg.set("fetch.wait.max.ms", "20");
+    }
+    let shared = Shared::new(opts, rt, store, health);
+    let consumer: BaseConsumer<SinkContext> =
+        cfg.create_with_context(shared.context()).context("creating the sink's consumer")?;
+    consumer.subscribe(&[&shared.opts.topic]).context("subscribing to the notifications topic")?;
+    m::ready(true);
+    shared.health.ready();
+    let result = consume_until_stopped(&shared, &consumer, stop);
+    m::ready(false);
+    shared.health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
+    let stats = shared.stats(&*shared.lock()?);
+    match result {
+        Ok(()) => {
+            close(&shared, &consumer)?;
+            let stats = shared.stats(&*shared.lock()?);
+            info!(records = stats.records, inserted = stats.rows_inserted, dead_letters = stats.dead_letters, outages = stats.outages, "alert-sink stopped");
+            Ok(stats)
+        }
+        Err(e) => {
+            warn!(error = format!("{e:#}"), records = stats.records, "alert-sink failed");
+            Err(e)
+        }
+    }
+}
+
+fn consume_until_stopped(shared: &Shared, consumer: &BaseConsumer<SinkContext>, stop: &AtomicBool) -> anyhow::Result<()> {
+    let max_bytes = shared.opts.max_record_bytes;
+    let mut quiet = false;
+    while !stop.load(Ordering::Relaxed) {
+        shared.health.beat();
+        let timeout = {
+            let mut st = shared.lock()?;
+            if let Some(e) = shared.take_fatal(&mut st) {
+                return Err(e);
+            }
+            shared.try_recover(&mut st, consumer)?;
+            if shared.batch_due(&st, quiet) {
+                shared.flush(&mut st, consumer)?;
+            }
+            if shared.opts.exit_when_idle.is_some_and(|idle| shared.idle(&st, idle)) {
+                info!("idle; stopping");
+                break;
+            }
+            shared.poll_timeout(&st, POLL_SLICE)
+        };
+        // Unlocked while polling: the rebalance callback runs inside poll and locks the state.
+        match consumer.poll(timeout) {
+            Some(Ok(m)) => {
+                quiet = false;
+                let entry = Entry::of(&m, max_bytes);
+                shared.push(&mut *shared.lock()?, entry, rdkafka::Message::offset(&m));
+            }
+            Some(Err(e)) => warn!(error = %e, "consumer error"),
+            None => quiet = true,
+        }
+    }
+    Ok(())
+}
+
+/// Writes what is open, leaves the group (which revokes every partition) and serves that revoke.
+fn close(shared: &Shared, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
+    {
+        let mut st = shared.lock()?;
+        shared.flush(&mut st, consumer)?;
+    }
+    consumer.unsubscribe();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && shared.owns_partitions(&*shared.lock()?) {
+        let _ = consumer.poll(Duration::from_millis(100));
+    }
+    let mut st = shared.lock()?;
+    if let Some(e) = shared.take_fatal(&mut st) {
+        return Err(e);
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! PostgreSQL of the sink tests: the cluster of scripts/postgres.sh (or `DATABASE_URL`), a fresh
+//! database per test, the queries the tests assert on, and an alert-sink child process.
+
+use super::{kafka, Pipeline};
+use price_alerts::sink::db;
+use price_alerts::sink::options::{DatabaseUrl, DbOptions, TlsOptions};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Where the cluster of scripts/postgres.sh keeps its files.
+pub fn state_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".postgres")
+}
+
+/// The server under test: `DATABASE_URL`, or the URL scripts/postgres.sh wrote.
+pub fn admin_url() -> String {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        return url;
+    }
+    std::fs::read_to_string(state_dir().join("url"))
+        .map(|s| s.trim().to_owned())
+        .expect("no DATABASE_URL and no .postgres/url: run scripts/postgres.sh up (or scripts/test.sh)")
+}
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = match base.split_once("://").and_then(|(_, rest)| rest.find('/')) {
+        Some(_) => base.rsplit_once('/').map_or(base, |(b, _)| b),
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+pub fn options(url: &str) -> DbOptions {
+    DbOptions {
+        url: url.parse::<DatabaseUrl>().expect("url"),
+        tls: TlsOptions::default(),
+        // Generous: a debug build's SCRAM and TLS handshake on a loaded 2-core machine take seconds.
+        connect_timeout: Duration::from_secs(30),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+/// Runs one statement on the server's admin database.
+fn admin(sql: &str) {
+    runtime().block_on(async {
+        let c = db::connect(&options(&admin_url())).await.expect("connecting to the test cluster");
+        c.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    })
+}
+
+/// A dead letter as stored.
+#[derive(Debug, Clone)]
+pub struct StoredDeadLetter {
+    pub partition: i32,
+    pub offset: i64,
+    pub class: String,
+    pub message: String,
+    pub value: Option<Vec<u8>>,
+    pub headers: serde_json::Value,
+}
+
+/// A fresh database of one test, dropped at the end.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    /// One connection for the test's queries (each new one costs a SCRAM exchange), made again
+    /// after an error; its runtime drives it between queries.
+    conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl TestDb {
+    pub fn create(test: &str) -> Self {
+        let name = format!("t_{test}_{}", price_alerts::kafka::topics::unique_suffix());
+        admin(&format!("CREATE DATABASE {name}"));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        TestDb { url: with_database(&admin_url(), &name), name, conn: std::sync::Mutex::new(None), rt }
+    }
+
+    pub fn options(&self) -> DbOptions {
+        options(&self.url)
+    }
+
+    /// Runs `f` with the test's connection to this database (connecting when there is none).
+    pub fn with<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, tokio_postgres::Error>) -> Result<T, String> {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        self.rt.block_on(async {
+            if conn.as_ref().is_none_or(|c| c.is_closed()) {
+                *conn = Some(db::connect(&self.options()).await.map_err(|e| e.to_string())?);
+            }
+            let c = conn.as_ref().expect("connected just above");
+            let result = f(c).await.map_err(|e| e.to_string());
+            if result.is_err() {
+                *conn = None;
+            }
+            result
+        })
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids = self
+            .with(async |c| Ok(c.query("SELECT id FROM alerts", &[]).await?.iter().map(|r| r.get(0)).collect::<Vec<String>>()))
+            .expect("reading ids");
+        ids.sort();
+        ids
+    }
+
+    pub fn count(&self, table: &str) -> i64 {
+        self.with(async |c| Ok(c.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await?.get(0)))
+            .expect("counting")
+    }
+
+    /// The stored offsets of `group` on `topic`, or an error while the database does not answer.
+    pub fn try_offsets(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>, String> {
+        self.with(async |c| {
+            let rows = c
+                .query("SELECT kafka_partition, next_offset FROM sink_offsets WHERE consumer_group = $1 AND topic = $2", &[&group, &topic])
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    pub fn offsets(&self, group: &str, topic: &str) -> BTreeMap<i32, i64> {
+        self.try_offsets(group, topic).expect("reading stored offsets")
+    }
+
+    /// Waits until the stored offsets of `group` reach `target` on every partition.
+    pub fn wait_stored(&self, group: &str, topic: &str, target: &BTreeMap<i32, i64>, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.try_offsets(group, topic).unwrap_or_default();
+            if target.iter().all(|(p, o)| now.get(p) == Some(o)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "stored offsets {now:?} never reached {target:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn dead_letters(&self) -> Vec<StoredDeadLetter> {
+        self.with(async |c| {
+            let rows = c
+                .query(
+                    "SELECT origin_partition, origin_offset, error_class, error_message, record_value, record_headers
+                     FROM sink_dead_letters ORDER BY origin_partition, origin_offset",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| StoredDeadLetter {
+                    partition: r.get(0),
+                    offset: r.get(1),
+                    class: r.get(2),
+                    message: r.get(3),
+                    value: r.get(4),
+                    headers: r.get(5),
+                })
+                .collect())
+        })
+        .expect("reading dead letters")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let name = self.name.clone();
+        let _ = std::panic::catch_unwind(|| admin(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")));
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (for a metrics endpoint).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Where one sink reads and writes.
+pub struct SinkRun {
+    pub topic: String,
+    pub group: String,
+    pub db: TestDb,
+    /// Extra arguments for every instance.
+    pub extra: Vec<String>,
+}
+
+impl SinkRun {
+    pub fn new(test: &str, topic: &str) -> Self {
+        SinkRun {
+            topic: topic.to_owned(),
+            group: format!("{}sink", super::prefix(test)),
+            db: TestDb::create(test),
+            extra: Vec::new(),
+        }
+    }
+
+    /// The command line of instance `instance` (the database URL goes in the environment).
+    pub fn command(&self, instance: &str, more: &[String]) -> std::process::Command {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_alert-sink"));
+        c.args(["--bootstrap", &kafka().bootstrap, "--topic", &self.topic, "--group", &self.group])
+            .args(["--instance-id", instance])
+            .args(&self.extra)
+            .args(more)
+            .env("DATABASE_URL", &self.db.url)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
+            .stdin(std::process::Stdio::null());
+        c
+    }
+
+    /// Starts instance `instance` as a child process.
+    pub fn spawn(&self, instance: &str, more: &[String]) -> Pipeline {
+        let child = self.command(instance, more).spawn().expect("starting alert-sink");
+        Pipeline { child, instance: instance.to_owned() }
+    }
+
+    pub fn stored(&self) -> BTreeMap<i32, i64> {
+        self.db.offsets(&self.group, &self.topic)
+    }
+
+    pub fn wait_stored(&self, target: &BTreeMap<i32, i64>, timeout: Duration) {
+        self.db.wait_stored(&self.group, &self.topic, target, timeout)
+    }
+
+    /// Waits until the stored offsets sum to at least `at_least`.
+    pub fn wait_progress(&self, at_least: i64, timeout: Duration) -> i64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let sum: i64 = self.db.try_offsets(&self.group, &self.topic).unwrap_or_default().values().sum();
+            if sum >= at_least {
+                return sum;
+            }
+            assert!(Instant::now() < deadline, "stored offsets stuck at {sum} (wanted {at_least})");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
