@@ -183,10 +183,10 @@ impl FaultInjection {
         if !self.enabled {
             return Ok(());
         }
-        if seq % 25 == 0 {
+        if seq.is_multiple_of(25) {
             return Err(TransientError { class: INJECTED, reason: format!("injected poison (seq {seq} % 25 == 0)") });
         }
-        if seq % 7 == 0 && attempt <= 2 {
+        if seq.is_multiple_of(7) && attempt <= 2 {
             return Err(TransientError { class: INJECTED, reason: format!("injected flaky failure (seq {seq} % 7 == 0)") });
         }
         Ok(())
@@ -194,7 +194,7 @@ impl FaultInjection {
 
     /// Whether the tick with `seq` is poison under this injection (the verifier's view).
     pub fn is_poison(&self, seq: u64) -> bool {
-        self.enabled && seq % 25 == 0
+        self.enabled && seq.is_multiple_of(25)
     }
 }
 

@@ -137,7 +137,7 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
         match engine.open_since()? {
             Some((started, records)) if started.elapsed() >= opts.commit_interval || records >= opts.max_batch => {
                 transactions += 1;
-                if opts.engine.hooks.abort_every.is_some_and(|n| n > 0 && transactions % n == 0) {
+                if opts.engine.hooks.abort_every.is_some_and(|n| n > 0 && transactions.is_multiple_of(n)) {
                     info!(transaction = transactions, "test hook: aborting this transaction");
                     engine.abort()?;
                 } else {
