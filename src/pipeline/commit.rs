@@ -23,7 +23,7 @@
 //! The batch's counts become [`Stats`] and metrics only when its transaction commits, so a redo
 //! after an abort is never counted twice.
 
-use super::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
+use super::producer::{authorization_failure, TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
 use crate::kafka::offsets::{position_list, seek_to_committed};
@@ -39,6 +39,11 @@ use tracing::{debug, error, info, warn};
 
 /// Bound on broker round trips of the rewind (committed offsets, seek).
 const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Back-off after the first transaction aborted for a missing Write; it doubles per abort in a
+/// row up to [`DENIED_BACKOFF_MAX`], far below `max.poll.interval.ms`.
+const DENIED_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Counters of one engine; printed at shutdown (as aligned text, or JSON) and exported as metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -134,13 +139,18 @@ impl OpenTxn {
 }
 
 /// What the lock guards: the open batch, the per-partition state, a fatal error raised inside the
-/// rebalance callback (reported after `poll` returns), and the counters.
+/// rebalance callback (reported after `poll` returns), the counters, and the back-off while a
+/// right is missing.
 #[derive(Default)]
 pub(super) struct Session {
     txn: Option<OpenTxn>,
     pub state: StateStore,
     fatal: Option<TxnError>,
     stats: Stats,
+    /// Transactions aborted in a row because a Write was refused; reset by a commit.
+    denied_in_a_row: u32,
+    /// How long the loop waits before the next attempt, set by such an abort (taken once).
+    backoff: Option<Duration>,
 }
 
 impl Session {
@@ -157,6 +167,12 @@ impl Session {
     /// A fatal error of the rebalance callback, once.
     pub fn take_fatal(&mut self) -> Option<TxnError> {
         self.fatal.take()
+    }
+
+    /// How long to wait before the next attempt, once, after a transaction aborted because a
+    /// right was missing.
+    pub fn take_backoff(&mut self) -> Option<Duration> {
+        self.backoff.take()
     }
 
     pub fn stats(&self) -> &Stats {
@@ -184,8 +200,15 @@ impl Committer {
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
         let producer = match settings.guarantee {
             Guarantee::ExactlyOnce => {
-                let cfg = settings.kafka.transactional_producer(&settings.transactional_id(), settings.transaction_timeout)?;
-                TxnProducer::new(&cfg).context("starting the transactional producer")?
+                let id = settings.transactional_id();
+                let cfg = settings.kafka.transactional_producer(&id, settings.transaction_timeout)?;
+                match TxnProducer::new(&cfg) {
+                    Ok(p) => p,
+                    Err(e) => match authorization_failure(&settings.kafka, &e, &id) {
+                        Some(denied) => return Err(denied.into()),
+                        None => return Err(anyhow::Error::new(e).context("starting the transactional producer")),
+                    },
+                }
             }
             Guarantee::AtLeastOnce => TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
                 .context("starting the idempotent producer")?,
@@ -331,6 +354,10 @@ impl Committer {
             }
         }
         let Some(txn) = session.txn.take() else { return Ok(()) };
+        if session.denied_in_a_row > 0 {
+            info!(after_aborts = session.denied_in_a_row, "authorised again: transactions commit");
+            session.denied_in_a_row = 0;
+        }
         let (c, s) = (&txn.counts, &mut session.stats);
         s.commits += 1;
         s.committed_records += txn.records;
@@ -348,6 +375,31 @@ impl Committer {
             "transaction committed"
         );
         Ok(())
+    }
+
+    /// After an abort: if deliveries were refused for lack of Write on a topic, says so (log and
+    /// metric, per right) and sets a growing back-off, so the loop retries the same input now and
+    /// then instead of spinning, until the right is granted again.
+    fn report_denied(&self, session: &mut Session) {
+        let denied = self.producer.take_denied();
+        if denied.is_empty() {
+            return;
+        }
+        session.denied_in_a_row += 1;
+        let backoff = DENIED_BACKOFF_FIRST.saturating_mul(1 << session.denied_in_a_row.min(6)).min(DENIED_BACKOFF_MAX);
+        session.backoff = Some(backoff);
+        let principal = crate::kafka::access::principal(&self.settings.kafka).unwrap_or_else(|| "this client".to_owned());
+        for topic in denied {
+            let right = format!("Write on Topic {topic}");
+            m::not_authorised(&right);
+            warn!(
+                principal = %principal,
+                right = %right,
+                attempts = session.denied_in_a_row,
+                retry_in = ?backoff,
+                "not authorised: transaction aborted and input rewound; retrying until the right is granted"
+            );
+        }
     }
 
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
@@ -375,6 +427,7 @@ impl Committer {
             // redo may repeat it.
             session.stats.aborts += 1;
             m::aborted();
+            self.report_denied(session);
         }
         session.state.invalidate_all();
         // Without a rewind the redo would skip records: stop rather than lose them.

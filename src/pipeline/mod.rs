@@ -34,6 +34,7 @@ pub use engine::Engine;
 pub use settings::{EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH};
 
 use crate::health::Health;
+use crate::kafka::access::{self, Needs};
 use crate::kafka::topics;
 use producer::TxnError;
 use anyhow::{bail, Context as _};
@@ -49,6 +50,14 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 /// Runs the processor until `shutdown` resolves (or it idles out, or fails), reporting its
 /// liveness and readiness to `health`.
 pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
+    let t = &opts.engine.topics;
+    let needs = Needs {
+        read: vec![t.input.clone(), t.changelog.clone()],
+        write: vec![t.notifications.clone(), t.dlq.clone(), t.changelog.clone()],
+        group: Some(opts.engine.group_id().to_owned()),
+    };
+    let kafka = opts.engine.kafka.clone();
+    tokio::task::spawn_blocking(move || access::check(&kafka, &needs)).await.context("the access check panicked")??;
     let partitions = topics::ensure(&opts.engine.kafka, &opts.engine.topics, opts.input_partitions).await?;
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
     let t = &opts.engine.topics;
@@ -114,6 +123,17 @@ pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) 
     }
 }
 
+/// Waits out the back-off the engine asks for after a transaction aborted for a missing right, in
+/// poll-slice steps so that a stop request is seen at once.
+fn back_off(engine: &Engine, stop: &AtomicBool) -> anyhow::Result<()> {
+    let Some(backoff) = engine.take_backoff()? else { return Ok(()) };
+    let until = Instant::now() + backoff;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        std::thread::sleep(POLL_SLICE.min(until.saturating_duration_since(Instant::now())));
+    }
+    Ok(())
+}
+
 fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
     let mut transactions = 0u64;
     // Idle means: assigned, restored, and nothing to read. Waiting for an assignment or a restore,
@@ -125,6 +145,7 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
+        back_off(engine, stop)?;
         health.beat();
         let unsettled = engine.unsettled()?;
         match unsettled {
@@ -142,6 +163,7 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
                     engine.abort()?;
                 } else {
                     engine.commit()?;
+                    back_off(engine, stop)?;
                 }
             }
             Some(_) => {}

@@ -31,6 +31,9 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
+use crate::kafka::access::{self, AccessError};
+use crate::kafka::KafkaConfig;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,8 +61,22 @@ pub enum TxnErrorClass {
 }
 
 /// The single decision point for transactional errors.
+///
+/// Authorisation: a transactional id or cluster right that is missing is fatal whatever the flags
+/// say (nothing this instance does can mend it; the operator must grant it, and the start-up check
+/// names it). A topic right that is missing (TOPIC_AUTHORIZATION_FAILED, e.g. Write revoked on the
+/// output while running) keeps librdkafka's class, abortable: the transaction aborts, the input
+/// is rewound, and the loop retries with a backoff, reporting it, until the right is back
+/// (docs/security.md has the reasoning).
 pub fn classify(err: &KafkaError) -> TxnErrorClass {
     match err {
+        _ if matches!(
+            err.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed)
+        ) =>
+        {
+            TxnErrorClass::Fatal
+        }
         KafkaError::Transaction(e) if e.is_fatal() => TxnErrorClass::Fatal,
         KafkaError::Transaction(e) if e.txn_requires_abort() => TxnErrorClass::Abortable,
         KafkaError::Transaction(e) if e.is_retriable() => TxnErrorClass::Retriable,
@@ -126,11 +143,14 @@ impl TxnError {
 }
 
 /// Counts delivery failures, which in a transaction show up again as an abortable commit error;
-/// the at-least-once mode reads them to decide whether offsets may be committed.
+/// the at-least-once mode reads them to decide whether offsets may be committed. Remembers the
+/// topics a delivery was refused for lack of a right (TOPIC_AUTHORIZATION_FAILED), so the abort
+/// that follows can name it.
 #[derive(Default)]
 pub struct DeliveryContext {
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
+    denied: Mutex<BTreeSet<String>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -158,6 +178,11 @@ impl ProducerContext for DeliveryContext {
             }
             self.failures.fetch_add(1, Ordering::Relaxed);
             crate::metrics::delivery_failed(m.topic());
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+                if let Ok(mut denied) = self.denied.lock() {
+                    denied.insert(m.topic().to_owned());
+                }
+            }
             warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             if let Ok(mut last) = self.last_error.lock() {
                 *last = Some(e.to_string());
@@ -170,6 +195,11 @@ impl DeliveryContext {
     /// Delivery failures so far.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// The topics whose deliveries were refused for lack of a right since the last call.
+    pub fn take_denied(&self) -> BTreeSet<String> {
+        self.denied.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default()
     }
 }
 
@@ -280,4 +310,17 @@ impl TxnProducer {
     pub fn delivery_failures(&self) -> u64 {
         self.inner.context().failures()
     }
+
+    /// Topics whose deliveries were refused for lack of a right since the last call.
+    pub fn take_denied(&self) -> BTreeSet<String> {
+        self.inner.context().take_denied()
+    }
+}
+
+/// The missing right behind a transactional error, if it is an authorisation failure:
+/// `Write on TransactionalId <id>` for a refused `init_transactions`, and so on
+/// ([`access::from_kafka_error`]).
+pub fn authorization_failure(kafka: &KafkaConfig, err: &TxnError, transactional_id: &str) -> Option<AccessError> {
+    let TxnCause::Kafka(e) = &err.cause else { return None };
+    access::from_kafka_error(kafka, e, transactional_id, &[])
 }
