@@ -19,12 +19,14 @@
 
 use super::config::KafkaConfig;
 use super::logging::Logged;
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::TopicPartitionList;
+use rdkafka::{ClientContext, TopicPartitionList};
 use std::fmt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Bound on each broker round trip of the check.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,17 +105,8 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
         }
     }
     if let Some(group) = &needs.group {
-        let mut cfg = kafka.admin();
-        cfg.set("group.id", group);
-        let consumer: BaseConsumer<Logged> = cfg.create_with_context(Logged)?;
-        // Any partition will do: the group's authorisation is checked before the partitions'.
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(needs.read.first().map_or("-", String::as_str), 0);
-        match consumer.committed_offsets(tpl, CHECK_TIMEOUT) {
-            Err(KafkaError::OffsetFetch(RDKafkaErrorCode::GroupAuthorizationFailed)) => {
-                missing.push(Missing { operation: "Read", resource: "Group", name: group.clone() });
-            }
-            Ok(_) | Err(_) => {}
+        if group_denied(kafka, group, needs.read.first().map_or("-", String::as_str))? {
+            missing.push(Missing { operation: "Read", resource: "Group", name: group.clone() });
         }
     }
     if missing.is_empty() {
@@ -121,6 +114,61 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
     }
     Err(AccessError::new(kafka, missing).into())
 }
+
+/// Whether the broker refuses the group: an OffsetFetch for it (any partition will do, the
+/// group's authorisation comes first). librdkafka does not return the refusal from the call: it
+/// reports FindCoordinator's GROUP_AUTHORIZATION_FAILED as an error event and retries, so the
+/// call is repeated in short slices while the events are watched.
+fn group_denied(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<bool> {
+    let mut cfg = kafka.admin();
+    cfg.set("group.id", group);
+    let consumer: BaseConsumer<Denials> = cfg.create_with_context(Denials::default())?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let deadline = Instant::now() + CHECK_TIMEOUT;
+    loop {
+        let result = consumer.committed_offsets(tpl.clone(), Duration::from_millis(500));
+        // Serve the error events queued meanwhile.
+        let _ = consumer.poll(Duration::ZERO);
+        let refused = |e: &KafkaError| e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed);
+        if result.as_ref().err().is_some_and(refused) || consumer.context().group_refused() {
+            return Ok(true);
+        }
+        // Answered, or no answer in time: either way not a refusal this check can name.
+        if result.is_ok() || Instant::now() >= deadline {
+            return Ok(false);
+        }
+    }
+}
+
+/// A client context that notes a GROUP_AUTHORIZATION_FAILED error event (and logs the others).
+#[derive(Default)]
+struct Denials {
+    group_refused: AtomicBool,
+}
+
+impl Denials {
+    fn group_refused(&self) -> bool {
+        self.group_refused.load(Ordering::Relaxed)
+    }
+}
+
+impl ClientContext for Denials {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        super::logging::log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+            // The check reports it, naming the group; no second line about it.
+            self.group_refused.store(true, Ordering::Relaxed);
+            return;
+        }
+        super::logging::error(&error, reason);
+    }
+}
+
+impl ConsumerContext for Denials {}
 
 /// The right a Kafka error says is missing, if it is an authorisation error: `transactional_id`
 /// names the resource of TRANSACTIONAL_ID_AUTHORIZATION_FAILED, `topics` that of

@@ -23,7 +23,7 @@
 //! The batch's counts become [`Stats`] and metrics only when its transaction commits, so a redo
 //! after an abort is never counted twice.
 
-use super::producer::{authorization_failure, TxnCause, TxnError, TxnErrorClass, TxnProducer};
+use super::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
 use crate::kafka::offsets::{position_list, seek_to_committed};
@@ -200,15 +200,7 @@ impl Committer {
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
         let producer = match settings.guarantee {
             Guarantee::ExactlyOnce => {
-                let id = settings.transactional_id();
-                let cfg = settings.kafka.transactional_producer(&id, settings.transaction_timeout)?;
-                match TxnProducer::new(&cfg) {
-                    Ok(p) => p,
-                    Err(e) => match authorization_failure(&settings.kafka, &e, &id) {
-                        Some(denied) => return Err(denied.into()),
-                        None => return Err(anyhow::Error::new(e).context("starting the transactional producer")),
-                    },
-                }
+                TxnProducer::start(&settings.kafka, &settings.transactional_id(), settings.transaction_timeout)?
             }
             Guarantee::AtLeastOnce => TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
                 .context("starting the idempotent producer")?,

@@ -220,6 +220,17 @@ impl TxnProducer {
         Ok(Arc::new(p))
     }
 
+    /// The transactional producer of `transactional_id`, registered ([`TxnProducer::new`]). A
+    /// registration refused for lack of a right is returned as the [`AccessError`] naming it
+    /// ("Write on TransactionalId <id>").
+    pub fn start(kafka: &KafkaConfig, transactional_id: &str, txn_timeout: Duration) -> anyhow::Result<Arc<Self>> {
+        let cfg = kafka.transactional_producer(transactional_id, txn_timeout)?;
+        Self::new(&cfg).map_err(|e| match authorization_failure(kafka, &e, transactional_id) {
+            Some(denied) => denied.into(),
+            None => anyhow::Error::new(e).context(format!("registering the transactional id {transactional_id}")),
+        })
+    }
+
     /// A producer without transactions (at-least-once mode): same send path, no init.
     pub fn non_transactional(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, KafkaError> {
         let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext::default())?;

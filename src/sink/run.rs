@@ -18,6 +18,7 @@
 
 use super::db;
 use crate::health::Health;
+use crate::kafka::access::{self, Needs};
 use super::metrics as m;
 use super::options::SinkOptions;
 use super::partitions::{Shared, SinkContext, SinkStats};
@@ -41,6 +42,8 @@ pub async fn run(opts: SinkOptions, health: Health, shutdown: impl Future<Output
     m::ready(false);
     health.not_ready("connecting to the database");
     info!(db = %db::describe(&opts.db), topic = %opts.topic, group = %opts.group_id, "alert-sink starting");
+    let (kafka, needs) = (opts.kafka.clone(), Needs { read: vec![opts.topic.clone()], write: vec![], group: Some(opts.group_id.clone()) });
+    tokio::task::spawn_blocking(move || access::check(&kafka, &needs)).await.context("the access check panicked")??;
     let Some(mut client) = db::connect_waiting(&opts.db, opts.backoff, &mut shutdown).await? else {
         info!("shutdown requested while waiting for the database");
         return Ok(SinkStats::default());

@@ -48,6 +48,7 @@ use super::{class_of, table};
 use crate::dlq::{copy_headers, header};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
 use crate::kafka::read::{partition_count, partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT};
+use crate::kafka::access::{self, Needs};
 use crate::kafka::{Isolation, KafkaConfig};
 use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, bail, Context as _};
@@ -210,6 +211,13 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     if let Some(to) = opts.to.as_deref().filter(|&to| to == opts.dlq || to == ledger_topic) {
         bail!("cannot replay {} into {to}", opts.dlq);
     }
+    let mut needs = Needs { read: vec![opts.dlq.clone()], ..Needs::default() };
+    if !opts.dry_run {
+        needs.read.push(ledger_topic.clone());
+        needs.write.push(ledger_topic.clone());
+        needs.write.extend(opts.to.clone());
+    }
+    access::check(&opts.kafka, &needs)?;
     let consumer = reader(&opts.kafka, Isolation::ReadCommitted)?;
     let count = partition_count(&consumer, &opts.dlq, DEFAULT_READ_TIMEOUT).with_context(|| format!("the DLQ {}", opts.dlq))?;
     let partitions = opts.select.partitions_of(&opts.dlq, count)?;
@@ -219,8 +227,7 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         None
     } else {
         ledger::ensure(&opts.kafka, &opts.dlq)?;
-        let cfg = opts.kafka.transactional_producer(&ledger::transactional_id(&opts.dlq), opts.transaction_timeout)?;
-        Some(TxnProducer::new(&cfg).context("registering the replay's transactional id")?)
+        Some(TxnProducer::start(&opts.kafka, &ledger::transactional_id(&opts.dlq), opts.transaction_timeout)?)
     };
     let ledger = ledger::read(&opts.kafka, &opts.dlq)?;
     info!(dlq = %opts.dlq, handled = ledger.len(), dry_run = opts.dry_run, "replay starting");

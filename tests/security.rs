@@ -1,0 +1,422 @@
+//! The binaries against the secured local broker (`scripts/kafka.sh up --secure`: SASL_SSL with
+//! SCRAM-SHA-512, the StandardAuthorizer, nothing allowed that no ACL allows), each as its own
+//! SCRAM user with exactly the ACLs of `scripts/acls.sh` (docs/security.md): end to end with all
+//! of them, each start with one of them taken away, the wrong credentials and the wrong CA, and
+//! a Write revoked while the pipeline runs. Every test greps everything the binaries printed for
+//! every password of the broker.
+//!
+//! scripts/test.sh starts the secured broker and sets KAFKA_SECURE_BOOTSTRAP and KAFKA_SECURE_DIR;
+//! without them these tests fail (they never pass silently).
+
+mod common;
+
+use common::postgres::TestDb;
+use price_alerts::kafka::feed::{next_offsets, produce_ticks, Landed};
+use price_alerts::kafka::offsets::committed_offsets;
+use price_alerts::kafka::read::count_records;
+use price_alerts::kafka::secrets::read_config_file;
+use price_alerts::kafka::topics::{self, Topics};
+use price_alerts::kafka::{Isolation, KafkaConfig};
+use price_alerts::rules::Rules;
+use price_alerts::tick::Tick;
+use price_alerts::tools::verify::{verify, VerifyReport};
+use rust_decimal::Decimal;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a refused start may take: "within seconds".
+const FAILS_WITHIN: Duration = Duration::from_secs(20);
+const EXIT: Duration = Duration::from_secs(120);
+
+/// The secured broker of scripts/test.sh.
+struct Secure {
+    bootstrap: String,
+    dir: PathBuf,
+}
+
+fn secure() -> Secure {
+    let (Ok(bootstrap), Ok(dir)) = (std::env::var("KAFKA_SECURE_BOOTSTRAP"), std::env::var("KAFKA_SECURE_DIR")) else {
+        panic!(
+            "KAFKA_SECURE_BOOTSTRAP and KAFKA_SECURE_DIR are not set: run scripts/test.sh, which starts the \
+             secured broker (scripts/kafka.sh up --secure) and sets them (scripts/kafka.sh env --secure prints them)"
+        );
+    };
+    Secure { bootstrap, dir: PathBuf::from(dir) }
+}
+
+impl Secure {
+    /// The `[librdkafka]` file of a SCRAM user of the broker.
+    fn config_file(&self, user: &str) -> PathBuf {
+        self.dir.join("clients").join(format!("{user}.toml"))
+    }
+
+    /// A client configuration as `user` (admin is the super-user, for set-up and checks).
+    fn kafka(&self, user: &str) -> KafkaConfig {
+        let mut k = KafkaConfig::new(&self.bootstrap);
+        for (key, value) in read_config_file(&self.config_file(user)).expect("the user's config file") {
+            k.set(&key, &value).expect("a pass-through property");
+        }
+        k
+    }
+
+    /// Every password of the broker's users.
+    fn passwords(&self) -> Vec<String> {
+        let dir = self.dir.join("credentials");
+        let passwords: Vec<String> = std::fs::read_dir(&dir)
+            .expect("the credentials folder")
+            .map(|e| std::fs::read_to_string(e.expect("an entry").path()).expect("a password").trim().to_owned())
+            .collect();
+        assert!(passwords.len() >= 6 && passwords.iter().all(|p| p.len() >= 16), "the broker's users have passwords");
+        passwords
+    }
+
+    /// Fails if any password appears in `text` (what a binary printed).
+    fn assert_no_password(&self, what: &str, text: &str) {
+        for p in self.passwords() {
+            assert!(!text.contains(&p), "a password appears in the output of {what}");
+        }
+    }
+
+    /// `scripts/acls.sh ARGS` against this broker.
+    fn acls(&self, args: &[&str]) -> std::process::Child {
+        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/acls.sh"))
+            .args(args)
+            .env("KAFKA_SECURE_BOOTSTRAP", &self.bootstrap)
+            .env("KAFKA_SECURE_DIR", &self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("running scripts/acls.sh")
+    }
+
+    /// Runs several `scripts/acls.sh` side by side and waits for all.
+    fn acls_all(&self, calls: &[Vec<&str>]) {
+        let children: Vec<_> = calls.iter().map(|c| (c.join(" "), self.acls(c))).collect();
+        for (call, child) in children {
+            let out = child.wait_with_output().expect("acls.sh");
+            assert!(out.status.success(), "scripts/acls.sh {call} failed");
+        }
+    }
+
+    /// A binary of this crate as `user`: the bootstrap, the user's config file, info logs.
+    fn command(&self, binary: &str, user: &str) -> Command {
+        self.command_with(binary, &self.config_file(user))
+    }
+
+    /// A binary of this crate with the `[librdkafka]` file `config`.
+    fn command_with(&self, binary: &str, config: &Path) -> Command {
+        let mut c = Command::new(binary);
+        c.args(["--bootstrap", &self.bootstrap, "--config"])
+            .arg(config)
+            .env("RUST_LOG", "warn,price_alerts=info")
+            .env_remove("KAFKA_SASL_PASSWORD")
+            .stdin(Stdio::null());
+        c
+    }
+}
+
+/// One deployment on fresh names: topics created by the super-user, rules written.
+struct Deployment {
+    app: String,
+    input: String,
+    output: String,
+    rules: Rules,
+    rules_path: PathBuf,
+}
+
+impl Deployment {
+    fn new(s: &Secure, test: &str, partitions: i32) -> Self {
+        let prefix = common::prefix(test);
+        let rules = Rules::from_pairs((0..4).map(|i| (format!("SYM{i}"), vec![Decimal::from(100)])));
+        let dir = std::env::temp_dir().join(format!("{prefix}rules"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let rules_path = dir.join("rules.toml");
+        std::fs::write(&rules_path, rules.to_toml()).expect("writing rules");
+        let d = Deployment {
+            app: format!("{prefix}app"),
+            input: format!("{prefix}market-updates"),
+            output: format!("{prefix}notifications"),
+            rules,
+            rules_path,
+        };
+        futures::executor::block_on(topics::ensure(&s.kafka("admin"), &d.topics(), Some(partitions))).expect("creating topics");
+        d
+    }
+
+    fn topics(&self) -> Topics {
+        Topics::with(self.input.clone(), self.output.clone(), &self.app)
+    }
+
+    /// The pipeline's ACL arguments for scripts/acls.sh.
+    fn pipeline_acls<'a>(&'a self, verb: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec![verb, "pipeline", "--app-id", &self.app, "--input", &self.input, "--output", &self.output];
+        a.extend_from_slice(more);
+        a
+    }
+
+    /// `n` ticks per symbol, seqs from `from`, alternating 95/105 around the threshold 100, so
+    /// nearly every tick is a crossing; loaded by the super-user.
+    fn load(&self, s: &Secure, from: u64, n: u64) -> Vec<Landed> {
+        let ticks: Vec<Tick> = (from..from + n)
+            .flat_map(|seq| {
+                (0..4).map(move |i| Tick {
+                    symbol: format!("SYM{i}"),
+                    price: Decimal::from(if seq % 2 == 0 { 95 } else { 105 }),
+                    seq,
+                    ts: None,
+                })
+            })
+            .collect();
+        produce_ticks(&s.kafka("admin"), &self.input, &ticks).expect("loading ticks")
+    }
+
+    /// The pipeline as User:pipeline.
+    fn pipeline(&self, s: &Secure, more: &[&str]) -> Command {
+        self.pipeline_with(s, &s.config_file("pipeline"), more)
+    }
+
+    /// The pipeline with the `[librdkafka]` file `config`.
+    fn pipeline_with(&self, s: &Secure, config: &Path, more: &[&str]) -> Command {
+        let mut c = s.command_with(env!("CARGO_BIN_EXE_alert-pipeline"), config);
+        c.arg("--rules")
+            .arg(&self.rules_path)
+            .args(["--app-id", &self.app, "--input", &self.input, "--output", &self.output])
+            .args(["--transaction-timeout", "30s"])
+            .args(more);
+        c
+    }
+
+    /// The group's committed offsets, read by the super-user (None where none).
+    fn committed(&self, s: &Secure) -> Vec<Option<i64>> {
+        committed_offsets(&s.kafka("admin"), &self.app, &self.input).expect("committed offsets")
+    }
+
+    fn verify(&self, s: &Secure) -> VerifyReport {
+        verify(&s.kafka("admin"), &self.input, &self.output, &self.rules, price_alerts::tick::DEFAULT_MAX_TICK_BYTES, Default::default())
+            .expect("the verifier runs")
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Runs `c` to its end, at most `timeout`; returns its output and how long it ran.
+fn run(mut c: Command, timeout: Duration) -> (Output, Duration) {
+    let started = Instant::now();
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting a binary");
+    // Read both pipes while waiting, so a chatty child never blocks on a full pipe.
+    let (mut out, mut err) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+    let o = std::thread::spawn(move || std::io::read_to_string(&mut out).unwrap_or_default());
+    let e = std::thread::spawn(move || std::io::read_to_string(&mut err).unwrap_or_default());
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            panic!("a binary did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
+    (Output { status, stdout: stdout.into_bytes(), stderr: stderr.into_bytes() }, took)
+}
+
+/// Tick generator, pipeline, verifier and sink, each as its own user with exactly its documented
+/// ACLs: the verifier finds 0 missing and 0 duplicate, the table holds every expected
+/// notification once, and no password appears in anything they printed.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
+    let s = secure();
+    let d = Deployment::new(&s, "sec-e2e", 2);
+    // tick-gen writes the rules its stream was made for over the deployment's.
+    let rules_out = d.rules_path.clone();
+    let (input, output, app) = (d.input.as_str(), d.output.as_str(), d.app.as_str());
+    s.acls_all(&[
+        d.pipeline_acls("apply", &[]),
+        vec!["apply", "tick-gen", "--input", input],
+        vec!["apply", "verify", "--input", input, "--output", output],
+        vec!["apply", "sink", "--app-id", app, "--output", output],
+    ]);
+    let mut printed = Vec::new();
+
+    let mut gen = s.command(env!("CARGO_BIN_EXE_tick-gen"), "tools");
+    gen.args(["--topic", input, "--symbols", "20", "--ticks", "3000", "--partitions", "2"]).arg("--rules-out").arg(&rules_out);
+    let (out, _) = run(gen, EXIT);
+    printed.push(("tick-gen", text(&out)));
+    assert!(out.status.success(), "tick-gen as User:tools: {}", text(&out));
+
+    let (out, _) = run(d.pipeline(&s, &["--exit-when-idle", "3s"]), EXIT);
+    printed.push(("alert-pipeline", text(&out)));
+    assert!(out.status.success(), "alert-pipeline as User:pipeline: {}", text(&out));
+
+    let mut verifier = s.command(env!("CARGO_BIN_EXE_alert-verify"), "tools");
+    verifier.arg("--rules").arg(&rules_out).args(["--input", input, "--output", output]);
+    let (out, _) = run(verifier, EXIT);
+    printed.push(("alert-verify", text(&out)));
+    assert!(out.status.success(), "alert-verify as User:tools finds a difference: {}", text(&out));
+
+    let rules = Rules::load(&rules_out).expect("generated rules");
+    let report = verify(&s.kafka("admin"), input, output, &rules, price_alerts::tick::DEFAULT_MAX_TICK_BYTES, Default::default())
+        .expect("verifier");
+    assert!(report.expected > 0, "the stream crosses thresholds");
+    assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
+
+    let db = TestDb::create("sec_e2e");
+    let mut sink = s.command(env!("CARGO_BIN_EXE_alert-sink"), "sink");
+    sink.args(["--app-id", app, "--topic", output, "--exit-when-idle", "3s"]).env("DATABASE_URL", &db.url);
+    let (out, _) = run(sink, EXIT);
+    printed.push(("alert-sink", text(&out)));
+    assert!(out.status.success(), "alert-sink as User:sink: {}", text(&out));
+    assert_eq!(db.count("alerts"), report.found as i64, "every notification stored once");
+
+    for (what, text) in &printed {
+        s.assert_no_password(what, text);
+    }
+}
+
+/// Each ACL of the pipeline taken away in turn: the start fails within seconds with a message
+/// naming the missing right, and nothing is written (no notification, even uncommitted; no
+/// committed offset).
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
+    let cases = [
+        ("txn-write", "Write on TransactionalId {app}-0"),
+        ("output-write", "Write on Topic {output}"),
+        ("group-read", "Read on Group {app}"),
+        ("input-read", "Read on Topic {input}"),
+    ];
+    let handles: Vec<_> = cases
+        .into_iter()
+        .map(|(skip, right)| {
+            std::thread::spawn(move || {
+                let s = secure();
+                let d = Deployment::new(&s, &format!("sec-no-{skip}"), 1);
+                d.load(&s, 1, 5);
+                s.acls_all(&[d.pipeline_acls("apply", &["--skip", skip])]);
+                let (out, took) = run(d.pipeline(&s, &["--exit-when-idle", "3s"]), EXIT);
+                let printed = text(&out);
+                s.assert_no_password("alert-pipeline", &printed);
+                let right = right.replace("{app}", &d.app).replace("{output}", &d.output).replace("{input}", &d.input);
+                assert!(!out.status.success(), "without {skip} the start succeeded: {printed}");
+                assert!(
+                    printed.contains(&format!("not authorised: User:pipeline lacks {right}")),
+                    "without {skip} the message names {right}: {printed}"
+                );
+                assert!(took < FAILS_WITHIN, "without {skip} the start failed only after {took:?}");
+                let admin = s.kafka("admin");
+                assert_eq!(count_records(&admin, &d.output, Isolation::ReadUncommitted).expect("count"), 0, "{skip}: nothing written");
+                assert_eq!(d.committed(&s), vec![None], "{skip}: no offset committed");
+                printed.lines().find(|l| l.contains("not authorised")).unwrap_or_default().to_owned()
+            })
+        })
+        .collect();
+    for h in handles {
+        let line = h.join().expect("a case passed");
+        eprintln!("refusal: {line}");
+    }
+}
+
+/// Wrong password, unknown user, a CA that did not sign the broker's certificate: each fails fast
+/// with a message naming the mechanism and the user (or the certificate problem), never the
+/// password.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn wrong_password_unknown_user_and_untrusted_ca_fail_fast() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let s = secure();
+    let good = std::fs::read_to_string(s.config_file("pipeline")).expect("the pipeline's config");
+    let password = std::fs::read_to_string(s.dir.join("credentials/pipeline.password")).expect("password").trim().to_owned();
+    let wrong = "WRONG-password-4a7c19e2";
+    let ca = s.dir.join("tls/ca.pem").display().to_string();
+    let untrusted = s.dir.join("tls/untrusted-ca.pem").display().to_string();
+    let cases = [
+        ("wrong password", good.replace(&password, wrong), "authentication to", "(SASL mechanism SCRAM-SHA-512, user pipeline)"),
+        (
+            "unknown user",
+            good.replace("\"sasl.username\" = \"pipeline\"", "\"sasl.username\" = \"nobody\""),
+            "authentication to",
+            "(SASL mechanism SCRAM-SHA-512, user nobody)",
+        ),
+        ("untrusted CA", good.replace(&ca, &untrusted), "TLS with", "certificate verify failed"),
+    ];
+    let dir = std::env::temp_dir().join(common::prefix("sec-creds"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let d = Deployment::new(&s, "sec-creds", 1);
+    for (i, (case, config, what, detail)) in cases.into_iter().enumerate() {
+        assert!(config != good, "{case}: the config was changed");
+        let path = dir.join(format!("{i}.toml"));
+        std::fs::write(&path, &config).expect("writing the config");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let (out, took) = run(d.pipeline_with(&s, &path, &[]), EXIT);
+        let printed = text(&out);
+        assert!(!out.status.success(), "{case}: the start succeeded");
+        assert!(printed.contains(what) && printed.contains(detail), "{case}: {printed}");
+        assert!(took < FAILS_WITHIN, "{case}: failed only after {took:?}");
+        assert!(!printed.contains(wrong), "{case}: the wrong password is echoed");
+        s.assert_no_password("alert-pipeline", &printed);
+        eprintln!("refusal ({case}, {took:?}): {}", printed.lines().find(|l| l.contains(what)).unwrap_or_default());
+    }
+}
+
+/// Write on the output revoked while the pipeline runs: its transactions abort, no offset
+/// commits past the input it had, it says so (log line and `alerts_not_authorised_total`);
+/// granted again, it goes on, and the output ends with 0 missing and 0 duplicate.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn write_revoked_while_running_aborts_reports_and_resumes() {
+    let s = secure();
+    let d = Deployment::new(&s, "sec-revoke", 1);
+    s.acls_all(&[d.pipeline_acls("apply", &["--dlq-gauges"])]);
+    let first = d.load(&s, 1, 10);
+    let addr = common::free_addr();
+    let log = std::env::temp_dir().join(format!("{}.log", d.app));
+    let mut c = d.pipeline(&s, &["--metrics-addr", &addr]);
+    c.stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log file"));
+    let mut p = common::Pipeline::from(c.spawn().expect("starting alert-pipeline"), "0");
+    let wait_committed = |target: &BTreeMap<i32, i64>| {
+        let deadline = Instant::now() + EXIT;
+        while d.committed(&s) != target.values().map(|o| Some(*o)).collect::<Vec<_>>() {
+            assert!(Instant::now() < deadline, "committed {:?} never reached {target:?}", d.committed(&s));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let before = next_offsets(&first);
+    wait_committed(&before);
+    let notified = count_records(&s.kafka("admin"), &d.output, Isolation::ReadCommitted).expect("count");
+
+    s.acls_all(&[d.pipeline_acls("remove", &["--only", "output-write"])]);
+    let second = d.load(&s, 11, 10);
+    let deadline = Instant::now() + EXIT;
+    while price_alerts::metrics::scrape(&addr, "alerts_not_authorised_total") < 2.0 {
+        assert!(Instant::now() < deadline, "the refused Write was never reported in the metrics");
+        assert!(matches!(p.child.try_wait(), Ok(None)), "the pipeline stopped instead of retrying");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(d.committed(&s), before.values().map(|o| Some(*o)).collect::<Vec<_>>(), "nothing committed past the input");
+    assert_eq!(count_records(&s.kafka("admin"), &d.output, Isolation::ReadCommitted).expect("count"), notified);
+
+    s.acls_all(&[d.pipeline_acls("apply", &["--only", "output-write"])]);
+    let mut all = first;
+    all.extend(second);
+    wait_committed(&next_offsets(&all));
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "stopped cleanly");
+
+    let report = d.verify(&s);
+    assert!(report.expected > notified, "the second half crossed thresholds too");
+    assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
+    let printed = std::fs::read_to_string(&log).expect("the log");
+    s.assert_no_password("alert-pipeline", &printed);
+    let right = format!("Write on Topic {}", d.output);
+    let line = printed.lines().find(|l| l.contains("not authorised") && l.contains(&right));
+    assert!(line.is_some(), "the log names the refused right: {printed}");
+    assert!(printed.contains("authorised again"), "the log says when it goes on: {printed}");
+    eprintln!("report: {}", line.unwrap_or_default());
+}
