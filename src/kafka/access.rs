@@ -23,6 +23,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
+use rdkafka::client::Client;
 use rdkafka::{ClientContext, TopicPartitionList};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,12 +96,7 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
     let mut missing = Vec::new();
     let topics = needs.read.iter().map(|t| ("Read", t)).chain(needs.write.iter().map(|t| ("Write", t)));
     for (operation, topic) in topics {
-        let metadata = client.fetch_metadata(Some(topic), CHECK_TIMEOUT)?;
-        let denied = metadata
-            .topics()
-            .iter()
-            .any(|t| t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED));
-        if denied {
+        if refused(client.client(), topic)? {
             missing.push(Missing { operation, resource: "Topic", name: topic.clone() });
         }
     }
@@ -113,6 +109,13 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
         return Ok(());
     }
     Err(AccessError::new(kafka, missing).into())
+}
+
+/// Whether the broker refuses `client`'s principal even Describe on `topic` (so every other right
+/// on it too): one metadata round trip.
+pub fn refused<C: ClientContext>(client: &Client<C>, topic: &str) -> anyhow::Result<bool> {
+    let metadata = client.fetch_metadata(Some(topic), CHECK_TIMEOUT)?;
+    Ok(metadata.topics().iter().any(|t| t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)))
 }
 
 /// Whether the broker refuses the group: an OffsetFetch for it (any partition will do, the

@@ -369,19 +369,21 @@ impl Committer {
         Ok(())
     }
 
-    /// After an abort: if deliveries were refused for lack of Write on a topic, says so (log and
-    /// metric, per right) and sets a growing back-off, so the loop retries the same input now and
-    /// then instead of spinning, until the right is granted again.
-    fn report_denied(&self, session: &mut Session) {
-        let denied = self.producer.take_denied();
-        if denied.is_empty() {
-            return;
-        }
+    /// The topics this engine writes that its principal may not Write now (asked of the broker).
+    fn refused_writes(&self) -> Vec<String> {
+        let t = &self.settings.topics;
+        self.producer.refused_writes(&[t.notifications.clone(), t.dlq.clone(), t.changelog.clone()])
+    }
+
+    /// After an abort because Write was refused on `topics`: says so (log and metric, per right)
+    /// and sets a growing back-off, so the loop retries the same input now and then instead of
+    /// spinning, until the right is granted again.
+    fn report_refused(&self, session: &mut Session, topics: &[String]) {
         session.denied_in_a_row += 1;
         let backoff = DENIED_BACKOFF_FIRST.saturating_mul(1 << session.denied_in_a_row.min(6)).min(DENIED_BACKOFF_MAX);
         session.backoff = Some(backoff);
         let principal = crate::kafka::access::principal(&self.settings.kafka).unwrap_or_else(|| "this client".to_owned());
-        for topic in denied {
+        for topic in topics {
             let right = format!("Write on Topic {topic}");
             m::not_authorised(&right);
             warn!(
@@ -394,6 +396,39 @@ impl Committer {
         }
     }
 
+    /// Aborts the open transaction. If that fails fatally while a Write is refused, the producer
+    /// is made again instead (see below) and the refusal is reported either way; returns the
+    /// topics refused.
+    fn abort_open(&self) -> Result<Vec<String>, TxnError> {
+        // Let in-flight produce requests finish first: with records still in flight, Kafka 4.4
+        // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
+        // forced-abort test (the open librdkafka issue #4849 reports the same). Delivery errors
+        // here are expected and change nothing: the transaction is aborted anyway.
+        if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
+            debug!(error = %e, "flush before abort did not complete");
+        }
+        match self.producer.abort() {
+            Ok(()) => Ok(self.refused_writes()),
+            Err(e) if e.class == TxnErrorClass::Fatal => {
+                // A transaction whose only AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_
+                // FAILED) has nothing registered on the broker, yet librdkafka 2.12 still sends
+                // EndTxn (it counts the request, not what it added); the broker answers
+                // INVALID_TXN_STATE and librdkafka makes that fatal. Nothing is open on the
+                // broker then, so a producer made again with the same transactional id is what a
+                // restart of the process would give, without leaving the group. Only then: any
+                // other fatal error stops the engine as before.
+                let refused = self.refused_writes();
+                if refused.is_empty() {
+                    return Err(e);
+                }
+                warn!(error = %e, "abort failed after a refused Write; making the transactional producer again");
+                self.producer.restart()?;
+                Ok(refused)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
     /// commit.
     pub fn abort_and_rewind<C: ConsumerContext>(
@@ -403,23 +438,18 @@ impl Committer {
         partitions: &[i32],
     ) -> Result<(), TxnError> {
         if let Some(txn) = session.txn.take() {
+            let mut refused = Vec::new();
             if self.settings.guarantee == Guarantee::ExactlyOnce {
-                // Let in-flight produce requests finish first: with records still in flight, Kafka
-                // 4.4 answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in
-                // our forced-abort test (the open librdkafka issue #4849 reports the same).
-                // Delivery errors here are expected and change nothing: the transaction is aborted
-                // anyway.
-                if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
-                    debug!(error = %e, "flush before abort did not complete");
-                }
-                self.producer.abort()?;
+                refused = self.abort_open()?;
                 info!(records = txn.records, "transaction aborted");
             }
             // At least once there is no transaction to abort: what was produced stays, and the
             // redo may repeat it.
             session.stats.aborts += 1;
             m::aborted();
-            self.report_denied(session);
+            if !refused.is_empty() {
+                self.report_refused(session, &refused);
+            }
         }
         session.state.invalidate_all();
         // Without a rewind the redo would skip records: stop rather than lose them.

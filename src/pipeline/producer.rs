@@ -33,9 +33,8 @@ use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
 use crate::kafka::access::{self, AccessError};
 use crate::kafka::KafkaConfig;
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -143,14 +142,11 @@ impl TxnError {
 }
 
 /// Counts delivery failures, which in a transaction show up again as an abortable commit error;
-/// the at-least-once mode reads them to decide whether offsets may be committed. Remembers the
-/// topics a delivery was refused for lack of a right (TOPIC_AUTHORIZATION_FAILED), so the abort
-/// that follows can name it.
+/// the at-least-once mode reads them to decide whether offsets may be committed.
 #[derive(Default)]
 pub struct DeliveryContext {
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
-    denied: Mutex<BTreeSet<String>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -179,11 +175,12 @@ impl ProducerContext for DeliveryContext {
             self.failures.fetch_add(1, Ordering::Relaxed);
             crate::metrics::delivery_failed(m.topic());
             if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
-                if let Ok(mut denied) = self.denied.lock() {
-                    denied.insert(m.topic().to_owned());
-                }
+                // Every record of the batch fails alike: the abort that follows names the refused
+                // right once (`Committer::report_refused`), instead of a line per record.
+                debug!(topic = m.topic(), error = %e, "delivery refused");
+            } else {
+                warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             }
-            warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             if let Ok(mut last) = self.last_error.lock() {
                 *last = Some(e.to_string());
             }
@@ -196,28 +193,56 @@ impl DeliveryContext {
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
-
-    /// The topics whose deliveries were refused for lack of a right since the last call.
-    pub fn take_denied(&self) -> BTreeSet<String> {
-        self.denied.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default()
-    }
 }
 
 /// A producer whose transactional calls retry and classify in one place.
 pub struct TxnProducer {
-    inner: ThreadedProducer<DeliveryContext>,
+    /// The librdkafka producer; replaced by [`TxnProducer::restart`], hence the lock (only ever
+    /// contended by nothing: one thread drives the producer).
+    inner: RwLock<ThreadedProducer<DeliveryContext>>,
+    /// What it was made from, to make it again.
+    config: rdkafka::ClientConfig,
 }
 
 impl TxnProducer {
     /// Creates the producer and registers its transactional.id (fencing any predecessor and
     /// aborting what it left open).
     pub fn new(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, TxnError> {
+        let p = TxnProducer { inner: RwLock::new(Self::registered(config)?), config: config.clone() };
+        Ok(Arc::new(p))
+    }
+
+    fn registered(config: &rdkafka::ClientConfig) -> Result<ThreadedProducer<DeliveryContext>, TxnError> {
         let inner: ThreadedProducer<DeliveryContext> = config
             .create_with_context(DeliveryContext::default())
             .map_err(|e| TxnError::with_class("create producer", TxnErrorClass::Fatal, e))?;
-        let p = TxnProducer { inner };
-        p.retrying("init_transactions", |p| p.init_transactions(INIT_TIMEOUT))?;
-        Ok(Arc::new(p))
+        retrying(&inner, "init_transactions", |p| p.init_transactions(INIT_TIMEOUT))?;
+        Ok(inner)
+    }
+
+    /// Replaces the librdkafka producer by a new one with the same transactional id, registered
+    /// again: what a restart of the process would do, without losing the consumer's place in the
+    /// group. `init_transactions` aborts whatever this id left open and bumps its epoch, so it is
+    /// as safe for exactly-once as a crash and restart; the caller rewinds input and state as
+    /// after any abort. Used only where librdkafka made an error fatal that leaves nothing open
+    /// on the broker (see `Committer::abort_and_rewind`).
+    pub fn restart(&self) -> Result<(), TxnError> {
+        let fresh = Self::registered(&self.config)?;
+        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    fn producer(&self) -> RwLockReadGuard<'_, ThreadedProducer<DeliveryContext>> {
+        // The guarded value is a client handle, never left half-updated: a poisoned lock is fine.
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Of `topics`, those this producer's principal may not even Describe, hence not Write
+    /// ([`access::refused`]; a metadata round trip each). Errors other than a refusal count as
+    /// not refused: this only names a refusal, it does not detect outages.
+    pub fn refused_writes(&self, topics: &[String]) -> Vec<String> {
+        let producer = self.producer();
+        topics.iter().filter(|t| access::refused(producer.client(), t).unwrap_or(false)).cloned().collect()
     }
 
     /// The transactional producer of `transactional_id`, registered ([`TxnProducer::new`]). A
@@ -234,33 +259,15 @@ impl TxnProducer {
     /// A producer without transactions (at-least-once mode): same send path, no init.
     pub fn non_transactional(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, KafkaError> {
         let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext::default())?;
-        Ok(Arc::new(TxnProducer { inner }))
+        Ok(Arc::new(TxnProducer { inner: RwLock::new(inner), config: config.clone() }))
     }
 
     fn retrying(
         &self,
         step: &'static str,
-        mut call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
+        call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
     ) -> Result<(), TxnError> {
-        let mut attempt = 0;
-        loop {
-            match call(&self.inner) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    let err = TxnError::new(step, e);
-                    if err.class == TxnErrorClass::Retriable && attempt < MAX_RETRIES {
-                        attempt += 1;
-                        warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
-                        std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
-                        continue;
-                    }
-                    if err.class == TxnErrorClass::Retriable {
-                        return Err(TxnError { class: TxnErrorClass::Fatal, ..err });
-                    }
-                    return Err(err);
-                }
-            }
-        }
+        retrying(&self.producer(), step, call)
     }
 
     pub fn begin(&self) -> Result<(), TxnError> {
@@ -292,13 +299,14 @@ impl TxnProducer {
     /// Enqueues one record. A full local queue is waited out (the polling thread drains it);
     /// any other refusal is returned for the caller to classify.
     pub fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+        let producer = self.producer();
         loop {
-            match self.inner.send(record) {
+            match producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     debug!("producer queue full; waiting");
                     record = r;
-                    self.inner.poll(Duration::from_millis(10));
+                    producer.poll(Duration::from_millis(10));
                 }
                 Err((e, _)) => return Err(e),
             }
@@ -309,8 +317,9 @@ impl TxnProducer {
     /// [`TxnProducer::commit`] for why not in one call.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         let deadline = Instant::now() + timeout;
+        let producer = self.producer();
         loop {
-            match self.inner.flush(Duration::from_millis(1)) {
+            match producer.flush(Duration::from_millis(1)) {
                 Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) if Instant::now() < deadline => {}
                 other => return other,
             }
@@ -319,12 +328,36 @@ impl TxnProducer {
 
     /// Delivery failures seen so far.
     pub fn delivery_failures(&self) -> u64 {
-        self.inner.context().failures()
+        self.producer().context().failures()
     }
+}
 
-    /// Topics whose deliveries were refused for lack of a right since the last call.
-    pub fn take_denied(&self) -> BTreeSet<String> {
-        self.inner.context().take_denied()
+/// Calls `call` until it succeeds or fails for good: a retriable error repeats it with a short
+/// backoff, at most [`MAX_RETRIES`] times (then it is fatal); any other error is returned with its
+/// class.
+fn retrying(
+    producer: &ThreadedProducer<DeliveryContext>,
+    step: &'static str,
+    mut call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
+) -> Result<(), TxnError> {
+    let mut attempt = 0;
+    loop {
+        match call(producer) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let err = TxnError::new(step, e);
+                if err.class == TxnErrorClass::Retriable && attempt < MAX_RETRIES {
+                    attempt += 1;
+                    warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
+                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
+                    continue;
+                }
+                if err.class == TxnErrorClass::Retriable {
+                    return Err(TxnError { class: TxnErrorClass::Fatal, ..err });
+                }
+                return Err(err);
+            }
+        }
     }
 }
 
