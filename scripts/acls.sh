@@ -98,7 +98,6 @@ entries() {
     verify)
       echo "input-read Read topic $input literal"
       echo "output-read Read topic $output literal"
-      echo "dlq-read Read topic $dlq literal"
       ;;
     deliver)
       # alert-deliver (issue 11, another branch): derived from its design, not yet run here.

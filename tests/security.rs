@@ -226,9 +226,10 @@ fn run(mut c: Command, timeout: Duration) -> (Output, Duration) {
     (Output { status, stdout: stdout.into_bytes(), stderr: stderr.into_bytes() }, took)
 }
 
-/// Tick generator, pipeline, verifier and sink, each as its own user with exactly its documented
-/// ACLs: the verifier finds 0 missing and 0 duplicate, the table holds every expected
-/// notification once, and no password appears in anything they printed.
+/// Tick generator, pipeline (with its poison ticks dead-lettered), verifier, sink and DLQ replay,
+/// each as its own user with exactly its documented ACLs: the verifier finds 0 missing and 0
+/// duplicate, the table holds every notification once, every dead letter is replayed once, and no
+/// password appears in anything they printed.
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
@@ -237,11 +238,22 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
     // tick-gen writes the rules its stream was made for over the deployment's.
     let rules_out = d.rules_path.clone();
     let (input, output, app) = (d.input.as_str(), d.output.as_str(), d.app.as_str());
+    let dlq = d.topics().dlq;
+    // Dead letters are replayed into a topic of their own here: back into the input they would
+    // change what the verifier expects.
+    let target = format!("{input}.replayed-target");
+    let admin = s.kafka("admin");
+    futures::executor::block_on(topics::ensure_topic(
+        &admin,
+        &topics::TopicSpec { name: target.clone(), partitions: 1, compacted: false, retention: None },
+    ))
+    .expect("the replay target");
     s.acls_all(&[
         d.pipeline_acls("apply", &[]),
         vec!["apply", "tick-gen", "--input", input],
         vec!["apply", "verify", "--input", input, "--output", output],
         vec!["apply", "sink", "--app-id", app, "--output", output],
+        vec!["apply", "replay", "--dlq", &dlq, "--target", &target],
     ]);
     let mut printed = Vec::new();
 
@@ -251,19 +263,19 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
     printed.push(("tick-gen", text(&out)));
     assert!(out.status.success(), "tick-gen as User:tools: {}", text(&out));
 
-    let (out, _) = run(d.pipeline(&s, &["--exit-when-idle", "3s"]), EXIT);
+    let (out, _) = run(d.pipeline(&s, &["--exit-when-idle", "3s", "--inject-faults"]), EXIT);
     printed.push(("alert-pipeline", text(&out)));
     assert!(out.status.success(), "alert-pipeline as User:pipeline: {}", text(&out));
 
     let mut verifier = s.command(env!("CARGO_BIN_EXE_alert-verify"), "tools");
-    verifier.arg("--rules").arg(&rules_out).args(["--input", input, "--output", output]);
+    verifier.arg("--rules").arg(&rules_out).args(["--input", input, "--output", output, "--inject-faults"]);
     let (out, _) = run(verifier, EXIT);
     printed.push(("alert-verify", text(&out)));
     assert!(out.status.success(), "alert-verify as User:tools finds a difference: {}", text(&out));
 
     let rules = Rules::load(&rules_out).expect("generated rules");
-    let report = verify(&s.kafka("admin"), input, output, &rules, price_alerts::tick::DEFAULT_MAX_TICK_BYTES, Default::default())
-        .expect("verifier");
+    let faults = price_alerts::dlq::FaultInjection { enabled: true };
+    let report = verify(&admin, input, output, &rules, price_alerts::tick::DEFAULT_MAX_TICK_BYTES, faults).expect("verifier");
     assert!(report.expected > 0, "the stream crosses thresholds");
     assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
 
@@ -274,6 +286,15 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
     printed.push(("alert-sink", text(&out)));
     assert!(out.status.success(), "alert-sink as User:sink: {}", text(&out));
     assert_eq!(db.count("alerts"), report.found as i64, "every notification stored once");
+
+    let dead = count_records(&admin, &dlq, Isolation::ReadCommitted).expect("count");
+    assert!(dead > 0 && dead == report.poison_ticks, "the poison ticks are in the DLQ: {dead} of {}", report.poison_ticks);
+    let mut replay = s.command(env!("CARGO_BIN_EXE_dlq-replay"), "replay");
+    replay.args(["--dlq", &dlq, "--to", &target]);
+    let (out, _) = run(replay, EXIT);
+    printed.push(("dlq-replay", text(&out)));
+    assert!(out.status.success(), "dlq-replay as User:replay: {}", text(&out));
+    assert_eq!(count_records(&admin, &target, Isolation::ReadCommitted).expect("count"), dead, "each dead letter replayed once");
 
     for (what, text) in &printed {
         s.assert_no_password(what, text);
@@ -325,7 +346,7 @@ fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
 
 /// Wrong password, unknown user, a CA that did not sign the broker's certificate: each fails fast
 /// with a message naming the mechanism and the user (or the certificate problem), never the
-/// password.
+/// password. And the right password from KAFKA_SASL_PASSWORD authenticates.
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn wrong_password_unknown_user_and_untrusted_ca_fail_fast() {
@@ -363,6 +384,50 @@ fn wrong_password_unknown_user_and_untrusted_ca_fail_fast() {
         s.assert_no_password("alert-pipeline", &printed);
         eprintln!("refusal ({case}, {took:?}): {}", printed.lines().find(|l| l.contains(what)).unwrap_or_default());
     }
+    // The password from KAFKA_SASL_PASSWORD instead of the file: authentication passes (this
+    // deployment has no ACLs, so the start stops at the rights, which shows it got that far).
+    let without = good.lines().filter(|l| !l.contains("sasl.password")).collect::<Vec<_>>().join("\n");
+    let path = dir.join("env.toml");
+    std::fs::write(&path, without).expect("writing the config");
+    let mut c = d.pipeline_with(&s, &path, &[]);
+    c.env("KAFKA_SASL_PASSWORD", &password);
+    let (out, _) = run(c, EXIT);
+    let printed = text(&out);
+    assert!(printed.contains("not authorised: User:pipeline lacks"), "authenticated with KAFKA_SASL_PASSWORD: {printed}");
+    s.assert_no_password("alert-pipeline", &printed);
+}
+
+/// Nothing a tick holds reaches the logs, at any level: the pipeline over SASL_SSL with
+/// `RUST_LOG=trace` and librdkafka's own debug output (security and protocol included) prints
+/// neither a marker hidden in every tick (an ignored field; the raw bytes of a tick that is not
+/// JSON) nor any password.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn no_payload_and_no_password_in_logs_at_any_level() {
+    let s = secure();
+    let d = Deployment::new(&s, "sec-trace", 1);
+    s.acls_all(&[d.pipeline_acls("apply", &[])]);
+    let marker = format!("PAYLOAD-MARKER-{}", price_alerts::kafka::topics::unique_suffix());
+    let mut records: Vec<(Option<Vec<u8>>, Vec<u8>)> = (1..=20u64)
+        .map(|seq| {
+            let price = if seq % 2 == 0 { 95 } else { 105 };
+            let value = format!(r#"{{"symbol":"SYM0","price":"{price}","seq":{seq},"note":"{marker}"}}"#);
+            (Some(b"SYM0".to_vec()), value.into_bytes())
+        })
+        .collect();
+    records.push((Some(b"SYM1".to_vec()), format!("{{not json {marker}").into_bytes()));
+    price_alerts::kafka::feed::produce_raw(&s.kafka("admin"), &d.input, &records).expect("loading records");
+    let mut c = d.pipeline(&s, &["--exit-when-idle", "2s", "-X", "debug=security,broker,protocol,msg,eos,cgrp"]);
+    c.env("RUST_LOG", "trace");
+    let (out, _) = run(c, EXIT);
+    let printed = text(&out);
+    assert!(out.status.success(), "the pipeline ran: {}", printed.lines().rev().take(20).collect::<Vec<_>>().join("\n"));
+    assert!(printed.lines().count() > 100, "trace logs were written");
+    assert!(!printed.contains(&marker), "a payload reached the logs");
+    s.assert_no_password("alert-pipeline at trace", &printed);
+    let report = d.verify(&s);
+    assert!(report.expected > 0 && report.bad_ticks == 1, "{report}");
+    assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
 }
 
 /// Write on the output revoked while the pipeline runs: its transactions abort, no offset

@@ -33,8 +33,8 @@ pub fn refuse_on_command_line(key: &str) -> anyhow::Result<()> {
     if is_secret(key) {
         bail!(
             "-X {key} is refused: a command line is readable by every local user (ps); put it in the \
-             [librdkafka] table of a --config file readable only by its owner (chmod 600), or in \
-             {PASSWORD_ENV} for sasl.password"
+             [librdkafka] table of a --config file readable only by its owner (chmod 600){}",
+            if key == "sasl.password" { format!(", or in {PASSWORD_ENV}") } else { String::new() }
         );
     }
     Ok(())
