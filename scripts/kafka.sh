@@ -337,8 +337,15 @@ inter.broker.listener.name=PLAINTEXT
 log.dirs=$DATA
 num.partitions=1
 default.replication.factor=1
-min.insync.replicas=1
 auto.create.topics.enable=$KAFKA_AUTO_CREATE_TOPICS
+$(one_node_properties)
+EOF
+}
+
+# The settings of a one-node cluster, shared by the plain and the secured broker.
+one_node_properties() {
+  cat <<EOF
+min.insync.replicas=1
 # Internal topics on one node: replication 1, and fewer partitions than the default 50, so the
 # first consumer group and the first transactional producer do not wait for 50 partitions.
 offsets.topic.replication.factor=1

@@ -159,16 +159,8 @@ super.users=User:admin
 log.dirs=$SECURE/data
 num.partitions=1
 default.replication.factor=1
-min.insync.replicas=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=10
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
+$(one_node_properties)
 EOF
 }
 
