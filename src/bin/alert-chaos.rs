@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "alert-chaos", version, about = "Kill, pause and bounce pipeline instances and brokers, then check exactly-once")]
+#[command(
+    name = "alert-chaos",
+    version,
+    about = "Kill, pause and bounce pipeline instances and brokers, then check exactly-once"
+)]
 struct Cli {
     /// Every broker of the cluster.
     #[arg(long, env = "KAFKA_CLUSTER_BOOTSTRAP", default_value = DEFAULT_CLUSTER_BOOTSTRAP)]
@@ -67,20 +71,43 @@ fn main() -> ExitCode {
             Some(p) => p,
             None => std::env::current_exe()?.with_file_name("alert-pipeline"),
         };
-        let cluster = Cluster { kafka_sh: cli.kafka_sh, kafka: KafkaConfig::new(cli.bootstrap), brokers: cli.brokers };
+        let cluster = Cluster {
+            kafka_sh: cli.kafka_sh,
+            kafka: KafkaConfig::new(cli.bootstrap),
+            brokers: cli.brokers,
+        };
         let mut o = ChaosOptions::short(cluster, pipeline, cli.seed.unwrap_or_else(rand::random));
-        (o.ticks, o.symbols) = (cli.ticks.unwrap_or(o.ticks), cli.symbols.unwrap_or(o.symbols));
-        (o.partitions, o.instances) = (cli.partitions.unwrap_or(o.partitions), cli.instances.unwrap_or(o.instances));
+        (o.ticks, o.symbols) = (
+            cli.ticks.unwrap_or(o.ticks),
+            cli.symbols.unwrap_or(o.symbols),
+        );
+        (o.partitions, o.instances) = (
+            cli.partitions.unwrap_or(o.partitions),
+            cli.instances.unwrap_or(o.instances),
+        );
         o.span = cli.span.unwrap_or(o.span);
         o.limit = cli.limit.unwrap_or(o.limit);
-        (o.work_dir, o.static_membership) = (cli.work_dir.unwrap_or(o.work_dir), cli.static_membership);
+        (o.work_dir, o.static_membership) =
+            (cli.work_dir.unwrap_or(o.work_dir), cli.static_membership);
         let f = &mut o.faults;
-        (f.kills, f.terms, f.zombies) = (cli.kills.unwrap_or(f.kills), cli.terms.unwrap_or(f.terms), cli.zombies.unwrap_or(f.zombies));
+        (f.kills, f.terms, f.zombies) = (
+            cli.kills.unwrap_or(f.kills),
+            cli.terms.unwrap_or(f.terms),
+            cli.zombies.unwrap_or(f.zombies),
+        );
         f.hard_bounces = cli.hard_bounces.unwrap_or(f.hard_bounces);
         f.clean_bounces = cli.clean_bounces.unwrap_or(f.clean_bounces);
-        price_alerts::outln!("alert-chaos: seed {}; instance logs in {}", o.seed, o.work_dir.display());
+        price_alerts::outln!(
+            "alert-chaos: seed {}; instance logs in {}",
+            o.seed,
+            o.work_dir.display()
+        );
         let report = chaos::run(&o)?;
         price_alerts::outln!("{report}");
-        Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        Ok(if report.ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
     })
 }

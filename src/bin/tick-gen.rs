@@ -3,15 +3,19 @@
 use anyhow::Context as _;
 use clap::Parser;
 use price_alerts::cli::{main_of, KafkaArgs};
-use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::kafka::feed::Feed;
 use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::tools::generate::{generate, GenOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "tick-gen", version, about = "Generate ticks (seeded random walk) and the alert rules they were made for")]
+#[command(
+    name = "tick-gen",
+    version,
+    about = "Generate ticks (seeded random walk) and the alert rules they were made for"
+)]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
@@ -50,10 +54,15 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let (rules, ticks) =
-        generate(&GenOptions { symbols: cli.symbols, ticks: cli.ticks, seed: cli.seed, stale_every: cli.stale_every });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: cli.symbols,
+        ticks: cli.ticks,
+        seed: cli.seed,
+        stale_every: cli.stale_every,
+    });
     match &cli.rules_out {
-        Some(path) => std::fs::write(path, rules.to_toml()).with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => std::fs::write(path, rules.to_toml())
+            .with_context(|| format!("writing {}", path.display()))?,
         None => price_alerts::outln!("{}", rules.to_toml()),
     }
     if cli.rules_only {
@@ -62,7 +71,12 @@ fn run() -> anyhow::Result<()> {
     let kafka = cli.kafka.connect()?;
     futures::executor::block_on(create_topics(
         &kafka,
-        &[TopicSpec { name: cli.topic.clone(), partitions: cli.partitions, compacted: false, retention: None }],
+        &[TopicSpec {
+            name: cli.topic.clone(),
+            partitions: cli.partitions,
+            compacted: false,
+            retention: None,
+        }],
     ))?;
     let started = Instant::now();
     Feed::new(&kafka)?.send_ticks_at_rate(&cli.topic, &ticks, cli.rate)?;

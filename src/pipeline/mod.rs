@@ -31,12 +31,15 @@ pub mod state;
 
 pub use commit::Stats;
 pub use engine::Engine;
-pub use settings::{EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH};
+pub use settings::{
+    EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL,
+    DEFAULT_MAX_BATCH,
+};
 
 use crate::health::Health;
 use crate::kafka::topics;
-use producer::TxnError;
 use anyhow::{bail, Context as _};
+use producer::TxnError;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,8 +51,17 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 
 /// Runs the processor until `shutdown` resolves (or it idles out, or fails), reporting its
 /// liveness and readiness to `health`.
-pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
-    let partitions = topics::ensure(&opts.engine.kafka, &opts.engine.topics, opts.input_partitions).await?;
+pub async fn run(
+    opts: PipelineOptions,
+    health: Health,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Stats> {
+    let partitions = topics::ensure(
+        &opts.engine.kafka,
+        &opts.engine.topics,
+        opts.input_partitions,
+    )
+    .await?;
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
     let t = &opts.engine.topics;
     crate::metrics::topics_written(&[&t.notifications, &t.changelog, &t.dlq]);
@@ -75,12 +87,19 @@ pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Ou
 }
 
 /// The processing loop. Blocking: run it on a thread of its own.
-pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<Stats> {
+pub fn run_blocking(
+    opts: &PipelineOptions,
+    health: &Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<Stats> {
     let engine = Engine::start(opts.engine.clone())?;
     let result = process_until_stopped(&engine, opts, health, stop);
     health.not_ready(match &result {
         Ok(()) => "stopping",
-        Err(e) if e.downcast_ref::<TxnError>().is_some_and(TxnError::is_fenced) => {
+        Err(e)
+            if e.downcast_ref::<TxnError>()
+                .is_some_and(TxnError::is_fenced) =>
+        {
             crate::metrics::fenced();
             "fenced by a newer instance"
         }
@@ -114,14 +133,21 @@ pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) 
     }
 }
 
-fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
+fn process_until_stopped(
+    engine: &Engine,
+    opts: &PipelineOptions,
+    health: &Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
     let mut transactions = 0u64;
     // Idle means: assigned, restored, and nothing to read. Waiting for an assignment or a restore,
     // a restore, and a record all restart the clock.
     let mut last_activity = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let timeout = match engine.open_since()? {
-            Some((started, _)) => (started + opts.commit_interval).saturating_duration_since(Instant::now()),
+            Some((started, _)) => {
+                (started + opts.commit_interval).saturating_duration_since(Instant::now())
+            }
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
@@ -135,10 +161,20 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
             last_activity = Instant::now();
         }
         match engine.open_since()? {
-            Some((started, records)) if started.elapsed() >= opts.commit_interval || records >= opts.max_batch => {
+            Some((started, records))
+                if started.elapsed() >= opts.commit_interval || records >= opts.max_batch =>
+            {
                 transactions += 1;
-                if opts.engine.hooks.abort_every.is_some_and(|n| n > 0 && transactions.is_multiple_of(n)) {
-                    info!(transaction = transactions, "test hook: aborting this transaction");
+                if opts
+                    .engine
+                    .hooks
+                    .abort_every
+                    .is_some_and(|n| n > 0 && transactions.is_multiple_of(n))
+                {
+                    info!(
+                        transaction = transactions,
+                        "test hook: aborting this transaction"
+                    );
                     engine.abort()?;
                 } else {
                     engine.commit()?;
@@ -146,7 +182,10 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
             }
             Some(_) => {}
             None => {
-                if opts.exit_when_idle.is_some_and(|idle| last_activity.elapsed() >= idle) {
+                if opts
+                    .exit_when_idle
+                    .is_some_and(|idle| last_activity.elapsed() >= idle)
+                {
                     info!("idle; stopping");
                     break;
                 }

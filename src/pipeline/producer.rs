@@ -65,7 +65,9 @@ pub fn classify(err: &KafkaError) -> TxnErrorClass {
         KafkaError::Transaction(e) if e.is_retriable() => TxnErrorClass::Retriable,
         // A produce call refused locally (e.g. unknown partition) leaves the transaction usable
         // only after an abort; it never fences us.
-        KafkaError::MessageProduction(code) if *code != RDKafkaErrorCode::Fatal => TxnErrorClass::Abortable,
+        KafkaError::MessageProduction(code) if *code != RDKafkaErrorCode::Fatal => {
+            TxnErrorClass::Abortable
+        }
         _ => TxnErrorClass::Fatal,
     }
 }
@@ -101,18 +103,32 @@ pub struct TxnError {
 impl TxnError {
     /// A Kafka error, classified by [`classify`].
     pub fn new(step: &'static str, source: KafkaError) -> Self {
-        TxnError { step, class: classify(&source), cause: TxnCause::Kafka(source) }
+        TxnError {
+            step,
+            class: classify(&source),
+            cause: TxnCause::Kafka(source),
+        }
     }
 
     /// An error whose class the caller knows better than [`classify`] would.
-    pub fn with_class(step: &'static str, class: TxnErrorClass, cause: impl Into<TxnCause>) -> Self {
-        TxnError { step, class, cause: cause.into() }
+    pub fn with_class(
+        step: &'static str,
+        class: TxnErrorClass,
+        cause: impl Into<TxnCause>,
+    ) -> Self {
+        TxnError {
+            step,
+            class,
+            cause: cause.into(),
+        }
     }
 
     /// Whether a newer instance with the same transactional id (or group instance id) took over:
     /// this one must stop, and a restart would only fence the newer one in turn.
     pub fn is_fenced(&self) -> bool {
-        let TxnCause::Kafka(e) = &self.cause else { return false };
+        let TxnCause::Kafka(e) = &self.cause else {
+            return false;
+        };
         matches!(
             e.rdkafka_error_code(),
             Some(
@@ -192,7 +208,8 @@ impl TxnProducer {
 
     /// A producer without transactions (at-least-once mode): same send path, no init.
     pub fn non_transactional(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, KafkaError> {
-        let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext::default())?;
+        let inner: ThreadedProducer<DeliveryContext> =
+            config.create_with_context(DeliveryContext::default())?;
         Ok(Arc::new(TxnProducer { inner }))
     }
 
@@ -214,7 +231,10 @@ impl TxnProducer {
                         continue;
                     }
                     if err.class == TxnErrorClass::Retriable {
-                        return Err(TxnError { class: TxnErrorClass::Fatal, ..err });
+                        return Err(TxnError {
+                            class: TxnErrorClass::Fatal,
+                            ..err
+                        });
                     }
                     return Err(err);
                 }
@@ -228,7 +248,11 @@ impl TxnProducer {
 
     /// Adds the consumed offsets (next offset to read, per partition) to the transaction, with the
     /// group metadata that lets the coordinator fence a zombie of an older generation.
-    pub fn send_offsets(&self, offsets: &TopicPartitionList, group: &ConsumerGroupMetadata) -> Result<(), TxnError> {
+    pub fn send_offsets(
+        &self,
+        offsets: &TopicPartitionList,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<(), TxnError> {
         self.retrying("send_offsets_to_transaction", |p| {
             p.send_offsets_to_transaction(offsets, group, Timeout::Never)
         })
@@ -241,7 +265,9 @@ impl TxnProducer {
         // would take at least 100 ms. After a drain its flush returns at once. A drain that does
         // not finish changes nothing: commit_transaction flushes (and fails) on its own.
         let _ = self.flush(DRAIN_TIMEOUT);
-        self.retrying("commit_transaction", |p| p.commit_transaction(Timeout::Never))
+        self.retrying("commit_transaction", |p| {
+            p.commit_transaction(Timeout::Never)
+        })
     }
 
     pub fn abort(&self) -> Result<(), TxnError> {
@@ -270,7 +296,8 @@ impl TxnProducer {
         let deadline = Instant::now() + timeout;
         loop {
             match self.inner.flush(Duration::from_millis(1)) {
-                Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) if Instant::now() < deadline => {}
+                Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
+                    if Instant::now() < deadline => {}
                 other => return other,
             }
         }

@@ -46,17 +46,23 @@ pub fn summarize(runs: &[RunResult], modes: &[Mode], sizes: &[usize]) -> Vec<Sum
     for &size in sizes {
         let idem_label = Mode::Idempotent.label();
         let idem_median = median_of(runs, &idem_label, size);
-        let idem_by_repeat: BTreeMap<u32, f64> =
-            complete(runs, &idem_label, size).map(|r| (r.repeat, r.records_per_s)).collect();
+        let idem_by_repeat: BTreeMap<u32, f64> = complete(runs, &idem_label, size)
+            .map(|r| (r.repeat, r.records_per_s))
+            .collect();
         for mode in modes {
             let label = mode.label();
             let mine: Vec<&RunResult> = complete(runs, &label, size).collect();
             let rps: Vec<f64> = mine.iter().map(|r| r.records_per_s).collect();
             let mbps: Vec<f64> = mine.iter().map(|r| r.mb_per_s).collect();
-            let latencies: Vec<f64> = mine.iter().flat_map(|r| r.commit_latencies_ms.iter().copied()).collect();
+            let latencies: Vec<f64> = mine
+                .iter()
+                .flat_map(|r| r.commit_latencies_ms.iter().copied())
+                .collect();
             let records_per_s = Spread::of(&rps);
-            let paired: Vec<f64> =
-                mine.iter().filter_map(|r| ratio(r.records_per_s, *idem_by_repeat.get(&r.repeat)?)).collect();
+            let paired: Vec<f64> = mine
+                .iter()
+                .filter_map(|r| ratio(r.records_per_s, *idem_by_repeat.get(&r.repeat)?))
+                .collect();
             out.push(Summary {
                 mode: label.clone(),
                 commit_interval_ms: mode.commit_interval().map(|d| d.as_millis() as u64),
@@ -80,12 +86,19 @@ pub fn summarize(runs: &[RunResult], modes: &[Mode], sizes: &[usize]) -> Vec<Sum
     out
 }
 
-fn complete<'a>(runs: &'a [RunResult], label: &'a str, size: usize) -> impl Iterator<Item = &'a RunResult> + 'a {
-    runs.iter().filter(move |r| r.mode == label && r.record_size == size && !r.interrupted)
+fn complete<'a>(
+    runs: &'a [RunResult],
+    label: &'a str,
+    size: usize,
+) -> impl Iterator<Item = &'a RunResult> + 'a {
+    runs.iter()
+        .filter(move |r| r.mode == label && r.record_size == size && !r.interrupted)
 }
 
 fn median_of(runs: &[RunResult], label: &str, size: usize) -> Option<f64> {
-    let v: Vec<f64> = complete(runs, label, size).map(|r| r.records_per_s).collect();
+    let v: Vec<f64> = complete(runs, label, size)
+        .map(|r| r.records_per_s)
+        .collect();
     Spread::of(&v).map(|s| s.median)
 }
 
@@ -121,7 +134,9 @@ impl Machine {
     pub fn this() -> Machine {
         Machine {
             cpus: std::thread::available_parallelism().ok().map(|n| n.get()),
-            memory_total_bytes: std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m)),
+            memory_total_bytes: std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| mem_total(&m)),
             os: std::env::consts::OS.into(),
             arch: std::env::consts::ARCH.into(),
         }
@@ -152,7 +167,9 @@ pub struct BenchReport {
 impl BenchReport {
     /// The summary of a mode label and size.
     pub fn summary(&self, mode: &str, size: usize) -> Option<&Summary> {
-        self.summaries.iter().find(|s| s.mode == mode && s.record_size == size)
+        self.summaries
+            .iter()
+            .find(|s| s.mode == mode && s.record_size == size)
     }
 
     /// One row per configuration.
@@ -256,7 +273,13 @@ impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.settings;
         let workload = match (&s.records, s.duration_s) {
-            (Some(r), _) => format!("records/run {}", r.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("/")),
+            (Some(r), _) => format!(
+                "records/run {}",
+                r.iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ),
             (None, Some(d)) => format!("{d} s/run"),
             (None, None) => String::new(),
         };
@@ -284,13 +307,23 @@ impl fmt::Display for BenchReport {
         for m in &self.summaries {
             let rps = m
                 .records_per_s
-                .map(|x| format!("{} ({}-{})", thousands(x.median), thousands(x.min), thousands(x.max)))
+                .map(|x| {
+                    format!(
+                        "{} ({}-{})",
+                        thousands(x.median),
+                        thousands(x.min),
+                        thousands(x.max)
+                    )
+                })
                 .unwrap_or_else(|| "-".into());
             let mbps = m
                 .mb_per_s
                 .map(|x| format!("{:.2} ({:.2}-{:.2})", x.median, x.min, x.max))
                 .unwrap_or_else(|| "-".into());
-            let r = m.ratio_to_idempotent.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
+            let r = m
+                .ratio_to_idempotent
+                .map(|v| format!("{v:.3}"))
+                .unwrap_or_else(|| "-".into());
             let paired = m
                 .paired_ratio_to_idempotent
                 .map(|x| format!("{:.3} ({:.3}-{:.3})", x.median, x.min, x.max))
@@ -369,7 +402,9 @@ mod tests {
 
     #[test]
     fn summaries_give_median_range_ratio_and_commit_percentiles() {
-        let txn = Mode::Transactional { commit_interval: Duration::from_millis(100) };
+        let txn = Mode::Transactional {
+            commit_interval: Duration::from_millis(100),
+        };
         let modes = [Mode::Idempotent, txn];
         let mut runs = vec![
             run(Mode::Idempotent, 1024, 100.0, &[]),
@@ -388,7 +423,15 @@ mod tests {
         runs.push(cut);
         let r = report(runs, &modes, &[1024]);
         let idem = r.summary("idempotent", 1024).unwrap();
-        assert_eq!(idem.records_per_s, Some(Spread { n: 3, median: 100.0, min: 90.0, max: 120.0 }));
+        assert_eq!(
+            idem.records_per_s,
+            Some(Spread {
+                n: 3,
+                median: 100.0,
+                min: 90.0,
+                max: 120.0
+            })
+        );
         assert_eq!(idem.ratio_to_idempotent, Some(1.0));
         assert_eq!(idem.commit_p50_ms, None);
         let t = r.summary("txn-100ms", 1024).unwrap();
@@ -398,7 +441,10 @@ mod tests {
         // Paired by repeat: 97/100, 80/120, 99/90.
         let p = t.paired_ratio_to_idempotent.unwrap();
         assert_eq!(p.n, 3);
-        assert!((p.median - 0.97).abs() < 1e-12 && (p.min - 80.0 / 120.0).abs() < 1e-12, "{p:?}");
+        assert!(
+            (p.median - 0.97).abs() < 1e-12 && (p.min - 80.0 / 120.0).abs() < 1e-12,
+            "{p:?}"
+        );
         assert!((p.max - 1.1).abs() < 1e-12, "{p:?}");
         assert_eq!(t.commit_p50_ms, Some(3.0));
         assert_eq!(t.commit_p99_ms, Some(50.0));
@@ -408,7 +454,11 @@ mod tests {
 
     #[test]
     fn no_ratio_without_an_idempotent_baseline() {
-        let r = report(vec![run(Mode::Plain, 100, 10.0, &[])], &[Mode::Plain], &[100]);
+        let r = report(
+            vec![run(Mode::Plain, 100, 10.0, &[])],
+            &[Mode::Plain],
+            &[100],
+        );
         let s = r.summary("plain", 100).unwrap();
         assert_eq!(s.ratio_to_idempotent, None);
         assert!(r.to_string().contains("plain"));
@@ -417,19 +467,35 @@ mod tests {
     #[test]
     fn csv_has_a_header_and_one_row_per_item() {
         let modes = [Mode::Plain, Mode::Idempotent];
-        let r =
-            report(vec![run(Mode::Plain, 100, 10.0, &[]), run(Mode::Idempotent, 100, 5.0, &[])], &modes, &[100, 1024]);
+        let r = report(
+            vec![
+                run(Mode::Plain, 100, 10.0, &[]),
+                run(Mode::Idempotent, 100, 5.0, &[]),
+            ],
+            &modes,
+            &[100, 1024],
+        );
         let summary = r.summary_csv();
         let lines: Vec<&str> = summary.lines().collect();
         assert_eq!(lines.len(), 1 + 4);
         let columns = lines[0].split(',').count();
-        assert!(lines.iter().all(|l| l.split(',').count() == columns), "{summary}");
-        assert!(lines[1].starts_with("plain,,100,1,10.0,10.0,10.0,"), "{}", lines[1]);
+        assert!(
+            lines.iter().all(|l| l.split(',').count() == columns),
+            "{summary}"
+        );
+        assert!(
+            lines[1].starts_with("plain,,100,1,10.0,10.0,10.0,"),
+            "{}",
+            lines[1]
+        );
         assert!(lines[1].contains(",2.0000,"), "{}", lines[1]);
         let runs = r.runs_csv();
         assert_eq!(runs.lines().count(), 3);
         let columns = runs.lines().next().unwrap().split(',').count();
-        assert!(runs.lines().all(|l| l.split(',').count() == columns), "{runs}");
+        assert!(
+            runs.lines().all(|l| l.split(',').count() == columns),
+            "{runs}"
+        );
     }
 
     #[test]
@@ -443,7 +509,10 @@ mod tests {
 
     #[test]
     fn meminfo() {
-        assert_eq!(mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000 * 1024));
+        assert_eq!(
+            mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24576000 * 1024)
+        );
         assert_eq!(mem_total("nothing"), None);
     }
 }

@@ -29,9 +29,9 @@
 use super::mode::Mode;
 use super::options::Limit;
 use crate::stats;
+use anyhow::{anyhow, Context as _};
 use price_alerts::kafka::KafkaConfig;
 use price_alerts::pipeline::producer::{TxnErrorClass, TxnProducer};
-use anyhow::{anyhow, Context as _};
 use rdkafka::producer::BaseRecord;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -111,10 +111,16 @@ struct Phase {
 }
 
 /// Runs one configuration. `kafka` carries the producer settings (see `mode::producer_kafka`).
-pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyhow::Result<RunResult> {
+pub fn run_once(
+    kafka: &KafkaConfig,
+    spec: &RunSpec,
+    stop: &AtomicBool,
+) -> anyhow::Result<RunResult> {
     let config = spec.mode.producer_config(kafka, &spec.transactional_id)?;
     let producer = match spec.mode {
-        Mode::Transactional { .. } => TxnProducer::new(&config).context("creating the transactional producer")?,
+        Mode::Transactional { .. } => {
+            TxnProducer::new(&config).context("creating the transactional producer")?
+        }
         _ => TxnProducer::non_transactional(&config).context("creating the producer")?,
     };
     // One payload per run, uppercase letters as ProducerPerformance's (no compression is set, so
@@ -129,7 +135,8 @@ pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyho
         warn!(topic = %spec.topic, counted = warm.counted, sent = warm.sent, "warm-up records lost");
     }
     let start = Instant::now();
-    let measured = produce(&producer, spec, &payload, spec.limit, stop).context("measured phase")?;
+    let measured =
+        produce(&producer, spec, &payload, spec.limit, stop).context("measured phase")?;
     let elapsed = start.elapsed().as_secs_f64();
     debug!(topic = %spec.topic, mode = %spec.mode, elapsed, counted = measured.counted, "run finished");
     let records_per_s = stats::per_second(measured.counted as f64, elapsed).unwrap_or(0.0);
@@ -149,7 +156,11 @@ pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyho
         elapsed_s: elapsed,
         records_per_s,
         mb_per_s: records_per_s * spec.size as f64 / (1024.0 * 1024.0),
-        commit_latencies_ms: measured.commits.iter().map(|d| d.as_secs_f64() * 1000.0).collect(),
+        commit_latencies_ms: measured
+            .commits
+            .iter()
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect(),
         interrupted: warm.interrupted || measured.interrupted,
     };
     Ok(result)
@@ -164,7 +175,13 @@ fn done(limit: Limit, sent: u64, start: Instant, now: Instant) -> bool {
 }
 
 /// Sends records until `limit`, keeping the queue full, and waits for the outcome of every one.
-fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: &AtomicBool) -> anyhow::Result<Phase> {
+fn produce(
+    p: &TxnProducer,
+    spec: &RunSpec,
+    payload: &[u8],
+    limit: Limit,
+    stop: &AtomicBool,
+) -> anyhow::Result<Phase> {
     let failures_before = p.delivery_failures();
     let mut phase = Phase::default();
     let start = Instant::now();
@@ -186,7 +203,8 @@ fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: 
             txn_start = now;
         }
         let record = BaseRecord::<[u8], [u8]>::to(&spec.topic).payload(payload);
-        p.send(record).map_err(|e| anyhow!(e).context(format!("producing to {}", spec.topic)))?;
+        p.send(record)
+            .map_err(|e| anyhow!(e).context(format!("producing to {}", spec.topic)))?;
         phase.sent += 1;
         in_txn += 1;
         // As ProducerPerformance: commit once the transaction is at least one interval old.
@@ -202,7 +220,8 @@ fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: 
             commit(p, &mut phase, in_txn)?;
         }
     } else {
-        p.flush(FLUSH_TIMEOUT).with_context(|| format!("flushing the records to {}", spec.topic))?;
+        p.flush(FLUSH_TIMEOUT)
+            .with_context(|| format!("flushing the records to {}", spec.topic))?;
     }
     phase.failed = p.delivery_failures() - failures_before;
     if interval.is_none() {
@@ -230,4 +249,3 @@ fn commit(p: &TxnProducer, phase: &mut Phase, records: u64) -> anyhow::Result<()
         Err(e) => Err(e.into()),
     }
 }
-
