@@ -38,6 +38,45 @@ pub struct Summary {
     pub commits: u64,
     pub aborted_transactions: u64,
     pub failed_deliveries: u64,
+    /// Where the committed transactions' time went (transactional modes), pooled over the repeats.
+    #[serde(default)]
+    pub timeline: Option<Timeline>,
+}
+
+/// Percentiles of [`TxnTimes`](super::runner::TxnTimes) over a configuration's transactions.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Timeline {
+    pub transactions: usize,
+    pub open_p50_ms: f64,
+    pub records_p50: f64,
+    pub drain_p50_ms: f64,
+    pub drain_p99_ms: f64,
+    pub end_p50_ms: f64,
+    pub end_p99_ms: f64,
+}
+
+impl Timeline {
+    fn of(runs: &[&RunResult]) -> Option<Timeline> {
+        let txns: Vec<_> = runs.iter().flat_map(|r| r.transactions.iter()).collect();
+        let pick = |f: fn(&super::runner::TxnTimes) -> f64| {
+            txns.iter().map(|t| f(t)).collect::<Vec<f64>>()
+        };
+        let (open, records, drain, end) = (
+            pick(|t| t.open_ms),
+            pick(|t| t.records as f64),
+            pick(|t| t.drain_ms),
+            pick(|t| t.end_ms),
+        );
+        Some(Timeline {
+            transactions: txns.len(),
+            open_p50_ms: percentile(&open, 50.0)?,
+            records_p50: percentile(&records, 50.0)?,
+            drain_p50_ms: percentile(&drain, 50.0)?,
+            drain_p99_ms: percentile(&drain, 99.0)?,
+            end_p50_ms: percentile(&end, 50.0)?,
+            end_p99_ms: percentile(&end, 99.0)?,
+        })
+    }
 }
 
 /// Summaries in the order sizes x modes; interrupted runs are left out (they measured less).
@@ -80,6 +119,7 @@ pub fn summarize(runs: &[RunResult], modes: &[Mode], sizes: &[usize]) -> Vec<Sum
                 commits: mine.iter().map(|r| r.commits).sum(),
                 aborted_transactions: mine.iter().map(|r| r.aborted_transactions).sum(),
                 failed_deliveries: mine.iter().map(|r| r.failed_deliveries).sum(),
+                timeline: Timeline::of(&mine),
             });
         }
     }
@@ -347,6 +387,35 @@ impl fmt::Display for BenchReport {
                 )?;
             }
         }
+        let timelines: Vec<_> = self
+            .summaries
+            .iter()
+            .filter_map(|m| Some((m, m.timeline?)))
+            .collect();
+        if !timelines.is_empty() {
+            writeln!(
+                f,
+                "\nwhere a committed transaction's time goes (p50, and p99 where given; ms):"
+            )?;
+            writeln!(
+                f,
+                "{:<7} {:<11} {:>6}  {:>9}  {:>9}  {:>15}  {:>15}",
+                "size", "mode", "txns", "open", "records", "drain p50/p99", "EndTxn p50/p99"
+            )?;
+            for (m, t) in timelines {
+                writeln!(
+                    f,
+                    "{:<7} {:<11} {:>6}  {:>9.1}  {:>9.0}  {:>15}  {:>15}",
+                    format!("{} B", m.record_size),
+                    m.mode,
+                    t.transactions,
+                    t.open_p50_ms,
+                    t.records_p50,
+                    format!("{:.1}/{:.1}", t.drain_p50_ms, t.drain_p99_ms),
+                    format!("{:.1}/{:.1}", t.end_p50_ms, t.end_p99_ms),
+                )?;
+            }
+        }
         Ok(())
     }
 }
@@ -373,6 +442,7 @@ mod tests {
             elapsed_s: 1000.0 / rps,
             records_per_s: rps,
             mb_per_s: rps * size as f64 / 1048576.0,
+            transactions: Vec::new(),
             commit_latencies_ms: commits.to_vec(),
             interrupted: false,
         }

@@ -95,8 +95,23 @@ pub struct RunResult {
     pub mb_per_s: f64,
     /// Duration of each commit of the measured phase, in milliseconds.
     pub commit_latencies_ms: Vec<f64>,
+    /// The life of each committed transaction of the measured phase, in order.
+    #[serde(default)]
+    pub transactions: Vec<TxnTimes>,
     /// The run was cut short by a stop request.
     pub interrupted: bool,
+}
+
+/// Where one transaction's time went, from the application's side: open (begin to the commit
+/// call, records being enqueued), drain (waiting until every record of it is acknowledged), and
+/// end (`commit_transaction` after the drain: EndTxn to the coordinator and its markers).
+/// `commit_latencies_ms` is drain + end.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct TxnTimes {
+    pub open_ms: f64,
+    pub records: u64,
+    pub drain_ms: f64,
+    pub end_ms: f64,
 }
 
 /// What one phase (warm-up or measurement) achieved.
@@ -107,6 +122,7 @@ struct Phase {
     failed: u64,
     aborted: u64,
     commits: Vec<Duration>,
+    transactions: Vec<TxnTimes>,
     interrupted: bool,
 }
 
@@ -161,6 +177,7 @@ pub fn run_once(
             .iter()
             .map(|d| d.as_secs_f64() * 1000.0)
             .collect(),
+        transactions: measured.transactions,
         interrupted: warm.interrupted || measured.interrupted,
     };
     Ok(result)
@@ -210,14 +227,14 @@ fn produce(
         // As ProducerPerformance: commit once the transaction is at least one interval old.
         if let Some(interval) = interval {
             if now.duration_since(txn_start) >= interval {
-                commit(p, &mut phase, in_txn)?;
+                commit(p, &mut phase, in_txn, txn_start)?;
                 in_txn = 0;
             }
         }
     }
     if interval.is_some() {
         if in_txn > 0 {
-            commit(p, &mut phase, in_txn)?;
+            commit(p, &mut phase, in_txn, txn_start)?;
         }
     } else {
         p.flush(FLUSH_TIMEOUT)
@@ -232,11 +249,23 @@ fn produce(
 
 /// Commits the open transaction of `records` records; on an abortable failure aborts it and
 /// counts none of them. Any other failure ends the run.
-fn commit(p: &TxnProducer, phase: &mut Phase, records: u64) -> anyhow::Result<()> {
+/// Commits the open transaction: drains it first, timed on its own (the commit's own drain then
+/// finds nothing left), so the drain and EndTxn parts of a commit are told apart.
+fn commit(p: &TxnProducer, phase: &mut Phase, records: u64, begun: Instant) -> anyhow::Result<()> {
     let t = Instant::now();
+    // A drain that times out changes nothing: the commit flushes (and fails) on its own.
+    let _ = p.flush(FLUSH_TIMEOUT);
+    let drained = Instant::now();
     match p.commit() {
         Ok(()) => {
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
             phase.commits.push(t.elapsed());
+            phase.transactions.push(TxnTimes {
+                open_ms: ms(t - begun),
+                records,
+                drain_ms: ms(drained - t),
+                end_ms: ms(drained.elapsed()),
+            });
             phase.counted += records;
             Ok(())
         }
