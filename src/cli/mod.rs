@@ -14,10 +14,12 @@
 // [symbols]), not rustdoc markup.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
+pub mod chaos;
 mod log;
 pub mod pipeline;
 pub mod replay;
 pub mod sink;
+pub mod tickgen;
 
 pub use log::{init_logging, LogGuard};
 pub use pipeline::{GuaranteeArg, PipelineArgs};
