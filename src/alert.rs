@@ -70,9 +70,14 @@ pub fn apply(thresholds: &[Decimal], state: &mut Option<SymbolState>, tick: &Tic
         Some(s) => Some(s.price),
         None => None,
     };
-    *state = Some(SymbolState { price: tick.price, seq: tick.seq });
+    *state = Some(SymbolState {
+        price: tick.price,
+        seq: tick.seq,
+    });
     let Some(prev) = prev else {
-        return Outcome::Accepted { crossings: Vec::new() };
+        return Outcome::Accepted {
+            crossings: Vec::new(),
+        };
     };
     let p = tick.price;
     // `thresholds` is sorted ascending and deduplicated by `Rules`.
@@ -80,14 +85,22 @@ pub fn apply(thresholds: &[Decimal], state: &mut Option<SymbolState>, tick: &Tic
         thresholds
             .iter()
             .filter(|&&t| prev < t && t <= p)
-            .map(|&t| Crossing { threshold: t, direction: Direction::Up, previous_price: prev })
+            .map(|&t| Crossing {
+                threshold: t,
+                direction: Direction::Up,
+                previous_price: prev,
+            })
             .collect()
     } else if p < prev {
         thresholds
             .iter()
             .rev()
             .filter(|&&t| prev >= t && t > p)
-            .map(|&t| Crossing { threshold: t, direction: Direction::Down, previous_price: prev })
+            .map(|&t| Crossing {
+                threshold: t,
+                direction: Direction::Down,
+                previous_price: prev,
+            })
             .collect()
     } else {
         Vec::new()
@@ -138,7 +151,12 @@ impl Notification {
 
     pub fn new(tick: &Tick, crossing: &Crossing, tick_ts: String, source: Source) -> Self {
         Notification {
-            id: Self::id_of(&tick.symbol, tick.seq, crossing.threshold, crossing.direction),
+            id: Self::id_of(
+                &tick.symbol,
+                tick.seq,
+                crossing.threshold,
+                crossing.direction,
+            ),
             symbol: tick.symbol.clone(),
             threshold: crossing.threshold,
             direction: crossing.direction,
@@ -160,7 +178,12 @@ mod tests {
     }
 
     fn tick(price: &str, seq: u64) -> Tick {
-        Tick { symbol: "BBCA".into(), price: d(price), seq, ts: None }
+        Tick {
+            symbol: "BBCA".into(),
+            price: d(price),
+            seq,
+            ts: None,
+        }
     }
 
     fn crossings(o: Outcome) -> Vec<(String, Direction)> {
@@ -176,8 +199,17 @@ mod tests {
     #[test]
     fn first_tick_sets_state_and_emits_nothing() {
         let mut s = None;
-        assert_eq!(crossings(apply(&[d("100")], &mut s, &tick("150", 1))), vec![]);
-        assert_eq!(s, Some(SymbolState { price: d("150"), seq: 1 }));
+        assert_eq!(
+            crossings(apply(&[d("100")], &mut s, &tick("150", 1))),
+            vec![]
+        );
+        assert_eq!(
+            s,
+            Some(SymbolState {
+                price: d("150"),
+                seq: 1
+            })
+        );
     }
 
     #[test]
@@ -185,9 +217,15 @@ mod tests {
         let t = [d("100")];
         let mut s = None;
         apply(&t, &mut s, &tick("99", 1));
-        assert_eq!(crossings(apply(&t, &mut s, &tick("101", 2))), vec![("100".into(), Direction::Up)]);
+        assert_eq!(
+            crossings(apply(&t, &mut s, &tick("101", 2))),
+            vec![("100".into(), Direction::Up)]
+        );
         assert_eq!(crossings(apply(&t, &mut s, &tick("102", 3))), vec![]);
-        assert_eq!(crossings(apply(&t, &mut s, &tick("98", 4))), vec![("100".into(), Direction::Down)]);
+        assert_eq!(
+            crossings(apply(&t, &mut s, &tick("98", 4))),
+            vec![("100".into(), Direction::Down)]
+        );
         assert_eq!(crossings(apply(&t, &mut s, &tick("97", 5))), vec![]);
     }
 
@@ -197,7 +235,10 @@ mod tests {
         let mut s = None;
         apply(&t, &mut s, &tick("99.99", 1));
         // prev < t <= p: landing exactly on t is an up crossing...
-        assert_eq!(crossings(apply(&t, &mut s, &tick("100", 2))), vec![("100".into(), Direction::Up)]);
+        assert_eq!(
+            crossings(apply(&t, &mut s, &tick("100", 2))),
+            vec![("100".into(), Direction::Up)]
+        );
         // ...and staying there, or moving above, is not another one.
         assert_eq!(crossings(apply(&t, &mut s, &tick("100.00", 3))), vec![]);
         assert_eq!(crossings(apply(&t, &mut s, &tick("100.5", 4))), vec![]);
@@ -217,11 +258,18 @@ mod tests {
         apply(&t, &mut s, &tick("5", 1));
         assert_eq!(
             crossings(apply(&t, &mut s, &tick("35", 2))),
-            vec![("10".into(), Direction::Up), ("20".into(), Direction::Up), ("30".into(), Direction::Up)]
+            vec![
+                ("10".into(), Direction::Up),
+                ("20".into(), Direction::Up),
+                ("30".into(), Direction::Up)
+            ]
         );
         assert_eq!(
             crossings(apply(&t, &mut s, &tick("10", 3))),
-            vec![("30".into(), Direction::Down), ("20".into(), Direction::Down)]
+            vec![
+                ("30".into(), Direction::Down),
+                ("20".into(), Direction::Down)
+            ]
         );
     }
 
@@ -230,9 +278,22 @@ mod tests {
         let t = [d("100")];
         let mut s = None;
         apply(&t, &mut s, &tick("90", 10));
-        assert_eq!(apply(&t, &mut s, &tick("110", 10)), Outcome::Stale { last_seq: 10 });
-        assert_eq!(apply(&t, &mut s, &tick("110", 3)), Outcome::Stale { last_seq: 10 });
-        assert_eq!(s, Some(SymbolState { price: d("90"), seq: 10 }), "stale ticks never change state");
+        assert_eq!(
+            apply(&t, &mut s, &tick("110", 10)),
+            Outcome::Stale { last_seq: 10 }
+        );
+        assert_eq!(
+            apply(&t, &mut s, &tick("110", 3)),
+            Outcome::Stale { last_seq: 10 }
+        );
+        assert_eq!(
+            s,
+            Some(SymbolState {
+                price: d("90"),
+                seq: 10
+            }),
+            "stale ticks never change state"
+        );
         // The next fresh tick compares against the last accepted price, not the stale one.
         assert_eq!(crossings(apply(&t, &mut s, &tick("95", 11))), vec![]);
     }
@@ -243,7 +304,10 @@ mod tests {
         let t = [d("0.3")];
         let mut s = None;
         apply(&t, &mut s, &tick("0.29999999999999999999", 1));
-        assert_eq!(crossings(apply(&t, &mut s, &tick("0.30", 2))), vec![("0.3".into(), Direction::Up)]);
+        assert_eq!(
+            crossings(apply(&t, &mut s, &tick("0.30", 2))),
+            vec![("0.3".into(), Direction::Up)]
+        );
         // A difference in the 20th decimal place still decides the side.
         apply(&t, &mut s, &tick("0.30000000000000000001", 3));
         assert_eq!(
@@ -254,15 +318,29 @@ mod tests {
 
     #[test]
     fn notification_json_matches_the_design() {
-        let tk = Tick { symbol: "BBCA".into(), price: d("10000.50"), seq: 1042, ts: None };
-        let c = Crossing { threshold: d("10000"), direction: Direction::Up, previous_price: d("9990.00") };
+        let tk = Tick {
+            symbol: "BBCA".into(),
+            price: d("10000.50"),
+            seq: 1042,
+            ts: None,
+        };
+        let c = Crossing {
+            threshold: d("10000"),
+            direction: Direction::Up,
+            previous_price: d("9990.00"),
+        };
         let n = Notification::new(
             &tk,
             &c,
             "2026-11-30T09:15:00.123Z".into(),
-            Source { topic: "market-updates".into(), partition: 3, offset: 5521 },
+            Source {
+                topic: "market-updates".into(),
+                partition: 3,
+                offset: 5521,
+            },
         );
-        let v: serde_json::Value = serde_json::from_slice(&serde_json::to_vec(&n).unwrap()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&serde_json::to_vec(&n).unwrap()).unwrap();
         assert_eq!(v["id"], "BBCA:1042:10000:up");
         assert_eq!(v["threshold"], "10000");
         assert_eq!(v["direction"], "up");

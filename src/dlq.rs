@@ -95,7 +95,9 @@ impl Failure {
     pub fn attempts(&self) -> u32 {
         match self {
             Failure::Permanent(_) => 1,
-            Failure::Poison { attempts, .. } | Failure::TransientExhausted { attempts, .. } => *attempts,
+            Failure::Poison { attempts, .. } | Failure::TransientExhausted { attempts, .. } => {
+                *attempts
+            }
         }
     }
 
@@ -103,9 +105,14 @@ impl Failure {
     pub fn message(&self) -> String {
         match self {
             Failure::Permanent(e) => e.to_string(),
-            Failure::Poison { attempts, last } => format!("failed on all {attempts} attempts: {}", last.reason),
+            Failure::Poison { attempts, last } => {
+                format!("failed on all {attempts} attempts: {}", last.reason)
+            }
             Failure::TransientExhausted { attempts, last } => {
-                format!("retry budget exhausted after {attempts} attempts: {}", last.reason)
+                format!(
+                    "retry budget exhausted after {attempts} attempts: {}",
+                    last.reason
+                )
             }
         }
     }
@@ -138,7 +145,9 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Backoff before attempt `next` (2, 3, ...): exponential, capped, with jitter in [0.5, 1].
     pub fn backoff(&self, next: u32, rng: &mut impl Rng) -> Duration {
-        let exp = self.base.saturating_mul(1u32 << (next.saturating_sub(2)).min(20));
+        let exp = self
+            .base
+            .saturating_mul(1u32 << (next.saturating_sub(2)).min(20));
         let capped = exp.min(self.max_backoff);
         capped.mul_f64(rng.random_range(0.5..=1.0))
     }
@@ -156,7 +165,9 @@ impl RetryPolicy {
         loop {
             match attempt(n) {
                 Ok(v) => return Ok((v, n)),
-                Err(last) if n >= self.max_attempts => return Err(Failure::Poison { attempts: n, last }),
+                Err(last) if n >= self.max_attempts => {
+                    return Err(Failure::Poison { attempts: n, last })
+                }
                 Err(last) => {
                     let pause = self.backoff(n + 1, rng);
                     if waited + pause > self.budget {
@@ -184,10 +195,16 @@ impl FaultInjection {
             return Ok(());
         }
         if seq.is_multiple_of(25) {
-            return Err(TransientError { class: INJECTED, reason: format!("injected poison (seq {seq} % 25 == 0)") });
+            return Err(TransientError {
+                class: INJECTED,
+                reason: format!("injected poison (seq {seq} % 25 == 0)"),
+            });
         }
         if seq.is_multiple_of(7) && attempt <= 2 {
-            return Err(TransientError { class: INJECTED, reason: format!("injected flaky failure (seq {seq} % 7 == 0)") });
+            return Err(TransientError {
+                class: INJECTED,
+                reason: format!("injected flaky failure (seq {seq} % 7 == 0)"),
+            });
         }
         Ok(())
     }
@@ -201,18 +218,33 @@ impl FaultInjection {
 /// Decodes a tick and runs the processing step under the retry policy: the tick and the attempts
 /// it took, or the [`Failure`] that dead-letters it. Sleeps out the backoffs (bounded by the
 /// policy's budget).
-pub fn admit(payload: Option<&[u8]>, max_bytes: usize, retry: &RetryPolicy, faults: FaultInjection) -> Result<(Tick, u32), Failure> {
+pub fn admit(
+    payload: Option<&[u8]>,
+    max_bytes: usize,
+    retry: &RetryPolicy,
+    faults: FaultInjection,
+) -> Result<(Tick, u32), Failure> {
     let tick = tick::decode(payload, max_bytes).map_err(Failure::Permanent)?;
     // The processing step proper. It cannot fail today but for injected faults; the retry is where
     // a real transient dependency (an enrichment lookup, say) would be retried.
-    let check = |n| faults.check(tick.seq, n).inspect_err(|e| crate::metrics::transient_failure(e.class));
+    let check = |n| {
+        faults
+            .check(tick.seq, n)
+            .inspect_err(|e| crate::metrics::transient_failure(e.class))
+    };
     let ((), attempts) = retry.run(&mut rand::rng(), std::thread::sleep, check)?;
     Ok((tick, attempts))
 }
 
 /// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction, and logs it
 /// (with its trace identifiers, never its payload). The caller counts it at commit.
-pub fn send(producer: &TxnProducer, topic: &str, msg: &BorrowedMessage<'_>, group: &str, failure: &Failure) -> Result<(), KafkaError> {
+pub fn send(
+    producer: &TxnProducer,
+    topic: &str,
+    msg: &BorrowedMessage<'_>,
+    group: &str,
+    failure: &Failure,
+) -> Result<(), KafkaError> {
     warn!(
         event_id = %trace::event_id(msg),
         correlation_id = trace::header(msg, trace::CORRELATION_ID),
@@ -244,13 +276,20 @@ fn dead_letter_headers(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure
     let mut headers = copy_headers(msg, |_| true);
     if trace::header(msg, trace::EVENT_ID).is_none() {
         let id = trace::event_id(msg);
-        headers = headers.insert(Header { key: trace::EVENT_ID, value: Some(id.as_str()) });
+        headers = headers.insert(Header {
+            key: trace::EVENT_ID,
+            value: Some(id.as_str()),
+        });
     }
     let topic = msg.topic();
     let partition = msg.partition().to_string();
     let offset = msg.offset().to_string();
     let origin = format!("{topic}/{partition}/{offset}");
-    let timestamp = msg.timestamp().to_millis().map(|ms| ms.to_string()).unwrap_or_default();
+    let timestamp = msg
+        .timestamp()
+        .to_millis()
+        .map(|ms| ms.to_string())
+        .unwrap_or_default();
     let attempts = failure.attempts().to_string();
     let failed_at = now_rfc3339();
     let message = sanitize(&failure.message());
@@ -268,7 +307,10 @@ fn dead_letter_headers(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure
         ("dlq.service", SERVICE),
         ("dlq.service.version", VERSION),
     ] {
-        headers = headers.insert(Header { key: k, value: Some(v) });
+        headers = headers.insert(Header {
+            key: k,
+            value: Some(v),
+        });
     }
     headers
 }
@@ -278,7 +320,10 @@ pub fn copy_headers(msg: &BorrowedMessage<'_>, keep: impl Fn(&str) -> bool) -> O
     let mut headers = OwnedHeaders::new();
     if let Some(orig) = msg.headers() {
         for h in orig.iter().filter(|h| keep(h.key)) {
-            headers = headers.insert(Header { key: h.key, value: h.value });
+            headers = headers.insert(Header {
+                key: h.key,
+                value: h.value,
+            });
         }
     }
     headers
@@ -297,13 +342,18 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Current time as RFC 3339 UTC.
 pub fn now_rfc3339() -> String {
-    OffsetDateTime::from(SystemTime::now()).format(&Rfc3339).unwrap_or_default()
+    OffsetDateTime::from(SystemTime::now())
+        .format(&Rfc3339)
+        .unwrap_or_default()
 }
 
 /// Keeps a message printable and short: control characters become spaces and the result is cut
 /// to [`MAX_ERROR_MESSAGE`] bytes on a character boundary.
 pub fn sanitize(message: &str) -> String {
-    let clean: String = message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let clean: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     if clean.len() <= MAX_ERROR_MESSAGE {
         return clean;
     }
@@ -320,10 +370,16 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
-    fn run(policy: &RetryPolicy, inj: FaultInjection, seq: u64) -> (Result<u32, Failure>, Vec<Duration>) {
+    fn run(
+        policy: &RetryPolicy,
+        inj: FaultInjection,
+        seq: u64,
+    ) -> (Result<u32, Failure>, Vec<Duration>) {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let mut slept = Vec::new();
-        let r = policy.run(&mut rng, |d| slept.push(d), |n| inj.check(seq, n)).map(|((), n)| n);
+        let r = policy
+            .run(&mut rng, |d| slept.push(d), |n| inj.check(seq, n))
+            .map(|((), n)| n);
         (r, slept)
     }
 
@@ -333,23 +389,38 @@ mod tests {
             TickError::Oversize { len: 2, max: 1 },
             TickError::Empty,
             TickError::NotUtf8,
-            TickError::NotJson { reason: String::new() },
+            TickError::NotJson {
+                reason: String::new(),
+            },
             TickError::NotObject,
             TickError::MissingField { field: "seq" },
-            TickError::WrongType { field: "seq", expected: "" },
+            TickError::WrongType {
+                field: "seq",
+                expected: "",
+            },
             TickError::BadDecimal,
             TickError::NonPositivePrice,
             TickError::BadSymbol,
             TickError::BadSeq,
             TickError::BadTimestamp,
         ];
-        let last = TransientError { class: INJECTED, reason: String::new() };
+        let last = TransientError {
+            class: INJECTED,
+            reason: String::new(),
+        };
         let failures = permanent.into_iter().map(Failure::Permanent).chain([
-            Failure::Poison { attempts: 4, last: last.clone() },
+            Failure::Poison {
+                attempts: 4,
+                last: last.clone(),
+            },
             Failure::TransientExhausted { attempts: 2, last },
         ]);
         for f in failures {
-            assert!(CLASSES.contains(&f.class()), "{} is not in CLASSES", f.class());
+            assert!(
+                CLASSES.contains(&f.class()),
+                "{} is not in CLASSES",
+                f.class()
+            );
         }
     }
 
@@ -378,7 +449,11 @@ mod tests {
     #[test]
     fn a_small_time_budget_ends_in_transient_exhausted() {
         let on = FaultInjection { enabled: true };
-        let p = RetryPolicy { max_attempts: 10, budget: Duration::from_millis(12), ..RetryPolicy::default() };
+        let p = RetryPolicy {
+            max_attempts: 10,
+            budget: Duration::from_millis(12),
+            ..RetryPolicy::default()
+        };
         let (r, slept) = run(&p, on, 25);
         let f = r.unwrap_err();
         assert_eq!(f.class(), "transient.exhausted");
@@ -396,7 +471,10 @@ mod tests {
         for next in 2..8 {
             let full = p.base.saturating_mul(1 << (next - 2)).min(p.max_backoff);
             let b = p.backoff(next, &mut rng);
-            assert!(b >= full / 2 && b <= full, "attempt {next}: {b:?} vs {full:?}");
+            assert!(
+                b >= full / 2 && b <= full,
+                "attempt {next}: {b:?} vs {full:?}"
+            );
         }
     }
 

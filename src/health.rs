@@ -88,7 +88,8 @@ impl Health {
 
     fn since_progress_at(&self, now: Instant) -> Duration {
         let last = Duration::from_millis(self.inner.last_beat_ms.load(Ordering::Relaxed));
-        now.saturating_duration_since(self.inner.started).saturating_sub(last)
+        now.saturating_duration_since(self.inner.started)
+            .saturating_sub(last)
     }
 
     pub fn is_alive(&self) -> bool {
@@ -101,7 +102,11 @@ impl Health {
 
     /// `None` when ready, else why not.
     pub fn readiness(&self) -> Option<String> {
-        self.inner.not_ready.lock().map(|r| r.clone()).unwrap_or_else(|_| Some("health state poisoned".to_owned()))
+        self.inner
+            .not_ready
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_else(|_| Some("health state poisoned".to_owned()))
     }
 }
 
@@ -110,12 +115,17 @@ impl Health {
 /// this returns, so a taken port is an error at start. Must run inside a tokio runtime.
 pub async fn serve(addr: SocketAddr, health: Health) -> anyhow::Result<()> {
     let metrics = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), crate::metrics::SECONDS_BUCKETS)
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_owned()),
+            crate::metrics::SECONDS_BUCKETS,
+        )
         .context("histogram buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
     crate::metrics::describe();
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the HTTP endpoint on {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the HTTP endpoint on {addr}"))?;
     let app = router(health, metrics);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -137,22 +147,38 @@ fn router(health: Health, metrics: PrometheusHandle) -> Router {
 
 async fn render_metrics(State((_, metrics)): State<(Health, PrometheusHandle)>) -> Response {
     metrics.run_upkeep();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics.render(),
+    )
+        .into_response()
 }
 
 async fn healthz(State((health, _)): State<(Health, PrometheusHandle)>) -> Response {
     let since = health.since_progress().as_millis() as u64;
     if health.is_alive() {
-        (StatusCode::OK, Json(json!({"status": "alive", "last_progress_ms_ago": since}))).into_response()
+        (
+            StatusCode::OK,
+            Json(json!({"status": "alive", "last_progress_ms_ago": since})),
+        )
+            .into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "stalled", "last_progress_ms_ago": since}))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "stalled", "last_progress_ms_ago": since})),
+        )
+            .into_response()
     }
 }
 
 async fn readyz(State((health, _)): State<(Health, PrometheusHandle)>) -> Response {
     match health.readiness() {
         None => (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
-        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not ready", "reason": reason}))).into_response(),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not ready", "reason": reason})),
+        )
+            .into_response(),
     }
 }
 
@@ -165,7 +191,10 @@ mod tests {
         let h = Health::new(Duration::from_secs(60));
         h.beat();
         assert!(h.is_alive());
-        assert!(!h.is_alive_at(Instant::now() + Duration::from_secs(61)), "no beat for longer than stall_after");
+        assert!(
+            !h.is_alive_at(Instant::now() + Duration::from_secs(61)),
+            "no beat for longer than stall_after"
+        );
         assert_eq!(h.readiness().as_deref(), Some("starting"));
         h.ready();
         assert_eq!(h.readiness(), None);

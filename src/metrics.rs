@@ -14,7 +14,9 @@
 //! Without an installed recorder every call is a no-op. `alert-pipeline --metrics-addr` installs
 //! the Prometheus one ([`crate::health`]).
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -108,7 +110,9 @@ pub fn describe() {
 
 /// Histogram buckets of the `_seconds` metrics: from a fast commit (a few ms) to a transaction
 /// timeout (tens of seconds).
-pub const SECONDS_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// A batch committed: its input, outputs and dead letters per class.
 pub fn committed(
@@ -176,7 +180,8 @@ pub fn delivery_failed(topic: &str) {
 
 /// The consumer's lag on `topic`/`partition`, from librdkafka's statistics.
 pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
-    gauge!(CONSUMER_LAG, "topic" => topic.to_owned(), "partition" => partition.to_string()).set(lag as f64);
+    gauge!(CONSUMER_LAG, "topic" => topic.to_owned(), "partition" => partition.to_string())
+        .set(lag as f64);
 }
 
 /// What the DLQ holds that has not been replayed yet: the oldest one's age and how many records.
@@ -189,8 +194,12 @@ pub fn dlq_unhandled(oldest_age: Duration, count: u64) {
 /// how the benchmark and the tests read a running pipeline's counters.
 pub fn scrape(addr: &str, name: &str) -> f64 {
     use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0.0 };
-    if s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).is_err() {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return 0.0;
+    };
+    if s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .is_err()
+    {
         return 0.0;
     }
     let mut body = String::new();

@@ -28,9 +28,16 @@ pub struct Rules {
 #[derive(Debug, thiserror::Error)]
 pub enum RulesError {
     #[error("cannot read rules file {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}:{line}: {reason}")]
-    Invalid { path: String, line: usize, reason: String },
+    Invalid {
+        path: String,
+        line: usize,
+        reason: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -57,8 +64,10 @@ impl Rules {
 
     /// Reads and validates a rules file.
     pub fn load(path: &Path) -> Result<Self, RulesError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| RulesError::Io { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| RulesError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
         Self::parse(&text, &path.display().to_string())
     }
 
@@ -84,7 +93,10 @@ impl Rules {
                 ));
             }
             if list.get_ref().is_empty() {
-                return Err(invalid(list.span().start, format!("symbol {symbol} has no thresholds")));
+                return Err(invalid(
+                    list.span().start,
+                    format!("symbol {symbol} has no thresholds"),
+                ));
             }
             let mut thresholds = Vec::new();
             for v in list.into_inner() {
@@ -107,10 +119,16 @@ impl Rules {
                     }
                 };
                 if t <= Decimal::ZERO {
-                    return Err(invalid(at, format!("threshold {t} of {symbol} must be > 0")));
+                    return Err(invalid(
+                        at,
+                        format!("threshold {t} of {symbol} must be > 0"),
+                    ));
                 }
                 if thresholds.contains(&t) {
-                    return Err(invalid(at, format!("threshold {t} of {symbol} is listed twice")));
+                    return Err(invalid(
+                        at,
+                        format!("threshold {t} of {symbol} is listed twice"),
+                    ));
                 }
                 thresholds.push(t);
             }
@@ -139,7 +157,9 @@ impl Rules {
 
     /// Renders the rules as a TOML file that [`Rules::parse`] reads back identically.
     pub fn to_toml(&self) -> String {
-        let mut out = String::from("# symbol = [thresholds]; decimals as strings keep them exact\n[symbols]\n");
+        let mut out = String::from(
+            "# symbol = [thresholds]; decimals as strings keep them exact\n[symbols]\n",
+        );
         for (s, ts) in &self.by_symbol {
             let list: Vec<String> = ts.iter().map(|t| format!("\"{t}\"")).collect();
             // Writing to a String cannot fail.
@@ -151,7 +171,11 @@ impl Rules {
 
 /// 1-based line number of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]
@@ -167,20 +191,36 @@ mod tests {
 
     #[test]
     fn parses_strings_and_integers_sorted() {
-        let r = Rules::parse("[symbols]\nBBCA = [\"10000\", 9500]\n\"BRK.B\" = [\"1.25\"]\n", "x").unwrap();
-        assert_eq!(r.thresholds("BBCA").unwrap(), &[Decimal::from(9500), Decimal::from(10000)]);
+        let r = Rules::parse(
+            "[symbols]\nBBCA = [\"10000\", 9500]\n\"BRK.B\" = [\"1.25\"]\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(
+            r.thresholds("BBCA").unwrap(),
+            &[Decimal::from(9500), Decimal::from(10000)]
+        );
         assert_eq!(r.thresholds("BRK.B").unwrap(), &[Decimal::new(125, 2)]);
         assert_eq!(r.thresholds("NOPE"), None);
-        assert_eq!(Rules::parse(&r.to_toml(), "x").unwrap(), r, "to_toml round-trips");
+        assert_eq!(
+            Rules::parse(&r.to_toml(), "x").unwrap(),
+            r,
+            "to_toml round-trips"
+        );
     }
 
     #[test]
     fn mistakes_name_their_line() {
         assert_eq!(err("[symbols]\nA = [\"1\"]\nB = [1.5]\n").0, 3);
-        assert!(err("[symbols]\nA = [\"1\"]\nB = [1.5]\n").1.contains("float"));
+        assert!(err("[symbols]\nA = [\"1\"]\nB = [1.5]\n")
+            .1
+            .contains("float"));
         assert_eq!(err("[symbols]\nA = [\"x\"]\n").0, 2);
         assert_eq!(err("[symbols]\n\nA = [\"0\"]\n").0, 3);
-        assert_eq!(err("[symbols]\nA = [\"1\", 1]\n").1, "threshold 1 of A is listed twice");
+        assert_eq!(
+            err("[symbols]\nA = [\"1\", 1]\n").1,
+            "threshold 1 of A is listed twice"
+        );
         assert_eq!(err("[symbols]\nlower = [1]\n").0, 2);
         assert_eq!(err("[symbols]\nA = []\n").0, 2);
         assert_eq!(err("[symbols]\nA = [true]\n").0, 2);

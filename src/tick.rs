@@ -56,7 +56,10 @@ pub enum TickError {
     /// A required field is absent (or null).
     MissingField { field: &'static str },
     /// A field has the wrong JSON type.
-    WrongType { field: &'static str, expected: &'static str },
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+    },
     /// `price` is not a decimal number.
     BadDecimal,
     /// `price` is zero or negative.
@@ -121,15 +124,19 @@ impl std::error::Error for TickError {}
 pub fn valid_symbol(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_SYMBOL_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_'))
+        && s.bytes().all(|b| {
+            b.is_ascii_uppercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_')
+        })
 }
 
 /// Decodes and validates one tick payload of at most `max_bytes` bytes.
 pub fn decode(payload: Option<&[u8]>, max_bytes: usize) -> Result<Tick, TickError> {
     let bytes = payload.ok_or(TickError::Empty)?;
     if bytes.len() > max_bytes {
-        return Err(TickError::Oversize { len: bytes.len(), max: max_bytes });
+        return Err(TickError::Oversize {
+            len: bytes.len(),
+            max: max_bytes,
+        });
     }
     let text = std::str::from_utf8(bytes).map_err(|_| TickError::NotUtf8)?;
     let doc: Value = serde_json::from_str(text).map_err(|e| TickError::NotJson {
@@ -142,9 +149,10 @@ pub fn decode(payload: Option<&[u8]>, max_bytes: usize) -> Result<Tick, TickErro
         Some(v) => Ok(v),
     };
 
-    let symbol = field("symbol")?
-        .as_str()
-        .ok_or(TickError::WrongType { field: "symbol", expected: "a string" })?;
+    let symbol = field("symbol")?.as_str().ok_or(TickError::WrongType {
+        field: "symbol",
+        expected: "a string",
+    })?;
     if !valid_symbol(symbol) {
         return Err(TickError::BadSymbol);
     }
@@ -155,7 +163,12 @@ pub fn decode(payload: Option<&[u8]>, max_bytes: usize) -> Result<Tick, TickErro
         // With arbitrary_precision, the number keeps its text: "1.0" or "-1" or 2^64 are refused
         // here rather than rounded.
         Value::Number(n) => n.as_u64().ok_or(TickError::BadSeq)?,
-        _ => return Err(TickError::WrongType { field: "seq", expected: "an integer" }),
+        _ => {
+            return Err(TickError::WrongType {
+                field: "seq",
+                expected: "an integer",
+            })
+        }
     };
 
     let ts = match obj.get("ts") {
@@ -164,10 +177,20 @@ pub fn decode(payload: Option<&[u8]>, max_bytes: usize) -> Result<Tick, TickErro
             OffsetDateTime::parse(s, &Rfc3339).map_err(|_| TickError::BadTimestamp)?;
             Some(s.clone())
         }
-        Some(_) => return Err(TickError::WrongType { field: "ts", expected: "an RFC 3339 string" }),
+        Some(_) => {
+            return Err(TickError::WrongType {
+                field: "ts",
+                expected: "an RFC 3339 string",
+            })
+        }
     };
 
-    Ok(Tick { symbol: symbol.to_owned(), price, seq, ts })
+    Ok(Tick {
+        symbol: symbol.to_owned(),
+        price,
+        seq,
+        ts,
+    })
 }
 
 /// Parses a price given as a JSON string or number, exactly.
@@ -176,7 +199,12 @@ fn parse_price(v: &Value) -> Result<Decimal, TickError> {
         Value::String(s) => s.clone(),
         // arbitrary_precision keeps the literal, so "0.1" stays 0.1 and never becomes a float.
         Value::Number(n) => n.to_string(),
-        _ => return Err(TickError::WrongType { field: "price", expected: "a decimal string or number" }),
+        _ => {
+            return Err(TickError::WrongType {
+                field: "price",
+                expected: "a decimal string or number",
+            })
+        }
     };
     let text = text.trim();
     let price = Decimal::from_str_exact(text)
@@ -190,7 +218,9 @@ fn parse_price(v: &Value) -> Result<Decimal, TickError> {
 
 /// Parses a decimal written in a config file or on a command line.
 pub fn parse_decimal(text: &str) -> Option<Decimal> {
-    Decimal::from_str_exact(text.trim()).or_else(|_| Decimal::from_str(text.trim())).ok()
+    Decimal::from_str_exact(text.trim())
+        .or_else(|_| Decimal::from_str(text.trim()))
+        .ok()
 }
 
 /// Encodes a tick as the JSON of DESIGN.md (used by the generator and the demos).
@@ -238,7 +268,11 @@ mod tests {
     fn price_as_number_is_exact() {
         let t = decode(Some(br#"{"symbol":"X","price":0.1,"seq":1}"#), MAX).unwrap();
         assert_eq!(t.price, dec("0.1"));
-        let t = decode(Some(br#"{"symbol":"X","price":123456789.123456789,"seq":1}"#), MAX).unwrap();
+        let t = decode(
+            Some(br#"{"symbol":"X","price":123456789.123456789,"seq":1}"#),
+            MAX,
+        )
+        .unwrap();
         assert_eq!(t.price, dec("123456789.123456789"));
         let t = decode(Some(br#"{"symbol":"X","price":1e3,"seq":1}"#), MAX).unwrap();
         assert_eq!(t.price, dec("1000"));
@@ -247,30 +281,87 @@ mod tests {
     #[test]
     fn every_permanent_failure_has_its_class() {
         assert_eq!(decode(None, MAX).unwrap_err().class(), "permanent.empty");
-        assert_eq!(decode(Some(&[0xff, 0xfe]), MAX).unwrap_err(), TickError::NotUtf8);
+        assert_eq!(
+            decode(Some(&[0xff, 0xfe]), MAX).unwrap_err(),
+            TickError::NotUtf8
+        );
         assert_eq!(err("not json").class(), "permanent.not_json");
         assert_eq!(err("[1,2]"), TickError::NotObject);
-        assert_eq!(err(r#"{"price":"1","seq":1}"#), TickError::MissingField { field: "symbol" });
-        assert_eq!(err(r#"{"symbol":"A","seq":1}"#), TickError::MissingField { field: "price" });
-        assert_eq!(err(r#"{"symbol":"A","price":"1"}"#), TickError::MissingField { field: "seq" });
-        assert_eq!(err(r#"{"symbol":"A","price":"1","seq":null}"#).class(), "permanent.missing_field");
-        assert_eq!(err(r#"{"symbol":7,"price":"1","seq":1}"#).class(), "permanent.wrong_type");
-        assert_eq!(err(r#"{"symbol":"A","price":true,"seq":1}"#).class(), "permanent.wrong_type");
-        assert_eq!(err(r#"{"symbol":"A","price":"1","seq":"1"}"#).class(), "permanent.wrong_type");
-        assert_eq!(err(r#"{"symbol":"A","price":"1","seq":-1}"#), TickError::BadSeq);
-        assert_eq!(err(r#"{"symbol":"A","price":"1","seq":1.5}"#), TickError::BadSeq);
-        assert_eq!(err(r#"{"symbol":"A","price":"abc","seq":1}"#), TickError::BadDecimal);
-        assert_eq!(err(r#"{"symbol":"A","price":"0","seq":1}"#), TickError::NonPositivePrice);
-        assert_eq!(err(r#"{"symbol":"A","price":-3,"seq":1}"#), TickError::NonPositivePrice);
-        assert_eq!(err(r#"{"symbol":"bbca","price":"1","seq":1}"#), TickError::BadSymbol);
-        assert_eq!(err(r#"{"symbol":"","price":"1","seq":1}"#), TickError::BadSymbol);
+        assert_eq!(
+            err(r#"{"price":"1","seq":1}"#),
+            TickError::MissingField { field: "symbol" }
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","seq":1}"#),
+            TickError::MissingField { field: "price" }
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"1"}"#),
+            TickError::MissingField { field: "seq" }
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"1","seq":null}"#).class(),
+            "permanent.missing_field"
+        );
+        assert_eq!(
+            err(r#"{"symbol":7,"price":"1","seq":1}"#).class(),
+            "permanent.wrong_type"
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":true,"seq":1}"#).class(),
+            "permanent.wrong_type"
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"1","seq":"1"}"#).class(),
+            "permanent.wrong_type"
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"1","seq":-1}"#),
+            TickError::BadSeq
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"1","seq":1.5}"#),
+            TickError::BadSeq
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"abc","seq":1}"#),
+            TickError::BadDecimal
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"0","seq":1}"#),
+            TickError::NonPositivePrice
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":-3,"seq":1}"#),
+            TickError::NonPositivePrice
+        );
+        assert_eq!(
+            err(r#"{"symbol":"bbca","price":"1","seq":1}"#),
+            TickError::BadSymbol
+        );
+        assert_eq!(
+            err(r#"{"symbol":"","price":"1","seq":1}"#),
+            TickError::BadSymbol
+        );
         let long = "A".repeat(33);
-        assert_eq!(err(&format!(r#"{{"symbol":"{long}","price":"1","seq":1}}"#)), TickError::BadSymbol);
-        assert_eq!(err(r#"{"symbol":"A","price":"1","seq":1,"ts":"yesterday"}"#), TickError::BadTimestamp);
-        let big = format!(r#"{{"symbol":"A","price":"1","seq":1,"pad":"{}"}}"#, "x".repeat(200));
+        assert_eq!(
+            err(&format!(r#"{{"symbol":"{long}","price":"1","seq":1}}"#)),
+            TickError::BadSymbol
+        );
+        assert_eq!(
+            err(r#"{"symbol":"A","price":"1","seq":1,"ts":"yesterday"}"#),
+            TickError::BadTimestamp
+        );
+        let big = format!(
+            r#"{{"symbol":"A","price":"1","seq":1,"pad":"{}"}}"#,
+            "x".repeat(200)
+        );
         assert_eq!(
             decode(Some(big.as_bytes()), 100).unwrap_err(),
-            TickError::Oversize { len: big.len(), max: 100 }
+            TickError::Oversize {
+                len: big.len(),
+                max: 100
+            }
         );
     }
 
@@ -294,7 +385,12 @@ mod tests {
 
     #[test]
     fn encode_round_trips() {
-        let t = Tick { symbol: "BBCA".into(), price: dec("9525.50"), seq: 9, ts: None };
+        let t = Tick {
+            symbol: "BBCA".into(),
+            price: dec("9525.50"),
+            seq: 9,
+            ts: None,
+        };
         assert_eq!(decode(Some(&encode(&t)), MAX).unwrap(), t);
     }
 }

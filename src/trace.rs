@@ -18,12 +18,18 @@ pub const EVENT_ID: &str = "event-id";
 
 /// The value of header `key` of `msg`, if present and UTF-8.
 pub fn header<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
-    msg.headers()?.iter().find(|h| h.key == key).and_then(|h| std::str::from_utf8(h.value?).ok())
+    msg.headers()?
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| std::str::from_utf8(h.value?).ok())
 }
 
 /// The tick's event id: its own `event-id` header, or its coordinates.
 pub fn event_id(msg: &BorrowedMessage<'_>) -> String {
-    header(msg, EVENT_ID).map_or_else(|| format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset()), str::to_owned)
+    header(msg, EVENT_ID).map_or_else(
+        || format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset()),
+        str::to_owned,
+    )
 }
 
 /// The trace headers for a record made from `msg`: its `traceparent` and `correlation-id` when
@@ -32,9 +38,15 @@ pub fn headers(msg: &BorrowedMessage<'_>) -> OwnedHeaders {
     let mut out = OwnedHeaders::new();
     for key in [TRACEPARENT, CORRELATION_ID] {
         if let Some(v) = header(msg, key) {
-            out = out.insert(Header { key, value: Some(v) });
+            out = out.insert(Header {
+                key,
+                value: Some(v),
+            });
         }
     }
     let id = event_id(msg);
-    out.insert(Header { key: EVENT_ID, value: Some(id.as_str()) })
+    out.insert(Header {
+        key: EVENT_ID,
+        value: Some(id.as_str()),
+    })
 }

@@ -16,24 +16,58 @@ use std::path::PathBuf;
 #[test]
 #[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
 fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
-    let seed = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
     println!("chaos seed {seed} (replay with CHAOS_SEED={seed})");
-    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP").unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
+    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP")
+        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
     let cluster = Cluster {
         kafka_sh: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh")),
         kafka: KafkaConfig::new(bootstrap),
         brokers: 3,
     };
-    let opts = ChaosOptions::short(cluster, PathBuf::from(env!("CARGO_BIN_EXE_alert-pipeline")), seed);
+    let opts = ChaosOptions::short(
+        cluster,
+        PathBuf::from(env!("CARGO_BIN_EXE_alert-pipeline")),
+        seed,
+    );
     let report = chaos::run(&opts).expect("the chaos run is carried out");
     println!("{report}");
     let fig = &report.figures;
-    assert_eq!((fig.sigkills, fig.sigterms, fig.sigstops), (3, 3, 1), "every planned instance fault was fired");
-    assert_eq!(fig.zombies_fenced, 1, "the zombie was fenced after SIGCONT: {:?}", fig.zombie_outcomes);
+    assert_eq!(
+        (fig.sigkills, fig.sigterms, fig.sigstops),
+        (3, 3, 1),
+        "every planned instance fault was fired"
+    );
+    assert_eq!(
+        fig.zombies_fenced, 1,
+        "the zombie was fenced after SIGCONT: {:?}",
+        fig.zombie_outcomes
+    );
     let roles: Vec<&str> = report.bounces.iter().map(|b| b.role.as_str()).collect();
-    assert_eq!(report.bounces.len(), 2, "both planned broker bounces happened");
-    assert!(roles[0].starts_with("transaction coordinator") && roles[1] == "group coordinator", "bounce targets: {roles:?}");
-    assert!(report.verify.expected > 1_000, "the stream crosses often: {} expected", report.verify.expected);
-    assert!(report.dead_letters.expected > 500, "fault injection made poison ticks");
-    assert!(report.ok(), "exactly-once did not hold under chaos (seed {seed}); instance logs in {}", opts.work_dir.display());
+    assert_eq!(
+        report.bounces.len(),
+        2,
+        "both planned broker bounces happened"
+    );
+    assert!(
+        roles[0].starts_with("transaction coordinator") && roles[1] == "group coordinator",
+        "bounce targets: {roles:?}"
+    );
+    assert!(
+        report.verify.expected > 1_000,
+        "the stream crosses often: {} expected",
+        report.verify.expected
+    );
+    assert!(
+        report.dead_letters.expected > 500,
+        "fault injection made poison ticks"
+    );
+    assert!(
+        report.ok(),
+        "exactly-once did not hold under chaos (seed {seed}); instance logs in {}",
+        opts.work_dir.display()
+    );
 }

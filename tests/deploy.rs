@@ -25,7 +25,11 @@ fn promtool(args: &[&str]) {
         .current_dir(repo("deploy/prometheus"))
         .output()
         .expect("promtool not found: install the distribution's prometheus package (scripts/test.sh does)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
 }
 
@@ -38,7 +42,10 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
 
 #[test]
 fn alert_rules_name_only_metrics_that_exist_and_link_the_runbook() {
-    let known: BTreeSet<&str> = price_alerts::metrics::CATALOGUE.iter().map(|(name, _, _)| *name).collect();
+    let known: BTreeSet<&str> = price_alerts::metrics::CATALOGUE
+        .iter()
+        .map(|(name, _, _)| *name)
+        .collect();
     let runbook = std::fs::read_to_string(repo("docs/runbook.md")).expect("docs/runbook.md");
     let anchors: BTreeSet<String> = runbook
         .lines()
@@ -58,11 +65,21 @@ fn alert_rules_name_only_metrics_that_exist_and_link_the_runbook() {
                 .collect();
             assert!(!used.is_empty(), "{name} uses no metric of ours");
             for metric in used {
-                assert!(known.contains(metric), "{name} uses {metric}, which alert-pipeline does not export");
+                assert!(
+                    known.contains(metric),
+                    "{name} uses {metric}, which alert-pipeline does not export"
+                );
             }
-            let link = rule["annotations"]["runbook"].as_str().unwrap_or_else(|| panic!("{name} has no runbook link"));
-            let anchor = link.strip_prefix("docs/runbook.md#").expect("a link into docs/runbook.md");
-            assert!(anchors.contains(anchor), "{name} links to #{anchor}, which docs/runbook.md lacks");
+            let link = rule["annotations"]["runbook"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name} has no runbook link"));
+            let anchor = link
+                .strip_prefix("docs/runbook.md#")
+                .expect("a link into docs/runbook.md");
+            assert!(
+                anchors.contains(anchor),
+                "{name} links to #{anchor}, which docs/runbook.md lacks"
+            );
         }
     }
     assert!(alerts >= 7, "the rules an on-call needs");
@@ -71,31 +88,67 @@ fn alert_rules_name_only_metrics_that_exist_and_link_the_runbook() {
 #[test]
 fn the_statefulset_runs_the_pipeline_with_real_flags_probes_and_grace() {
     let docs = load("deploy/k8s/statefulset.yml");
-    let set = docs.iter().find(|d| d["kind"].as_str() == Some("StatefulSet")).expect("a StatefulSet");
+    let set = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("StatefulSet"))
+        .expect("a StatefulSet");
     let pod = &set["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"].as_vec().expect("args").iter().filter_map(Yaml::as_str).collect();
+    let args: Vec<&str> = container["args"]
+        .as_vec()
+        .expect("args")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
 
     // The flags are the binary's own: they parse.
     let argv = std::iter::once("alert-pipeline").chain(args.iter().copied());
-    let parsed = PipelineArgs::try_parse_from(argv).unwrap_or_else(|e| panic!("the manifest's args do not parse: {e}"));
+    let parsed = PipelineArgs::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("the manifest's args do not parse: {e}"));
 
-    let grace = pod["terminationGracePeriodSeconds"].as_i64().expect("a termination grace period");
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_i64()
+        .expect("a termination grace period");
     assert!(
         Duration::from_secs(grace as u64) > parsed.shutdown_timeout,
         "grace {grace}s must exceed --shutdown-timeout {:?}, or Kubernetes kills a clean shutdown",
         parsed.shutdown_timeout
     );
-    let port = parsed.metrics_addr.expect("--metrics-addr serves the probes").port();
-    let declared = container["ports"].as_vec().expect("ports").iter().find(|p| p["name"].as_str() == Some("http"));
-    assert_eq!(declared.and_then(|p| p["containerPort"].as_i64()), Some(i64::from(port)));
-    assert_eq!(container["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+    let port = parsed
+        .metrics_addr
+        .expect("--metrics-addr serves the probes")
+        .port();
+    let declared = container["ports"]
+        .as_vec()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"].as_str() == Some("http"));
+    assert_eq!(
+        declared.and_then(|p| p["containerPort"].as_i64()),
+        Some(i64::from(port))
+    );
+    assert_eq!(
+        container["livenessProbe"]["httpGet"]["path"].as_str(),
+        Some("/healthz")
+    );
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["path"].as_str(),
+        Some("/readyz")
+    );
 
     // The instance id is the pod's stable name, from the environment the CLI reads.
     let env = container["env"].as_vec().expect("env");
-    let instance = env.iter().find(|e| e["name"].as_str() == Some("INSTANCE_ID")).expect("INSTANCE_ID");
-    assert_eq!(instance["valueFrom"]["fieldRef"]["fieldPath"].as_str(), Some("metadata.name"));
-    assert!(!args.iter().any(|a| a.starts_with("--instance-id")), "the instance id must come from the pod name");
+    let instance = env
+        .iter()
+        .find(|e| e["name"].as_str() == Some("INSTANCE_ID"))
+        .expect("INSTANCE_ID");
+    assert_eq!(
+        instance["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+    assert!(
+        !args.iter().any(|a| a.starts_with("--instance-id")),
+        "the instance id must come from the pod name"
+    );
     assert_eq!(set["spec"]["serviceName"].as_str(), Some("price-alerts"));
 }

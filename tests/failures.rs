@@ -6,14 +6,14 @@
 mod common;
 
 use common::{kafka, Run};
-use price_alerts::kafka::Isolation;
 use price_alerts::dlq::FaultInjection;
-use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::kafka::feed::{next_offsets, produce_raw, Feed};
 use price_alerts::kafka::read::count_records;
+use price_alerts::kafka::topics;
+use price_alerts::kafka::Isolation;
 use price_alerts::rules::Rules;
 use price_alerts::tick::{self, Tick};
-use price_alerts::kafka::topics;
+use price_alerts::tools::generate::{generate, GenOptions};
 use rust_decimal::Decimal;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -26,7 +26,12 @@ fn dead_letters(topic: &str) -> Vec<common::ReadRecord> {
 }
 
 fn good(symbol: &str, price: &str, seq: u64) -> (Option<Vec<u8>>, Vec<u8>) {
-    let t = Tick { symbol: symbol.into(), price: Decimal::from_str_exact(price).unwrap(), seq, ts: None };
+    let t = Tick {
+        symbol: symbol.into(),
+        price: Decimal::from_str_exact(price).unwrap(),
+        seq,
+        ts: None,
+    };
     (Some(symbol.as_bytes().to_vec()), tick::encode(&t))
 }
 
@@ -41,15 +46,33 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
     let mut run = Run::new("dlq", rules);
     run.max_tick_bytes = 512;
     run.create_topics(1);
-    let oversize = format!(r#"{{"symbol":"AAA","price":"1","seq":9,"pad":"{}"}}"#, "x".repeat(600));
+    let oversize = format!(
+        r#"{{"symbol":"AAA","price":"1","seq":9,"pad":"{}"}}"#,
+        "x".repeat(600)
+    );
     let bad: Vec<(&str, Vec<u8>)> = vec![
         ("permanent.not_json", b"SECRET-not-json".to_vec()),
         ("permanent.not_utf8", vec![0xff, 0xfe, 0x00]),
-        ("permanent.wrong_type", br#"{"symbol":"AAA","price":"1","seq":"three"}"#.to_vec()),
-        ("permanent.missing_field", br#"{"symbol":"AAA","price":"1"}"#.to_vec()),
-        ("permanent.bad_decimal", br#"{"symbol":"AAA","price":"SECRET-1.2.3","seq":3}"#.to_vec()),
-        ("permanent.non_positive_price", br#"{"symbol":"AAA","price":"-5","seq":3}"#.to_vec()),
-        ("permanent.bad_symbol", br#"{"symbol":"aaa lower","price":"1","seq":3}"#.to_vec()),
+        (
+            "permanent.wrong_type",
+            br#"{"symbol":"AAA","price":"1","seq":"three"}"#.to_vec(),
+        ),
+        (
+            "permanent.missing_field",
+            br#"{"symbol":"AAA","price":"1"}"#.to_vec(),
+        ),
+        (
+            "permanent.bad_decimal",
+            br#"{"symbol":"AAA","price":"SECRET-1.2.3","seq":3}"#.to_vec(),
+        ),
+        (
+            "permanent.non_positive_price",
+            br#"{"symbol":"AAA","price":"-5","seq":3}"#.to_vec(),
+        ),
+        (
+            "permanent.bad_symbol",
+            br#"{"symbol":"aaa lower","price":"1","seq":3}"#.to_vec(),
+        ),
         ("permanent.oversize", oversize.into_bytes()),
     ];
     // Good ticks around the bad ones: below, cross up, cross down, so the partition must keep going.
@@ -59,12 +82,20 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
     records.push(good("AAA", "95", 3));
     let mut landed = produce_raw(&kafka(), &run.input, &records).unwrap();
     // One more bad record with headers of its own, which the DLQ record must carry over.
-    landed.push(common::produce_with_headers(&run.input, "AAA", b"{not json", &[("trace-id", "abc-123")]));
+    landed.push(common::produce_with_headers(
+        &run.input,
+        "AAA",
+        b"{not json",
+        &[("trace-id", "abc-123")],
+    ));
 
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
     p.signal("TERM");
-    assert!(p.wait(EXIT).success(), "the pipeline kept running and stopped cleanly");
+    assert!(
+        p.wait(EXIT).success(),
+        "the pipeline kept running and stopped cleanly"
+    );
 
     let dlq = dead_letters(&run.topics().dlq);
     assert_eq!(dlq.len(), bad.len() + 1, "one DLQ record per bad tick");
@@ -75,8 +106,16 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
             .find(|d| d.headers["dlq.original.offset"] == offset.to_string())
             .unwrap_or_else(|| panic!("no DLQ record for offset {offset}"));
         assert_eq!(d.headers["dlq.error.class"], *class, "offset {offset}");
-        assert_eq!(d.value.as_deref(), Some(value.as_slice()), "value bytes untouched");
-        assert_eq!(d.key.as_deref(), Some(b"AAA".as_slice()), "key bytes untouched");
+        assert_eq!(
+            d.value.as_deref(),
+            Some(value.as_slice()),
+            "value bytes untouched"
+        );
+        assert_eq!(
+            d.key.as_deref(),
+            Some(b"AAA".as_slice()),
+            "key bytes untouched"
+        );
         assert_eq!(d.headers["dlq.origin"], format!("{}/0/{offset}", run.input));
         assert_eq!(d.headers["dlq.original.topic"], run.input);
         assert_eq!(d.headers["dlq.original.partition"], "0");
@@ -88,31 +127,54 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
         assert!(d.headers["dlq.failed.at"].ends_with('Z'));
         let msg = &d.headers["dlq.error.message"];
         assert!(msg.len() <= 256 && !msg.is_empty());
-        assert!(!msg.contains("SECRET"), "the message never echoes the payload: {msg}");
+        assert!(
+            !msg.contains("SECRET"),
+            "the message never echoes the payload: {msg}"
+        );
     }
-    let with_header = dlq.iter().find(|d| d.headers.contains_key("trace-id")).expect("original header kept");
+    let with_header = dlq
+        .iter()
+        .find(|d| d.headers.contains_key("trace-id"))
+        .expect("original header kept");
     assert_eq!(with_header.headers["trace-id"], "abc-123");
     assert_eq!(with_header.headers["dlq.error.class"], "permanent.not_json");
 
     let report = run.verify();
     println!("{report}");
     assert!(report.ok());
-    assert_eq!(report.expected, 2, "the good ticks around the bad ones still alert: up, then down");
+    assert_eq!(
+        report.expected, 2,
+        "the good ticks around the bad ones still alert: up, then down"
+    );
     assert_eq!(report.bad_ticks, bad.len() as u64 + 1);
 }
 
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill() {
-    let (rules, ticks) = generate(&GenOptions { symbols: 50, ticks: 10_000, seed: 5, stale_every: 0 });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: 50,
+        ticks: 10_000,
+        seed: 5,
+        stale_every: 0,
+    });
     let mut run = Run::new("faults", rules);
     run.faults = FaultInjection { enabled: true };
     run.extra = vec!["--commit-interval".into(), "500ms".into()];
     run.create_topics(6);
-    let poison: BTreeSet<(String, u64)> =
-        ticks.iter().filter(|t| t.seq % 25 == 0).map(|t| (t.symbol.clone(), t.seq)).collect();
-    let flaky = ticks.iter().filter(|t| t.seq % 7 == 0 && t.seq % 25 != 0).count();
-    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let poison: BTreeSet<(String, u64)> = ticks
+        .iter()
+        .filter(|t| t.seq % 25 == 0)
+        .map(|t| (t.symbol.clone(), t.seq))
+        .collect();
+    let flaky = ticks
+        .iter()
+        .filter(|t| t.seq % 7 == 0 && t.seq % 25 != 0)
+        .count();
+    let landed = Feed::new(&kafka())
+        .unwrap()
+        .send_ticks(&run.input, &ticks)
+        .unwrap();
     let started = Instant::now();
     let mut p = run.spawn("0");
     for kill in 1..=2 {
@@ -135,12 +197,18 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
         assert_eq!(d.headers["dlq.error.class"], "poison");
         assert_eq!(d.headers["dlq.attempts"], "4");
         let t = tick::decode(d.value.as_deref(), 4096).expect("the DLQ keeps the original tick");
-        assert!(seen.insert((t.symbol, t.seq)), "a poison tick dead-lettered twice");
+        assert!(
+            seen.insert((t.symbol, t.seq)),
+            "a poison tick dead-lettered twice"
+        );
     }
     assert_eq!(seen, poison, "the DLQ holds exactly the poison ticks");
     let report = run.verify();
     println!("{report}");
-    assert!(report.ok(), "every flaky tick's notifications present, none doubled");
+    assert!(
+        report.ok(),
+        "every flaky tick's notifications present, none doubled"
+    );
     assert_eq!(report.poison_ticks as usize, poison.len());
     println!(
         "fault injection: 10000 ticks, {} poison in, {} DLQ records, {flaky} flaky, expected {} found {}, \
@@ -160,11 +228,17 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
     let rules = Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]);
     let mut run = Run::new("dlqdown", rules);
     // A port nothing listens on now, for the pipeline's metrics endpoint.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
     // Short message timeout: a record for the missing topic fails (and the transaction aborts)
     // after 3 s instead of 9.
-    run.extra = ["--metrics-addr", &addr, "-X", "message.timeout.ms=3000"].map(String::from).to_vec();
+    run.extra = ["--metrics-addr", &addr, "-X", "message.timeout.ms=3000"]
+        .map(String::from)
+        .to_vec();
     run.transaction_timeout = "4s";
     run.create_topics(1);
     let feed = Feed::new(&kafka()).unwrap();
@@ -174,48 +248,108 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
 
     let dlq_topic = run.topics().dlq;
     futures::executor::block_on(topics::delete_topics(&kafka(), &[&dlq_topic])).unwrap();
-    let bad = feed.send_raw(&run.input, &[raw("AAA", b"not json"), good("AAA", "120", 2)]).unwrap();
+    let bad = feed
+        .send_raw(
+            &run.input,
+            &[raw("AAA", b"not json"), good("AAA", "120", 2)],
+        )
+        .unwrap();
     let bad_offset = bad[0].offset;
 
     // The DLQ write fails, so the transaction aborts; the offset stays at the bad tick.
     let deadline = Instant::now() + Duration::from_secs(60);
     while price_alerts::metrics::scrape(&addr, "alerts_transactions_aborted_total") < 2.0 {
-        assert!(Instant::now() < deadline, "no abort seen while the DLQ was missing");
-        let committed = price_alerts::kafka::offsets::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
-        assert_eq!(committed[0], Some(bad_offset), "the offset never moves past an undelivered dead letter");
+        assert!(
+            Instant::now() < deadline,
+            "no abort seen while the DLQ was missing"
+        );
+        let committed =
+            price_alerts::kafka::offsets::committed_offsets(&kafka(), &run.app_id, &run.input)
+                .unwrap();
+        assert_eq!(
+            committed[0],
+            Some(bad_offset),
+            "the offset never moves past an undelivered dead letter"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let committed = price_alerts::kafka::offsets::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
-    assert_eq!(committed[0], Some(bad_offset), "still at the bad tick after the aborts");
-    assert_eq!(count_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap(), 0);
+    let committed =
+        price_alerts::kafka::offsets::committed_offsets(&kafka(), &run.app_id, &run.input).unwrap();
+    assert_eq!(
+        committed[0],
+        Some(bad_offset),
+        "still at the bad tick after the aborts"
+    );
+    assert_eq!(
+        count_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap(),
+        0
+    );
 
     futures::executor::block_on(topics::create_topics(
         &kafka(),
-        &[topics::TopicSpec { name: dlq_topic.clone(), partitions: 1, compacted: false, retention: None }],
+        &[topics::TopicSpec {
+            name: dlq_topic.clone(),
+            partitions: 1,
+            compacted: false,
+            retention: None,
+        }],
     ))
     .unwrap();
     run.wait_committed(&next_offsets(&bad), CAUGHT_UP);
     p.signal("TERM");
     assert!(p.wait(EXIT).success());
     let dlq = dead_letters(&dlq_topic);
-    assert_eq!(dlq.len(), 1, "the bad tick dead-lettered once, after the DLQ came back");
-    assert_eq!(dlq[0].headers["dlq.original.offset"], bad_offset.to_string());
+    assert_eq!(
+        dlq.len(),
+        1,
+        "the bad tick dead-lettered once, after the DLQ came back"
+    );
+    assert_eq!(
+        dlq[0].headers["dlq.original.offset"],
+        bad_offset.to_string()
+    );
     let report = run.verify();
     println!("{report}");
     assert!(report.ok());
-    assert_eq!(report.expected, 1, "the good tick behind the bad one was processed");
+    assert_eq!(
+        report.expected, 1,
+        "the good tick behind the bad one was processed"
+    );
 }
 
 /// Runs the crash-between-produce-and-commit scenario in `guarantee` mode; returns the verdict.
-fn crash_between_produce_and_commit(guarantee: &str, ticks: &[Tick], rules: &Rules) -> price_alerts::tools::verify::VerifyReport {
+fn crash_between_produce_and_commit(
+    guarantee: &str,
+    ticks: &[Tick],
+    rules: &Rules,
+) -> price_alerts::tools::verify::VerifyReport {
     let mut run = Run::new(&format!("crash-{guarantee}"), rules.clone());
-    let base = ["--guarantee", guarantee, "--max-batch", "300", "--commit-interval", "5s"].map(String::from).to_vec();
+    let base = [
+        "--guarantee",
+        guarantee,
+        "--max-batch",
+        "300",
+        "--commit-interval",
+        "5s",
+    ]
+    .map(String::from)
+    .to_vec();
     run.create_topics(3);
-    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, ticks).unwrap();
-    run.extra = [base.clone(), vec!["--test-crash-before-commit".into(), "3".into()]].concat();
+    let landed = Feed::new(&kafka())
+        .unwrap()
+        .send_ticks(&run.input, ticks)
+        .unwrap();
+    run.extra = [
+        base.clone(),
+        vec!["--test-crash-before-commit".into(), "3".into()],
+    ]
+    .concat();
     let p = run.spawn("0");
     let status = p.wait(CAUGHT_UP);
-    assert!(!status.success(), "{guarantee}: the test switch crashed the process");
+    assert!(
+        !status.success(),
+        "{guarantee}: the test switch crashed the process"
+    );
     run.extra = base;
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
@@ -229,7 +363,12 @@ fn crash_between_produce_and_commit(guarantee: &str, ticks: &[Tick], rules: &Rul
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn at_least_once_duplicates_after_a_crash_where_exactly_once_does_not() {
-    let (rules, ticks) = generate(&GenOptions { symbols: 20, ticks: 3_000, seed: 6, stale_every: 0 });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: 20,
+        ticks: 3_000,
+        seed: 6,
+        stale_every: 0,
+    });
     let alo = crash_between_produce_and_commit("at-least-once", &ticks, &rules);
     let eos = crash_between_produce_and_commit("exactly-once", &ticks, &rules);
     println!(
@@ -239,7 +378,13 @@ fn at_least_once_duplicates_after_a_crash_where_exactly_once_does_not() {
         alo.missing.len(),
         eos.missing.len()
     );
-    assert!(alo.missing.is_empty() && alo.unexpected.is_empty(), "at-least-once loses nothing");
-    assert!(!alo.duplicate.is_empty(), "at-least-once repeats the crashed batch's notifications");
+    assert!(
+        alo.missing.is_empty() && alo.unexpected.is_empty(),
+        "at-least-once loses nothing"
+    );
+    assert!(
+        !alo.duplicate.is_empty(),
+        "at-least-once repeats the crashed batch's notifications"
+    );
     assert!(eos.ok(), "exactly-once: no duplicate, nothing missing");
 }

@@ -20,35 +20,63 @@ const EXIT: Duration = Duration::from_secs(120);
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn exit_when_idle_waits_for_the_restore_and_the_waiting_ticks() {
-    let rules = Rules::from_pairs((0..10).map(|i| (format!("SYM{i:03}"), vec![Decimal::from(100)])));
+    let rules =
+        Rules::from_pairs((0..10).map(|i| (format!("SYM{i:03}"), vec![Decimal::from(100)])));
     let mut run = Run::new("idle", rules);
     run.create_topics(1);
     // 100,000 symbols of state in the changelog (a restore of a few seconds here), then 1,000
     // ticks in the input.
     let state: Vec<_> = (0..100_000)
-        .map(|i| (Some(format!("OLD{i:06}").into_bytes()), br#"{"price":"1","seq":1}"#.to_vec()))
+        .map(|i| {
+            (
+                Some(format!("OLD{i:06}").into_bytes()),
+                br#"{"price":"1","seq":1}"#.to_vec(),
+            )
+        })
         .collect();
     produce_raw(&kafka(), &run.topics().changelog, &state).expect("loading the changelog");
     let ticks: Vec<Tick> = (0..1_000u64)
-        .map(|n| Tick { symbol: format!("SYM{:03}", n % 10), price: Decimal::from(90 + (n % 20) as i64), seq: n + 1, ts: None })
+        .map(|n| Tick {
+            symbol: format!("SYM{:03}", n % 10),
+            price: Decimal::from(90 + (n % 20) as i64),
+            seq: n + 1,
+            ts: None,
+        })
         .collect();
     let landed = produce_ticks(&kafka(), &run.input, &ticks).expect("loading ticks");
     run.extra = vec!["--exit-when-idle".into(), "300ms".into()];
     let status = run.spawn("0").wait(EXIT);
     assert!(status.success(), "stopped cleanly: {status}");
     let expected: Vec<i64> = next_offsets(&landed).into_values().collect();
-    assert_eq!(run.committed_per_partition(), expected, "every waiting tick committed before the idle exit");
+    assert_eq!(
+        run.committed_per_partition(),
+        expected,
+        "every waiting tick committed before the idle exit"
+    );
 }
 
 /// Loads a few ticks and starts instance 0 with `extra` and stderr piped; returns it once it has
 /// committed them (so it is assigned, restored and processing), with its stderr.
-fn started_with_piped_stderr(run: &mut Run, extra: &[&str]) -> (Pipeline, std::process::ChildStderr) {
+fn started_with_piped_stderr(
+    run: &mut Run,
+    extra: &[&str],
+) -> (Pipeline, std::process::ChildStderr) {
     run.create_topics(1);
-    let ticks: Vec<Tick> =
-        (1..=10u64).map(|n| Tick { symbol: "SYM000".into(), price: Decimal::from(95 + n as i64), seq: n, ts: None }).collect();
+    let ticks: Vec<Tick> = (1..=10u64)
+        .map(|n| Tick {
+            symbol: "SYM000".into(),
+            price: Decimal::from(95 + n as i64),
+            seq: n,
+            ts: None,
+        })
+        .collect();
     let landed = produce_ticks(&kafka(), &run.input, &ticks).expect("loading ticks");
     run.extra = extra.iter().map(|s| s.to_string()).collect();
-    let mut child = run.command("0").stderr(Stdio::piped()).spawn().expect("starting alert-pipeline");
+    let mut child = run
+        .command("0")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting alert-pipeline");
     let stderr = child.stderr.take().expect("piped stderr");
     let p = Pipeline::from(child, "0");
     run.wait_committed(&next_offsets(&landed), EXIT);
@@ -60,7 +88,10 @@ fn started_with_piped_stderr(run: &mut Run, extra: &[&str]) -> (Pipeline, std::p
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_closed_stderr_never_blocks_the_shutdown() {
-    let mut run = Run::new("stderr", Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]));
+    let mut run = Run::new(
+        "stderr",
+        Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]),
+    );
     let (p, stderr) = started_with_piped_stderr(&mut run, &["--shutdown-timeout", "3s"]);
     // Read two lines, as `head -2` does, then close the pipe.
     let mut lines = BufReader::new(stderr).lines();
@@ -70,7 +101,10 @@ fn a_closed_stderr_never_blocks_the_shutdown() {
     drop(lines);
     p.signal("TERM");
     let status = p.wait(Duration::from_secs(3 + 2));
-    assert!(status.success(), "stopped cleanly with its stderr closed: {status}");
+    assert!(
+        status.success(),
+        "stopped cleanly with its stderr closed: {status}"
+    );
 }
 
 /// Whatever a client call does, the process exits within `--shutdown-timeout` of SIGTERM, and
@@ -78,11 +112,20 @@ fn a_closed_stderr_never_blocks_the_shutdown() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn shutdown_is_bounded_even_when_the_clean_path_is_stuck() {
-    let mut run = Run::new("stuck", Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]));
-    let (p, _stderr) = started_with_piped_stderr(&mut run, &["--shutdown-timeout", "2s", "--test-stall-on-shutdown"]);
+    let mut run = Run::new(
+        "stuck",
+        Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]),
+    );
+    let (p, _stderr) = started_with_piped_stderr(
+        &mut run,
+        &["--shutdown-timeout", "2s", "--test-stall-on-shutdown"],
+    );
     p.signal("TERM");
     let status = p.wait(Duration::from_secs(2 + 2));
-    assert!(!status.success(), "a stuck shutdown must not look clean: {status}");
+    assert!(
+        !status.success(),
+        "a stuck shutdown must not look clean: {status}"
+    );
 }
 
 /// Runs `binary` with `args` against an address where no broker answers; returns its exit code,
@@ -95,7 +138,11 @@ fn against_no_broker(binary: &str, args: &[&str]) -> (Option<i32>, String, Durat
         .stdin(Stdio::null())
         .output()
         .expect("runs");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), started.elapsed())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        started.elapsed(),
+    )
 }
 
 /// Every binary checks at start that the bootstrap servers answer, within a bound, and says which
@@ -109,7 +156,10 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
     let binaries: [(&str, &[&str]); 5] = [
         (env!("CARGO_BIN_EXE_alert-pipeline"), &["--rules", rules]),
         (env!("CARGO_BIN_EXE_txn-demo"), &[]),
-        (env!("CARGO_BIN_EXE_tick-gen"), &["--rules-out", "/dev/null"]),
+        (
+            env!("CARGO_BIN_EXE_tick-gen"),
+            &["--rules-out", "/dev/null"],
+        ),
         (env!("CARGO_BIN_EXE_alert-verify"), &["--rules", rules]),
         (env!("CARGO_BIN_EXE_dlq-replay"), &[]),
     ];
@@ -117,18 +167,38 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
         let all: Vec<&str> = args.iter().chain(&down).copied().collect();
         let (code, err, took) = against_no_broker(binary, &all);
         let name = binary.rsplit('/').next().unwrap_or(binary);
-        assert!(code.is_some_and(|c| c != 0), "{name} must fail: {code:?}\n{err}");
+        assert!(
+            code.is_some_and(|c| c != 0),
+            "{name} must fail: {code:?}\n{err}"
+        );
         assert!(took < Duration::from_secs(2 + 4), "{name} took {took:?}");
-        assert!(err.contains("127.0.0.1:1") && err.contains("refused"), "{name} names the address and the cause:\n{err}");
-        assert!(err.lines().count() <= 12, "{name} printed a burst of {} lines:\n{err}", err.lines().count());
+        assert!(
+            err.contains("127.0.0.1:1") && err.contains("refused"),
+            "{name} names the address and the cause:\n{err}"
+        );
+        assert!(
+            err.lines().count() <= 12,
+            "{name} printed a burst of {} lines:\n{err}",
+            err.lines().count()
+        );
     }
     let (code, err, took) = against_no_broker(
         env!("CARGO_BIN_EXE_alert-pipeline"),
-        &["--rules", rules, "--bootstrap", "no-such-host.invalid:9092", "--connect-timeout", "2s"],
+        &[
+            "--rules",
+            rules,
+            "--bootstrap",
+            "no-such-host.invalid:9092",
+            "--connect-timeout",
+            "2s",
+        ],
     );
     assert_eq!(code, Some(1), "{err}");
     assert!(took < Duration::from_secs(2 + 4), "took {took:?}");
-    assert!(err.contains("no-such-host.invalid:9092") && err.contains("resolve"), "names the host and DNS:\n{err}");
+    assert!(
+        err.contains("no-such-host.invalid:9092") && err.contains("resolve"),
+        "names the host and DNS:\n{err}"
+    );
 }
 
 /// `/healthz` is liveness, `/readyz` readiness, `/metrics` has every series with HELP and TYPE
@@ -136,7 +206,10 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn health_endpoints_and_metrics_from_the_start() {
-    let mut run = Run::new("health", Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]));
+    let mut run = Run::new(
+        "health",
+        Rules::from_pairs([("SYM000".to_owned(), vec![Decimal::from(100)])]),
+    );
     run.create_topics(2);
     let addr = common::free_addr();
     run.extra = vec!["--metrics-addr".into(), addr.clone()];
@@ -148,7 +221,10 @@ fn health_endpoints_and_metrics_from_the_start() {
             assert!(body.contains(r#""status":"ready""#), "{body}");
             break;
         }
-        assert!(status == 0 || (status == 503 && body.contains("reason")), "{status} {body}");
+        assert!(
+            status == 0 || (status == 503 && body.contains("reason")),
+            "{status} {body}"
+        );
         assert!(Instant::now() < deadline, "never ready: {status} {body}");
         std::thread::sleep(Duration::from_millis(100)); // polling the endpoint for the condition
     }
@@ -167,11 +243,24 @@ fn health_endpoints_and_metrics_from_the_start() {
         ("alerts_commit_seconds", "histogram"),
         ("alerts_dlq_oldest_unhandled_age_seconds", "gauge"),
     ] {
-        assert!(metrics.contains(&format!("# HELP {name} ")), "no HELP for {name}:\n{metrics}");
-        assert!(metrics.contains(&format!("# TYPE {name} {kind}")), "no TYPE {kind} for {name}:\n{metrics}");
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}:\n{metrics}"
+        );
+        assert!(
+            metrics.contains(&format!("# TYPE {name} {kind}")),
+            "no TYPE {kind} for {name}:\n{metrics}"
+        );
     }
-    for series in ["alerts_ticks_committed_total 0", r#"alerts_ticks_dead_lettered_total{class="poison"} 0"#, "alerts_fenced_total 0"] {
-        assert!(metrics.lines().any(|l| l == series), "{series} missing at start:\n{metrics}");
+    for series in [
+        "alerts_ticks_committed_total 0",
+        r#"alerts_ticks_dead_lettered_total{class="poison"} 0"#,
+        "alerts_fenced_total 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "{series} missing at start:\n{metrics}"
+        );
     }
     p.signal("TERM");
     assert!(p.wait(EXIT).success());
@@ -183,16 +272,39 @@ fn health_endpoints_and_metrics_from_the_start() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn trace_context_travels_to_notifications_and_dead_letters() {
-    let run = Run::new("trace", Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]));
+    let run = Run::new(
+        "trace",
+        Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]),
+    );
     run.create_topics(1);
     let tick = |price: i64, seq: u64| {
-        price_alerts::tick::encode(&Tick { symbol: "AAA".into(), price: Decimal::from(price), seq, ts: None })
+        price_alerts::tick::encode(&Tick {
+            symbol: "AAA".into(),
+            price: Decimal::from(price),
+            seq,
+            ts: None,
+        })
     };
     let input = run.input.clone();
-    let send = |value: &[u8], headers: &[(&str, &str)]| common::produce_with_headers(&input, "AAA", value, headers);
-    let mut landed = vec![send(&tick(90, 1), &[("traceparent", "00-aa-01-01"), ("event-id", "E1")])];
-    landed.push(send(&tick(110, 2), &[("traceparent", "00-bb-02-01"), ("correlation-id", "C2")]));
-    landed.push(send(b"not json", &[("traceparent", "00-cc-03-01"), ("event-id", "E3"), ("correlation-id", "C3")]));
+    let send = |value: &[u8], headers: &[(&str, &str)]| {
+        common::produce_with_headers(&input, "AAA", value, headers)
+    };
+    let mut landed = vec![send(
+        &tick(90, 1),
+        &[("traceparent", "00-aa-01-01"), ("event-id", "E1")],
+    )];
+    landed.push(send(
+        &tick(110, 2),
+        &[("traceparent", "00-bb-02-01"), ("correlation-id", "C2")],
+    ));
+    landed.push(send(
+        b"not json",
+        &[
+            ("traceparent", "00-cc-03-01"),
+            ("event-id", "E3"),
+            ("correlation-id", "C3"),
+        ],
+    ));
     landed.push(send(b"not json either", &[]));
     landed.push(send(&tick(90, 3), &[("event-id", "E5")]));
     let p = run.spawn("0");
@@ -204,9 +316,16 @@ fn trace_context_travels_to_notifications_and_dead_letters() {
     let notifications = common::records_with_headers(&run.output);
     assert_eq!(notifications.len(), 2, "up at seq 2, down at seq 3");
     let up = &notifications[0].headers;
-    assert_eq!(up.get("traceparent").map(String::as_str), Some("00-bb-02-01"));
+    assert_eq!(
+        up.get("traceparent").map(String::as_str),
+        Some("00-bb-02-01")
+    );
     assert_eq!(up.get("correlation-id").map(String::as_str), Some("C2"));
-    assert_eq!(up.get("event-id"), Some(&origin(1)), "no event id on the tick: its coordinates");
+    assert_eq!(
+        up.get("event-id"),
+        Some(&origin(1)),
+        "no event id on the tick: its coordinates"
+    );
     let down = &notifications[1].headers;
     assert_eq!(down.get("event-id").map(String::as_str), Some("E5"));
     assert!(!down.contains_key("traceparent") && !down.contains_key("correlation-id"));
@@ -214,7 +333,10 @@ fn trace_context_travels_to_notifications_and_dead_letters() {
     let dead = common::records_with_headers(&run.topics().dlq);
     assert_eq!(dead.len(), 2);
     let first = &dead[0].headers;
-    assert_eq!(first.get("traceparent").map(String::as_str), Some("00-cc-03-01"));
+    assert_eq!(
+        first.get("traceparent").map(String::as_str),
+        Some("00-cc-03-01")
+    );
     assert_eq!(first.get("correlation-id").map(String::as_str), Some("C3"));
     assert_eq!(first.get("event-id").map(String::as_str), Some("E3"));
     assert_eq!(dead[1].headers.get("event-id"), Some(&origin(3)));
@@ -230,10 +352,16 @@ fn binaries_name_themselves_and_share_one_duration_syntax() {
         env!("CARGO_BIN_EXE_alert-verify"),
         env!("CARGO_BIN_EXE_dlq-replay"),
     ] {
-        let out = std::process::Command::new(binary).arg("-V").output().expect("runs");
+        let out = std::process::Command::new(binary)
+            .arg("-V")
+            .output()
+            .expect("runs");
         let name = binary.rsplit('/').next().unwrap_or(binary);
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.starts_with(&format!("{name} ")), "{name} -V printed {text:?}");
+        assert!(
+            out.status.success() && text.starts_with(&format!("{name} ")),
+            "{name} -V printed {text:?}"
+        );
     }
     let rules = std::env::temp_dir().join(format!("{}rules.toml", common::prefix("flags")));
     std::fs::write(&rules, "[symbols]\nAAA = [\"100\"]\n").unwrap();
@@ -244,7 +372,10 @@ fn binaries_name_themselves_and_share_one_duration_syntax() {
         ("--commit-interval", "100", "needs a unit"),
         ("--shutdown-timeout", "soon", "not a duration"),
     ] {
-        let (code, err, _) = against_no_broker(env!("CARGO_BIN_EXE_alert-pipeline"), &["--rules", rules, flag, value]);
+        let (code, err, _) = against_no_broker(
+            env!("CARGO_BIN_EXE_alert-pipeline"),
+            &["--rules", rules, flag, value],
+        );
         assert_eq!(code, Some(2), "{flag} {value} is a usage error:\n{err}");
         assert!(err.contains(says), "{flag} {value}:\n{err}");
     }

@@ -5,13 +5,13 @@
 mod common;
 
 use common::{kafka, Run};
-use price_alerts::kafka::Isolation;
-use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks, Landed};
 use price_alerts::kafka::read::{count_records, reader};
-use price_alerts::rules::Rules;
+use price_alerts::kafka::Isolation;
 use price_alerts::pipeline::state;
+use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
+use price_alerts::tools::generate::{generate, GenOptions};
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::thread;
@@ -21,13 +21,31 @@ const CAUGHT_UP: Duration = Duration::from_secs(180);
 const EXIT: Duration = Duration::from_secs(40);
 
 fn stream(symbols: usize, ticks: usize, seed: u64) -> (Rules, Vec<Tick>) {
-    generate(&GenOptions { symbols, ticks, seed, stale_every: 97 })
+    generate(&GenOptions {
+        symbols,
+        ticks,
+        seed,
+        stale_every: 97,
+    })
 }
 
 /// Loads `ticks` in `chunks` slices spread over about `spread`, from a thread of its own, so the
 /// processor works on a live stream; returns where every tick landed.
-fn load_slowly(input: String, ticks: Vec<Tick>, chunks: usize, spread: Duration) -> thread::JoinHandle<Vec<Landed>> {
-    let records = ticks.iter().map(|t| (Some(t.symbol.as_bytes().to_vec()), price_alerts::tick::encode(t))).collect();
+fn load_slowly(
+    input: String,
+    ticks: Vec<Tick>,
+    chunks: usize,
+    spread: Duration,
+) -> thread::JoinHandle<Vec<Landed>> {
+    let records = ticks
+        .iter()
+        .map(|t| {
+            (
+                Some(t.symbol.as_bytes().to_vec()),
+                price_alerts::tick::encode(t),
+            )
+        })
+        .collect();
     common::load_slowly(input, records, chunks, spread)
 }
 
@@ -39,7 +57,11 @@ fn wait_progress(run: &Run, from: i64, by: i64) -> i64 {
         if now >= from + by {
             return now;
         }
-        assert!(Instant::now() < deadline, "no progress past {now} (wanted {})", from + by);
+        assert!(
+            Instant::now() < deadline,
+            "no progress past {now} (wanted {})",
+            from + by
+        );
         thread::sleep(Duration::from_millis(100));
     }
 }
@@ -48,16 +70,35 @@ fn assert_exactly_once(run: &Run, ticks: usize) -> price_alerts::tools::verify::
     let report = run.verify();
     println!("{report}");
     assert_eq!(report.input_records, ticks as u64);
-    assert!(report.expected > 500, "the stream should cross often, got {}", report.expected);
-    assert!(report.missing.is_empty(), "missing: {:?}", &report.missing[..report.missing.len().min(5)]);
-    assert!(report.duplicate.is_empty(), "duplicates: {:?}", &report.duplicate[..report.duplicate.len().min(5)]);
-    assert!(report.unexpected.is_empty(), "unexpected: {:?}", &report.unexpected[..report.unexpected.len().min(5)]);
+    assert!(
+        report.expected > 500,
+        "the stream should cross often, got {}",
+        report.expected
+    );
+    assert!(
+        report.missing.is_empty(),
+        "missing: {:?}",
+        &report.missing[..report.missing.len().min(5)]
+    );
+    assert!(
+        report.duplicate.is_empty(),
+        "duplicates: {:?}",
+        &report.duplicate[..report.duplicate.len().min(5)]
+    );
+    assert!(
+        report.unexpected.is_empty(),
+        "unexpected: {:?}",
+        &report.unexpected[..report.unexpected.len().min(5)]
+    );
     assert_eq!(report.found, report.expected);
     report
 }
 
 /// The committed changelog, read as a restoring instance reads it.
-fn committed_state(run: &Run, partitions: i32) -> BTreeMap<i32, BTreeMap<String, price_alerts::alert::SymbolState>> {
+fn committed_state(
+    run: &Run,
+    partitions: i32,
+) -> BTreeMap<i32, BTreeMap<String, price_alerts::alert::SymbolState>> {
     let r = reader(&kafka(), Isolation::ReadCommitted).unwrap();
     let all: Vec<i32> = (0..partitions).collect();
     state::restore(&r, &run.topics().changelog, &all)
@@ -78,12 +119,22 @@ fn end_to_end_ten_thousand_ticks_exactly_once() {
     let started = Instant::now();
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
-    println!("10,000 ticks processed and committed in {:.1}s", started.elapsed().as_secs_f64());
+    println!(
+        "10,000 ticks processed and committed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     p.signal("TERM");
     assert!(p.wait(EXIT).success(), "graceful shutdown exits 0");
     let report = assert_exactly_once(&run, 10_000);
-    assert!(report.stale_ticks > 50, "stale duplicates were in the input");
-    assert_eq!(committed_state(&run, 6), report.final_state, "changelog = state of the oracle");
+    assert!(
+        report.stale_ticks > 50,
+        "stale duplicates were in the input"
+    );
+    assert_eq!(
+        committed_state(&run, 6),
+        report.final_state,
+        "changelog = state of the oracle"
+    );
 }
 
 /// Notifications in the log that read_committed readers do not see: output of open or aborted
@@ -120,7 +171,10 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
                 hidden = now;
                 break;
             }
-            assert!(Instant::now() < deadline, "no open transaction with output seen");
+            assert!(
+                Instant::now() < deadline,
+                "no open transaction with output seen"
+            );
         }
         p.signal("KILL");
         let status = p.wait(EXIT);
@@ -143,8 +197,15 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
         report.found,
         started.elapsed().as_secs_f64()
     );
-    assert!(aborted > 0, "at least one kill landed in a transaction with output, which stays aborted");
-    assert_eq!(committed_state(&run, 6), report.final_state, "restored state = uninterrupted run's");
+    assert!(
+        aborted > 0,
+        "at least one kill landed in a transaction with output, which stays aborted"
+    );
+    assert_eq!(
+        committed_state(&run, 6),
+        report.final_state,
+        "restored state = uninterrupted run's"
+    );
 }
 
 #[test]
@@ -177,9 +238,16 @@ fn two_instances_share_the_work_and_one_is_replaced() {
 fn every_third_transaction_aborted_still_exactly_once() {
     let (rules, ticks) = stream(50, 10_000, 4);
     let mut run = Run::new("aborts", rules);
-    run.extra = ["--test-abort-every", "3", "--commit-interval", "50ms", "--max-batch", "400"]
-        .map(String::from)
-        .to_vec();
+    run.extra = [
+        "--test-abort-every",
+        "3",
+        "--commit-interval",
+        "50ms",
+        "--max-batch",
+        "400",
+    ]
+    .map(String::from)
+    .to_vec();
     run.create_topics(6);
     let landed = produce_ticks(&kafka(), &run.input, &ticks).unwrap();
     let p = run.spawn("0");
@@ -188,15 +256,28 @@ fn every_third_transaction_aborted_still_exactly_once() {
     assert!(p.wait(EXIT).success());
     let report = assert_exactly_once(&run, 10_000);
     let ru = count_records(&kafka(), &run.output, Isolation::ReadUncommitted).unwrap();
-    println!("forced aborts: committed {} notifications, {} more in aborted transactions", report.found, ru - report.found);
-    assert!(ru > report.found, "aborted transactions left output behind abort markers");
+    println!(
+        "forced aborts: committed {} notifications, {} more in aborted transactions",
+        report.found,
+        ru - report.found
+    );
+    assert!(
+        ru > report.found,
+        "aborted transactions left output behind abort markers"
+    );
     assert_eq!(committed_state(&run, 6), report.final_state);
 }
 
 /// Runs the pipeline binary with `args` and returns (exit code, stderr).
 fn refused(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_alert-pipeline")).args(args).output().expect("runs");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_alert-pipeline"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -228,7 +309,10 @@ fn bad_rules_and_bad_properties_are_refused_with_a_clear_message() {
 
     let (code, err) = refused(&["--rules", good, "-X", "isolation.level=read_uncommitted"]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("isolation.level cannot be overridden"), "{err}");
+    assert!(
+        err.contains("isolation.level cannot be overridden"),
+        "{err}"
+    );
 
     let (code, err) = refused(&["--rules", good, "-X", "malformed"]);
     assert_eq!(code, Some(1));
@@ -242,7 +326,9 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
     let mut run = Run::new("zombie", rules);
     // Short sessions so the paused instance is evicted quickly; long batches so it is paused
     // with a transaction open.
-    run.extra = ["-X", "session.timeout.ms=6000", "--commit-interval", "2s"].map(String::from).to_vec();
+    run.extra = ["-X", "session.timeout.ms=6000", "--commit-interval", "2s"]
+        .map(String::from)
+        .to_vec();
     run.create_topics(6);
     let loader = load_slowly(run.input.clone(), ticks, 60, Duration::from_secs(15));
     let a = run.spawn("0");
@@ -251,7 +337,10 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
     // output in the log, still there once A is stopped (if A committed in between, go again).
     let deadline = Instant::now() + CAUGHT_UP;
     loop {
-        assert!(Instant::now() < deadline, "never caught A with a transaction open");
+        assert!(
+            Instant::now() < deadline,
+            "never caught A with a transaction open"
+        );
         if uncommitted_output(&run) == 0 {
             continue;
         }
@@ -270,7 +359,10 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
         if now.iter().zip(&at_pause).all(|(n, p)| n > p) {
             break;
         }
-        assert!(Instant::now() < deadline, "partitions {at_pause:?} -> {now:?}: B never took over");
+        assert!(
+            Instant::now() < deadline,
+            "partitions {at_pause:?} -> {now:?}: B never took over"
+        );
         thread::sleep(Duration::from_millis(200));
     }
     // Wake the zombie: its group generation is gone, so its transaction must not commit.
@@ -291,5 +383,8 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
          {aborted} notifications in aborted transactions",
         report.expected, report.found
     );
-    assert!(aborted > 0, "the zombie's open transaction was aborted, not committed");
+    assert!(
+        aborted > 0,
+        "the zombie's open transaction was aborted, not committed"
+    );
 }

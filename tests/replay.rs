@@ -6,11 +6,11 @@
 mod common;
 
 use common::{kafka, Run};
-use price_alerts::kafka::Isolation;
 use price_alerts::dlq::FaultInjection;
-use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::kafka::feed::{next_offsets, Feed};
 use price_alerts::kafka::read::{count_records, read_topic_to_end, DEFAULT_READ_TIMEOUT};
+use price_alerts::kafka::Isolation;
+use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::tools::replay::{replay, ReplayOptions, Selection};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -43,16 +43,25 @@ impl Seeded {
     fn new(test: &str, partitions: i32, letters: &[(&'static str, i32)]) -> Seeded {
         let prefix = common::prefix(test);
         let topics = price_alerts::kafka::topics::Topics::prefixed(&prefix, "app");
-        futures::executor::block_on(price_alerts::kafka::topics::ensure(&kafka(), &topics, Some(partitions))).expect("topics");
+        futures::executor::block_on(price_alerts::kafka::topics::ensure(
+            &kafka(),
+            &topics,
+            Some(partitions),
+        ))
+        .expect("topics");
         let producer: FutureProducer = kafka().idempotent_producer().create().expect("producer");
         let records: Vec<(i32, Vec<u8>, Vec<u8>, OwnedHeaders)> = letters
             .iter()
             .enumerate()
             .map(|(i, &(class, partition))| {
-                let (source_partition, source_offset) = ((i % 3).to_string(), (1000 + i).to_string());
+                let (source_partition, source_offset) =
+                    ((i % 3).to_string(), (1000 + i).to_string());
                 let origin = format!("{}/{source_partition}/{source_offset}", topics.input);
                 let correlation = format!("c-{i}");
-                let mut headers = OwnedHeaders::new().insert(Header { key: "correlation-id", value: Some(&correlation) });
+                let mut headers = OwnedHeaders::new().insert(Header {
+                    key: "correlation-id",
+                    value: Some(&correlation),
+                });
                 for (k, v) in [
                     ("dlq.origin", origin.as_str()),
                     ("dlq.original.topic", topics.input.as_str()),
@@ -62,13 +71,25 @@ impl Seeded {
                     ("dlq.error.message", "seeded by the test"),
                     ("dlq.failed.at", "2026-11-30T09:15:00Z"),
                 ] {
-                    headers = headers.insert(Header { key: k, value: Some(v) });
+                    headers = headers.insert(Header {
+                        key: k,
+                        value: Some(v),
+                    });
                 }
-                (partition, format!("K{i}").into_bytes(), format!("{{\"letter\":{i}}}").into_bytes(), headers)
+                (
+                    partition,
+                    format!("K{i}").into_bytes(),
+                    format!("{{\"letter\":{i}}}").into_bytes(),
+                    headers,
+                )
             })
             .collect();
         let sends = records.iter().map(|(partition, key, payload, headers)| {
-            let record = FutureRecord::to(&topics.dlq).partition(*partition).key(key).payload(payload).headers(headers.clone());
+            let record = FutureRecord::to(&topics.dlq)
+                .partition(*partition)
+                .key(key)
+                .payload(payload)
+                .headers(headers.clone());
             producer.send(record, Duration::from_secs(30))
         });
         let delivered = futures::executor::block_on(futures::future::join_all(sends));
@@ -77,23 +98,41 @@ impl Seeded {
             .zip(delivered)
             .map(|(&(class, _), d)| {
                 let d = d.map_err(|(e, _)| e).expect("seeding the DLQ");
-                Letter { coords: format!("{}/{}/{}", topics.dlq, d.partition, d.offset), class, partition: d.partition, offset: d.offset }
+                Letter {
+                    coords: format!("{}/{}/{}", topics.dlq, d.partition, d.offset),
+                    class,
+                    partition: d.partition,
+                    offset: d.offset,
+                }
             })
             .collect();
-        Seeded { dlq: topics.dlq, target: topics.input, letters }
+        Seeded {
+            dlq: topics.dlq,
+            target: topics.input,
+            letters,
+        }
     }
 
     /// `dlq-replay ARGS --dlq <dlq> --bootstrap <broker>`, run to its end.
     fn run(&self, args: &[&str]) -> Output {
         let out = self.command(args).output().expect("runs dlq-replay");
-        eprintln!("dlq-replay {args:?}: {:?}\n{}{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "dlq-replay {args:?}: {:?}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         out
     }
 
     /// Like [`Seeded::run`], and asserts it succeeded.
     fn run_ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
-        assert!(out.status.success(), "dlq-replay {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "dlq-replay {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -136,7 +175,11 @@ impl Seeded {
 
     /// Coordinates of the seeded letters `pick` accepts.
     fn coords(&self, pick: impl Fn(&Letter) -> bool) -> BTreeSet<String> {
-        self.letters.iter().filter(|l| pick(l)).map(|l| l.coords.clone()).collect()
+        self.letters
+            .iter()
+            .filter(|l| pick(l))
+            .map(|l| l.coords.clone())
+            .collect()
     }
 }
 
@@ -156,11 +199,17 @@ fn copies_in(topic: &str, isolation: Isolation) -> BTreeMap<String, u64> {
 /// Asserts that `copies` holds each of `expected` exactly once and nothing else.
 fn assert_exactly(copies: &BTreeMap<String, u64>, expected: &BTreeSet<String>, what: &str) {
     let twice: Vec<_> = copies.iter().filter(|(_, &n)| n > 1).collect();
-    assert!(twice.is_empty(), "{what}: replayed more than once: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "{what}: replayed more than once: {twice:?}"
+    );
     let got: BTreeSet<String> = copies.keys().cloned().collect();
     let missing: Vec<_> = expected.difference(&got).collect();
     let extra: Vec<_> = got.difference(expected).collect();
-    assert!(missing.is_empty() && extra.is_empty(), "{what}: missing {missing:?}, unexpected {extra:?}");
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{what}: missing {missing:?}, unexpected {extra:?}"
+    );
 }
 
 /// A mix of classes over two DLQ partitions.
@@ -186,12 +235,25 @@ fn a_narrow_filter_leaves_every_other_dead_letter_replayable() {
     s.run_ok(&["--class", "poison"]);
     s.assert_once(&s.coords(|l| l.class == "poison"), "after --class poison");
     s.run_ok(&["--class", "permanent.*"]);
-    s.assert_once(&s.coords(|l| l.class != "transient.exhausted"), "after --class permanent.*");
+    s.assert_once(
+        &s.coords(|l| l.class != "transient.exhausted"),
+        "after --class permanent.*",
+    );
     s.run_ok(&[]);
     s.assert_once(&s.coords(|_| true), "after an unfiltered replay");
     let last: serde_json::Value = serde_json::from_str(&s.run_ok(&["--json"])).unwrap();
-    assert!(last["classes"].as_object().unwrap().values().all(|c| c["replayed"] == 0 && c["left"] == 0), "{last}");
-    s.assert_once(&s.coords(|_| true), "a replay with nothing left replays nothing");
+    assert!(
+        last["classes"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|c| c["replayed"] == 0 && c["left"] == 0),
+        "{last}"
+    );
+    s.assert_once(
+        &s.coords(|_| true),
+        "a replay with nothing left replays nothing",
+    );
 }
 
 /// Issue 13: a misspelt class used to exit 0 (and commit past everything). A missing target
@@ -203,7 +265,11 @@ fn unknown_classes_and_missing_targets_are_refused() {
     for class in ["nonsense.class", "nonsense.*", "Poison"] {
         let out = s.run(&["--class", class]);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "--class {class} must be refused: {err}");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "--class {class} must be refused: {err}"
+        );
         assert!(err.contains(class), "names what was given: {err}");
         for known in price_alerts::dlq::CLASSES {
             assert!(err.contains(known), "lists the known class {known}: {err}");
@@ -212,62 +278,128 @@ fn unknown_classes_and_missing_targets_are_refused() {
     let out = s.run(&["--to", "no-such-topic"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("no-such-topic") && err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains("no-such-topic") && err.contains("does not exist"),
+        "{err}"
+    );
     assert!(s.copies().is_empty(), "nothing replayed");
     s.run_ok(&["--class", "poison"]);
-    s.assert_once(&s.coords(|_| true), "the refusals left the dead letter replayable");
+    s.assert_once(
+        &s.coords(|_| true),
+        "the refusals left the dead letter replayable",
+    );
 }
 
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn poison_ticks_are_replayed_once_with_their_original_bytes() {
-    let (rules, ticks) = generate(&GenOptions { symbols: 10, ticks: 1_000, seed: 8, stale_every: 0 });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: 10,
+        ticks: 1_000,
+        seed: 8,
+        stale_every: 0,
+    });
     let mut run = Run::new("replay", rules);
     run.faults = FaultInjection { enabled: true };
     run.create_topics(2);
-    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let landed = Feed::new(&kafka())
+        .unwrap()
+        .send_ticks(&run.input, &ticks)
+        .unwrap();
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), Duration::from_secs(120));
     p.signal("TERM");
     assert!(p.wait(Duration::from_secs(40)).success());
     let dlq = run.topics().dlq;
     let poison = ticks.iter().filter(|t| t.seq % 25 == 0).count() as u64;
-    assert_eq!(count_records(&kafka(), &dlq, Isolation::ReadCommitted).unwrap(), poison);
+    assert_eq!(
+        count_records(&kafka(), &dlq, Isolation::ReadCommitted).unwrap(),
+        poison
+    );
 
     let poison_only = Selection::classes(&["poison".to_owned()]).unwrap();
-    let opts = ReplayOptions { select: poison_only, dry_run: true, ..options(&dlq) };
+    let opts = ReplayOptions {
+        select: poison_only,
+        dry_run: true,
+        ..options(&dlq)
+    };
     let dry = replay(&opts).unwrap();
     assert_eq!(dry.total_replayed(), poison);
     assert_eq!(dry.transactions, 0);
-    assert_eq!(count_records(&kafka(), &run.input, Isolation::ReadCommitted).unwrap(), 1_000, "a dry run writes nothing");
+    assert_eq!(
+        count_records(&kafka(), &run.input, Isolation::ReadCommitted).unwrap(),
+        1_000,
+        "a dry run writes nothing"
+    );
 
-    let done = replay(&ReplayOptions { dry_run: false, ..opts.clone() }).unwrap();
+    let done = replay(&ReplayOptions {
+        dry_run: false,
+        ..opts.clone()
+    })
+    .unwrap();
     assert_eq!(done.total_replayed(), poison);
-    let again = replay(&ReplayOptions { dry_run: false, ..opts.clone() }).unwrap();
-    assert_eq!(again.total_replayed(), 0, "a second replay replays nothing: the ledger holds them all");
+    let again = replay(&ReplayOptions {
+        dry_run: false,
+        ..opts.clone()
+    })
+    .unwrap();
+    assert_eq!(
+        again.total_replayed(),
+        0,
+        "a second replay replays nothing: the ledger holds them all"
+    );
     assert_eq!(again.total().handled, poison);
     let deadline = Instant::now() + Duration::from_secs(30);
     while count_records(&kafka(), &run.input, Isolation::ReadCommitted).unwrap() < 1_000 + poison {
-        assert!(Instant::now() < deadline, "the replayed copies never became visible");
+        assert!(
+            Instant::now() < deadline,
+            "the replayed copies never became visible"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
     // The input now holds each poison tick twice: the original and its replay, byte for byte.
     let mut copies: BTreeMap<Vec<u8>, (u64, u64)> = BTreeMap::new();
     let mut replayed_landed = Vec::new();
-    read_topic_to_end(&kafka(), &run.input, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
-        let replayed = m.headers().is_some_and(|h| h.iter().any(|h| h.key == "replay.origin"));
-        if replayed {
-            assert!(m.headers().unwrap().iter().all(|h| !h.key.starts_with("dlq.")), "dlq.* headers dropped");
-            replayed_landed.push(price_alerts::kafka::feed::Landed { partition: m.partition(), offset: m.offset() });
-        }
-        let e = copies.entry(m.payload().unwrap_or_default().to_vec()).or_default();
-        if replayed { e.1 += 1 } else { e.0 += 1 }
-        Ok(())
-    })
+    read_topic_to_end(
+        &kafka(),
+        &run.input,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            let replayed = m
+                .headers()
+                .is_some_and(|h| h.iter().any(|h| h.key == "replay.origin"));
+            if replayed {
+                assert!(
+                    m.headers()
+                        .unwrap()
+                        .iter()
+                        .all(|h| !h.key.starts_with("dlq.")),
+                    "dlq.* headers dropped"
+                );
+                replayed_landed.push(price_alerts::kafka::feed::Landed {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                });
+            }
+            let e = copies
+                .entry(m.payload().unwrap_or_default().to_vec())
+                .or_default();
+            if replayed {
+                e.1 += 1
+            } else {
+                e.0 += 1
+            }
+            Ok(())
+        },
+    )
     .unwrap();
     assert_eq!(replayed_landed.len() as u64, poison);
-    assert!(copies.values().all(|&(orig, rep)| orig == 1 && rep <= 1), "each replay is a copy of one original");
+    assert!(
+        copies.values().all(|&(orig, rep)| orig == 1 && rep <= 1),
+        "each replay is a copy of one original"
+    );
 
     // Without faults, the pipeline takes the replayed ticks in (they are stale by now: counted,
     // never alerting) and dead-letters nothing more.
@@ -281,7 +413,11 @@ fn poison_ticks_are_replayed_once_with_their_original_bytes() {
     run.wait_committed(&end, Duration::from_secs(120));
     p.signal("TERM");
     assert!(p.wait(Duration::from_secs(40)).success());
-    assert_eq!(count_records(&kafka(), &dlq, Isolation::ReadCommitted).unwrap(), poison, "nothing new in the DLQ");
+    assert_eq!(
+        count_records(&kafka(), &dlq, Isolation::ReadCommitted).unwrap(),
+        poison,
+        "nothing new in the DLQ"
+    );
 }
 
 /// `--partition`, an offset range and `--limit` take what they select and nothing else: a later
@@ -289,30 +425,65 @@ fn poison_ticks_are_replayed_once_with_their_original_bytes() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn partition_offset_range_and_limit_leave_the_rest_replayable() {
-    let letters: Vec<(&str, i32)> = (0..12).map(|i| (if i % 2 == 0 { "poison" } else { "permanent.not_json" }, i % 2)).collect();
+    let letters: Vec<(&str, i32)> = (0..12)
+        .map(|i| {
+            (
+                if i % 2 == 0 {
+                    "poison"
+                } else {
+                    "permanent.not_json"
+                },
+                i % 2,
+            )
+        })
+        .collect();
     let s = Seeded::new("ranges", 2, &letters);
-    let dry: serde_json::Value = serde_json::from_str(&s.run_ok(&["--dry-run", "--partition", "1", "--json"])).unwrap();
-    let to_replay: u64 = dry["classes"].as_object().unwrap().values().map(|c| c["replayed"].as_u64().unwrap()).sum();
+    let dry: serde_json::Value =
+        serde_json::from_str(&s.run_ok(&["--dry-run", "--partition", "1", "--json"])).unwrap();
+    let to_replay: u64 = dry["classes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|c| c["replayed"].as_u64().unwrap())
+        .sum();
     assert_eq!(to_replay, 6, "{dry}");
     assert!(s.copies().is_empty(), "a dry run copies nothing");
     let probe: rdkafka::consumer::BaseConsumer = kafka().admin().create().unwrap();
     let ledger = format!("{}.replayed", s.dlq);
-    assert_eq!(price_alerts::kafka::read::partition_count_if_exists(&probe, &ledger, Duration::from_secs(10)).unwrap(), None);
+    assert_eq!(
+        price_alerts::kafka::read::partition_count_if_exists(
+            &probe,
+            &ledger,
+            Duration::from_secs(10)
+        )
+        .unwrap(),
+        None
+    );
 
     s.run_ok(&["--partition", "1"]);
     let mut expected = s.coords(|l| l.partition == 1);
     s.assert_once(&expected, "after --partition 1");
     s.run_ok(&["--partition", "0", "--from-offset", "2", "--to-offset", "3"]);
     expected.extend(s.coords(|l| l.partition == 0 && (2..=3).contains(&l.offset)));
-    s.assert_once(&expected, "after --partition 0 --from-offset 2 --to-offset 3");
+    s.assert_once(
+        &expected,
+        "after --partition 0 --from-offset 2 --to-offset 3",
+    );
 
     s.run_ok(&["--limit", "2"]);
     let copies = s.copies_at_least(expected.len() + 2);
-    let new: BTreeSet<String> = copies.keys().filter(|k| !expected.contains(*k)).cloned().collect();
+    let new: BTreeSet<String> = copies
+        .keys()
+        .filter(|k| !expected.contains(*k))
+        .cloned()
+        .collect();
     assert_eq!(new.len(), 2, "--limit 2 replays two: {new:?}");
     assert!(copies.values().all(|&n| n == 1));
     s.run_ok(&[]);
-    s.assert_once(&s.coords(|_| true), "an unfiltered replay replays exactly the rest");
+    s.assert_once(
+        &s.coords(|_| true),
+        "an unfiltered replay replays exactly the rest",
+    );
 }
 
 /// A replay that dies inside a transaction (a crash placed there, then a SIGKILL at a random
@@ -323,24 +494,44 @@ fn partition_offset_range_and_limit_leave_the_rest_replayable() {
 fn a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once() {
     const N: usize = 1_200;
     let classes = price_alerts::dlq::CLASSES;
-    let letters: Vec<(&str, i32)> = (0..N).map(|i| (classes[i % classes.len()], (i % 3) as i32)).collect();
+    let letters: Vec<(&str, i32)> = (0..N)
+        .map(|i| (classes[i % classes.len()], (i % 3) as i32))
+        .collect();
     let s = Seeded::new("interrupt", 3, &letters);
 
     // A crash inside the 10th transaction: 9 batches of 10 committed, 5 copies left open.
     let out = s.run(&["--batch-size", "10", "--test-crash-after", "95"]);
     assert!(!out.status.success(), "the test hook crashed the replay");
-    assert_eq!(s.copies_at_least(90).values().sum::<u64>(), 90, "the open batch is invisible to read_committed readers");
-    assert!(copies_in(&s.target, Isolation::ReadUncommitted).values().sum::<u64>() >= 95, "the crash left records in the log");
+    assert_eq!(
+        s.copies_at_least(90).values().sum::<u64>(),
+        90,
+        "the open batch is invisible to read_committed readers"
+    );
+    assert!(
+        copies_in(&s.target, Isolation::ReadUncommitted)
+            .values()
+            .sum::<u64>()
+            >= 95,
+        "the crash left records in the log"
+    );
 
     // A SIGKILL while a slow replay (one dead letter per transaction) is half-way.
     let log = std::env::temp_dir().join(format!("{}.killed.log", s.dlq));
     let stderr = std::fs::File::create(&log).unwrap();
-    let mut child = s.command(&["--batch-size", "1"]).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+    let mut child = s
+        .command(&["--batch-size", "1"])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while s.copies().len() < 300 {
         assert!(Instant::now() < deadline, "the replay made no progress");
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("the replay ended ({status}) before it was killed:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+            panic!(
+                "the replay ended ({status}) before it was killed:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -353,7 +544,11 @@ fn a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once() {
     s.run_ok(&[]);
     s.assert_once(&s.coords(|_| true), "after the rerun");
     let ledger = format!("{}.replayed", s.dlq);
-    assert_eq!(count_records(&kafka(), &ledger, Isolation::ReadCommitted).unwrap(), N as u64, "one ledger entry each");
+    assert_eq!(
+        count_records(&kafka(), &ledger, Isolation::ReadCommitted).unwrap(),
+        N as u64,
+        "one ledger entry each"
+    );
 }
 
 /// A replay that starts while another runs fences it (same transactional id per DLQ): the first
@@ -363,17 +558,29 @@ fn a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once() {
 fn a_second_replay_fences_the_first() {
     let letters: Vec<(&str, i32)> = (0..600).map(|i| ("poison", i % 2)).collect();
     let s = Seeded::new("fence", 2, &letters);
-    let first = s.command(&["--batch-size", "1"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let first = s
+        .command(&["--batch-size", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while s.copies().len() < 50 {
-        assert!(Instant::now() < deadline, "the first replay made no progress");
+        assert!(
+            Instant::now() < deadline,
+            "the first replay made no progress"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     s.run_ok(&[]);
     let out = first.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     eprintln!("the first replay: {:?}\n{err}", out.status);
-    assert_eq!(out.status.code(), Some(1), "the first replay was fenced: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the first replay was fenced: {err}"
+    );
     assert!(err.contains("fenced"), "says so: {err}");
     s.assert_once(&s.coords(|_| true), "two replays, each dead letter once");
 }
@@ -386,8 +593,15 @@ fn inspect_counts_match_the_ledger_and_the_dlq() {
     let s = Seeded::new("inspect", 2, MIX);
     s.run_ok(&["--class", "poison"]);
     s.assert_once(&s.coords(|l| l.class == "poison"), "after --class poison");
-    let counts = |c: &serde_json::Value| (c["handled"].as_u64().unwrap(), c["unhandled"].as_u64().unwrap());
-    let inspect = || -> serde_json::Value { serde_json::from_str(&s.run_ok(&["inspect", "--json"])).unwrap() };
+    let counts = |c: &serde_json::Value| {
+        (
+            c["handled"].as_u64().unwrap(),
+            c["unhandled"].as_u64().unwrap(),
+        )
+    };
+    let inspect = || -> serde_json::Value {
+        serde_json::from_str(&s.run_ok(&["inspect", "--json"])).unwrap()
+    };
     // The ledger's transaction markers may land a moment after the copies'.
     let mut v = inspect();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -402,23 +616,50 @@ fn inspect_counts_match_the_ledger_and_the_dlq() {
     }
     for p in 0..3 {
         // The seeded dead letter i came from source partition i % 3.
-        let of = |pick: &dyn Fn(&str) -> bool| MIX.iter().enumerate().filter(|(i, (c, _))| i % 3 == p && pick(c)).count() as u64;
+        let of = |pick: &dyn Fn(&str) -> bool| {
+            MIX.iter()
+                .enumerate()
+                .filter(|(i, (c, _))| i % 3 == p && pick(c))
+                .count() as u64
+        };
         let want = (of(&|c| c == "poison"), of(&|c| c != "poison"));
-        assert_eq!(counts(&v["by"]["source_partition"][p.to_string()]), want, "partition {p}: {v}");
+        assert_eq!(
+            counts(&v["by"]["source_partition"][p.to_string()]),
+            want,
+            "partition {p}: {v}"
+        );
     }
-    let (oldest, newest) = (v["oldest_unhandled"]["age_seconds"].as_f64().unwrap(), v["newest_unhandled"]["age_seconds"].as_f64().unwrap());
+    let (oldest, newest) = (
+        v["oldest_unhandled"]["age_seconds"].as_f64().unwrap(),
+        v["newest_unhandled"]["age_seconds"].as_f64().unwrap(),
+    );
     assert!(oldest >= newest && newest >= 0.0, "{v}");
     assert_eq!(v["shown"].as_array().unwrap().len(), 0);
 
-    let filtered: serde_json::Value = serde_json::from_str(&s.run_ok(&["inspect", "--json", "--class", "permanent.*"])).unwrap();
+    let filtered: serde_json::Value =
+        serde_json::from_str(&s.run_ok(&["inspect", "--json", "--class", "permanent.*"])).unwrap();
     assert_eq!(counts(&filtered["total"]), (0, 5), "{filtered}");
 
     let text = s.run_ok(&["inspect", "--show", "2"]);
-    assert!(text.contains("3 handled") && text.contains("7 unhandled"), "{text}");
-    assert!(text.lines().any(|l| l.split_whitespace().eq(["class", "handled", "unhandled"])), "{text}");
-    assert_eq!(text.matches("dlq.error.class: ").count(), 2, "two shown: {text}");
+    assert!(
+        text.contains("3 handled") && text.contains("7 unhandled"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().eq(["class", "handled", "unhandled"])),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("dlq.error.class: ").count(),
+        2,
+        "two shown: {text}"
+    );
     assert!(text.contains("correlation-id: c-"), "{text}");
-    assert!(!text.contains("payload") && !text.contains("{\"letter\""), "no payload unless asked: {text}");
+    assert!(
+        !text.contains("payload") && !text.contains("{\"letter\""),
+        "no payload unless asked: {text}"
+    );
     let text = s.run_ok(&["inspect", "--show", "1", "--payload"]);
     assert!(text.contains("payload: {\"letter\":"), "{text}");
 }
@@ -428,37 +669,67 @@ fn inspect_counts_match_the_ledger_and_the_dlq() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn the_backlog_gauges_count_unhandled_dead_letters_until_replayed() {
-    let (rules, ticks) = generate(&GenOptions { symbols: 10, ticks: 500, seed: 9, stale_every: 0 });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: 10,
+        ticks: 500,
+        seed: 9,
+        stale_every: 0,
+    });
     let mut run = Run::new("backlog", rules);
     run.faults = FaultInjection { enabled: true };
     let addr = common::free_addr();
-    run.extra = ["--metrics-addr", &addr, "--dlq-watch-interval", "300ms"].map(String::from).to_vec();
+    run.extra = ["--metrics-addr", &addr, "--dlq-watch-interval", "300ms"]
+        .map(String::from)
+        .to_vec();
     run.create_topics(2);
-    let landed = Feed::new(&kafka()).unwrap().send_ticks(&run.input, &ticks).unwrap();
+    let landed = Feed::new(&kafka())
+        .unwrap()
+        .send_ticks(&run.input, &ticks)
+        .unwrap();
     let p = run.spawn("0");
     run.wait_committed(&next_offsets(&landed), Duration::from_secs(120));
     let poison = ticks.iter().filter(|t| t.seq % 25 == 0).count() as f64;
     let gauge = |name| price_alerts::metrics::scrape(&addr, name);
-    wait_until("the gauge counts every dead letter", || gauge("alerts_dlq_unhandled") == poison);
+    wait_until("the gauge counts every dead letter", || {
+        gauge("alerts_dlq_unhandled") == poison
+    });
     assert!(gauge("alerts_dlq_oldest_unhandled_age_seconds") > 0.0);
 
     // To a scratch topic: with its faults on, the running pipeline would dead-letter them again.
     let scratch = format!("{}scratch", run.prefix);
-    let spec = price_alerts::kafka::topics::TopicSpec { name: scratch.clone(), partitions: 1, compacted: false, retention: None };
-    futures::executor::block_on(price_alerts::kafka::topics::ensure_topic(&kafka(), &spec)).unwrap();
-    let done = replay(&ReplayOptions { to: Some(scratch), ..options(&run.topics().dlq) }).unwrap();
+    let spec = price_alerts::kafka::topics::TopicSpec {
+        name: scratch.clone(),
+        partitions: 1,
+        compacted: false,
+        retention: None,
+    };
+    futures::executor::block_on(price_alerts::kafka::topics::ensure_topic(&kafka(), &spec))
+        .unwrap();
+    let done = replay(&ReplayOptions {
+        to: Some(scratch),
+        ..options(&run.topics().dlq)
+    })
+    .unwrap();
     assert_eq!(done.total_replayed() as f64, poison);
     wait_until("the gauges fall to 0 once all are replayed", || {
-        gauge("alerts_dlq_unhandled") == 0.0 && gauge("alerts_dlq_oldest_unhandled_age_seconds") == 0.0
+        gauge("alerts_dlq_unhandled") == 0.0
+            && gauge("alerts_dlq_oldest_unhandled_age_seconds") == 0.0
     });
-    assert_eq!(common::http_get(&addr, "/metrics").0, 200, "the endpoint answered, so 0 is a reading");
+    assert_eq!(
+        common::http_get(&addr, "/metrics").0,
+        200,
+        "the endpoint answered, so 0 is a reading"
+    );
     p.signal("TERM");
     assert!(p.wait(Duration::from_secs(40)).success());
 }
 
 /// Options of a replay of `dlq` by the library, with the tests' transaction timeout.
 fn options(dlq: &str) -> ReplayOptions {
-    ReplayOptions { transaction_timeout: Duration::from_secs(30), ..ReplayOptions::new(kafka(), dlq) }
+    ReplayOptions {
+        transaction_timeout: Duration::from_secs(30),
+        ..ReplayOptions::new(kafka(), dlq)
+    }
 }
 
 /// Polls `condition` until it holds, failing after a minute.

@@ -37,13 +37,19 @@ struct Secure {
 }
 
 fn secure() -> Secure {
-    let (Ok(bootstrap), Ok(dir)) = (std::env::var("KAFKA_SECURE_BOOTSTRAP"), std::env::var("KAFKA_SECURE_DIR")) else {
+    let (Ok(bootstrap), Ok(dir)) = (
+        std::env::var("KAFKA_SECURE_BOOTSTRAP"),
+        std::env::var("KAFKA_SECURE_DIR"),
+    ) else {
         panic!(
             "KAFKA_SECURE_BOOTSTRAP and KAFKA_SECURE_DIR are not set: run scripts/test.sh, which starts the \
              secured broker (scripts/kafka.sh up --secure) and sets them (scripts/kafka.sh env --secure prints them)"
         );
     };
-    Secure { bootstrap, dir: PathBuf::from(dir) }
+    Secure {
+        bootstrap,
+        dir: PathBuf::from(dir),
+    }
 }
 
 impl Secure {
@@ -55,7 +61,9 @@ impl Secure {
     /// A client configuration as `user` (admin is the super-user, for set-up and checks).
     fn kafka(&self, user: &str) -> KafkaConfig {
         let mut k = KafkaConfig::new(&self.bootstrap);
-        for (key, value) in read_config_file(&self.config_file(user)).expect("the user's config file") {
+        for (key, value) in
+            read_config_file(&self.config_file(user)).expect("the user's config file")
+        {
             k.set(&key, &value).expect("a pass-through property");
         }
         k
@@ -66,16 +74,27 @@ impl Secure {
         let dir = self.dir.join("credentials");
         let passwords: Vec<String> = std::fs::read_dir(&dir)
             .expect("the credentials folder")
-            .map(|e| std::fs::read_to_string(e.expect("an entry").path()).expect("a password").trim().to_owned())
+            .map(|e| {
+                std::fs::read_to_string(e.expect("an entry").path())
+                    .expect("a password")
+                    .trim()
+                    .to_owned()
+            })
             .collect();
-        assert!(passwords.len() >= 6 && passwords.iter().all(|p| p.len() >= 16), "the broker's users have passwords");
+        assert!(
+            passwords.len() >= 6 && passwords.iter().all(|p| p.len() >= 16),
+            "the broker's users have passwords"
+        );
         passwords
     }
 
     /// Fails if any password appears in `text` (what a binary printed).
     fn assert_no_password(&self, what: &str, text: &str) {
         for p in self.passwords() {
-            assert!(!text.contains(&p), "a password appears in the output of {what}");
+            assert!(
+                !text.contains(&p),
+                "a password appears in the output of {what}"
+            );
         }
     }
 
@@ -129,7 +148,8 @@ struct Deployment {
 impl Deployment {
     fn new(s: &Secure, test: &str, partitions: i32) -> Self {
         let prefix = common::prefix(test);
-        let rules = Rules::from_pairs((0..4).map(|i| (format!("SYM{i}"), vec![Decimal::from(100)])));
+        let rules =
+            Rules::from_pairs((0..4).map(|i| (format!("SYM{i}"), vec![Decimal::from(100)])));
         let dir = std::env::temp_dir().join(format!("{prefix}rules"));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let rules_path = dir.join("rules.toml");
@@ -141,7 +161,12 @@ impl Deployment {
             rules,
             rules_path,
         };
-        futures::executor::block_on(topics::ensure(&s.kafka("admin"), &d.topics(), Some(partitions))).expect("creating topics");
+        futures::executor::block_on(topics::ensure(
+            &s.kafka("admin"),
+            &d.topics(),
+            Some(partitions),
+        ))
+        .expect("creating topics");
         d
     }
 
@@ -151,7 +176,16 @@ impl Deployment {
 
     /// The pipeline's ACL arguments for scripts/acls.sh.
     fn pipeline_acls<'a>(&'a self, verb: &'a str, more: &[&'a str]) -> Vec<&'a str> {
-        let mut a = vec![verb, "pipeline", "--app-id", &self.app, "--input", &self.input, "--output", &self.output];
+        let mut a = vec![
+            verb,
+            "pipeline",
+            "--app-id",
+            &self.app,
+            "--input",
+            &self.input,
+            "--output",
+            &self.output,
+        ];
         a.extend_from_slice(more);
         a
     }
@@ -182,7 +216,14 @@ impl Deployment {
         let mut c = s.command_with(env!("CARGO_BIN_EXE_alert-pipeline"), config);
         c.arg("--rules")
             .arg(&self.rules_path)
-            .args(["--app-id", &self.app, "--input", &self.input, "--output", &self.output])
+            .args([
+                "--app-id",
+                &self.app,
+                "--input",
+                &self.input,
+                "--output",
+                &self.output,
+            ])
             .args(["--transaction-timeout", "30s"])
             .args(more);
         c
@@ -194,21 +235,39 @@ impl Deployment {
     }
 
     fn verify(&self, s: &Secure) -> VerifyReport {
-        verify(&s.kafka("admin"), &self.input, &self.output, &self.rules, price_alerts::tick::DEFAULT_MAX_TICK_BYTES, Default::default())
-            .expect("the verifier runs")
+        verify(
+            &s.kafka("admin"),
+            &self.input,
+            &self.output,
+            &self.rules,
+            price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
+            Default::default(),
+        )
+        .expect("the verifier runs")
     }
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Runs `c` to its end, at most `timeout`; returns its output and how long it ran.
 fn run(mut c: Command, timeout: Duration) -> (Output, Duration) {
     let started = Instant::now();
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting a binary");
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting a binary");
     // Read both pipes while waiting, so a chatty child never blocks on a full pipe.
-    let (mut out, mut err) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+    let (mut out, mut err) = (
+        child.stdout.take().expect("stdout"),
+        child.stderr.take().expect("stderr"),
+    );
     let o = std::thread::spawn(move || std::io::read_to_string(&mut out).unwrap_or_default());
     let e = std::thread::spawn(move || std::io::read_to_string(&mut err).unwrap_or_default());
     let status = loop {
@@ -223,7 +282,14 @@ fn run(mut c: Command, timeout: Duration) -> (Output, Duration) {
     };
     let took = started.elapsed();
     let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
-    (Output { status, stdout: stdout.into_bytes(), stderr: stderr.into_bytes() }, took)
+    (
+        Output {
+            status,
+            stdout: stdout.into_bytes(),
+            stderr: stderr.into_bytes(),
+        },
+        took,
+    )
 }
 
 /// Tick generator, pipeline (with its poison ticks dead-lettered), verifier, sink and DLQ replay,
@@ -245,7 +311,12 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
     let admin = s.kafka("admin");
     futures::executor::block_on(topics::ensure_topic(
         &admin,
-        &topics::TopicSpec { name: target.clone(), partitions: 1, compacted: false, retention: None },
+        &topics::TopicSpec {
+            name: target.clone(),
+            partitions: 1,
+            compacted: false,
+            retention: None,
+        },
     ))
     .expect("the replay target");
     s.acls_all(&[
@@ -258,43 +329,112 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
     let mut printed = Vec::new();
 
     let mut gen = s.command(env!("CARGO_BIN_EXE_tick-gen"), "tools");
-    gen.args(["--topic", input, "--symbols", "20", "--ticks", "3000", "--partitions", "2"]).arg("--rules-out").arg(&rules_out);
+    gen.args([
+        "--topic",
+        input,
+        "--symbols",
+        "20",
+        "--ticks",
+        "3000",
+        "--partitions",
+        "2",
+    ])
+    .arg("--rules-out")
+    .arg(&rules_out);
     let (out, _) = run(gen, EXIT);
     printed.push(("tick-gen", text(&out)));
-    assert!(out.status.success(), "tick-gen as User:tools: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "tick-gen as User:tools: {}",
+        text(&out)
+    );
 
-    let (out, _) = run(d.pipeline(&s, &["--exit-when-idle", "3s", "--inject-faults"]), EXIT);
+    let (out, _) = run(
+        d.pipeline(&s, &["--exit-when-idle", "3s", "--inject-faults"]),
+        EXIT,
+    );
     printed.push(("alert-pipeline", text(&out)));
-    assert!(out.status.success(), "alert-pipeline as User:pipeline: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "alert-pipeline as User:pipeline: {}",
+        text(&out)
+    );
 
     let mut verifier = s.command(env!("CARGO_BIN_EXE_alert-verify"), "tools");
-    verifier.arg("--rules").arg(&rules_out).args(["--input", input, "--output", output, "--inject-faults"]);
+    verifier.arg("--rules").arg(&rules_out).args([
+        "--input",
+        input,
+        "--output",
+        output,
+        "--inject-faults",
+    ]);
     let (out, _) = run(verifier, EXIT);
     printed.push(("alert-verify", text(&out)));
-    assert!(out.status.success(), "alert-verify as User:tools finds a difference: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "alert-verify as User:tools finds a difference: {}",
+        text(&out)
+    );
 
     let rules = Rules::load(&rules_out).expect("generated rules");
     let faults = price_alerts::dlq::FaultInjection { enabled: true };
-    let report = verify(&admin, input, output, &rules, price_alerts::tick::DEFAULT_MAX_TICK_BYTES, faults).expect("verifier");
+    let report = verify(
+        &admin,
+        input,
+        output,
+        &rules,
+        price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
+        faults,
+    )
+    .expect("verifier");
     assert!(report.expected > 0, "the stream crosses thresholds");
-    assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
+    assert_eq!(
+        (
+            report.missing.len(),
+            report.duplicate.len(),
+            report.unexpected.len()
+        ),
+        (0, 0, 0),
+        "{report}"
+    );
 
     let db = TestDb::create("sec_e2e");
     let mut sink = s.command(env!("CARGO_BIN_EXE_alert-sink"), "sink");
-    sink.args(["--app-id", app, "--topic", output, "--exit-when-idle", "3s"]).env("DATABASE_URL", &db.url);
+    sink.args(["--app-id", app, "--topic", output, "--exit-when-idle", "3s"])
+        .env("DATABASE_URL", &db.url);
     let (out, _) = run(sink, EXIT);
     printed.push(("alert-sink", text(&out)));
-    assert!(out.status.success(), "alert-sink as User:sink: {}", text(&out));
-    assert_eq!(db.count("alerts"), report.found as i64, "every notification stored once");
+    assert!(
+        out.status.success(),
+        "alert-sink as User:sink: {}",
+        text(&out)
+    );
+    assert_eq!(
+        db.count("alerts"),
+        report.found as i64,
+        "every notification stored once"
+    );
 
     let dead = count_records(&admin, &dlq, Isolation::ReadCommitted).expect("count");
-    assert!(dead > 0 && dead == report.poison_ticks, "the poison ticks are in the DLQ: {dead} of {}", report.poison_ticks);
+    assert!(
+        dead > 0 && dead == report.poison_ticks,
+        "the poison ticks are in the DLQ: {dead} of {}",
+        report.poison_ticks
+    );
     let mut replay = s.command(env!("CARGO_BIN_EXE_dlq-replay"), "replay");
     replay.args(["--dlq", &dlq, "--to", &target]);
     let (out, _) = run(replay, EXIT);
     printed.push(("dlq-replay", text(&out)));
-    assert!(out.status.success(), "dlq-replay as User:replay: {}", text(&out));
-    assert_eq!(count_records(&admin, &target, Isolation::ReadCommitted).expect("count"), dead, "each dead letter replayed once");
+    assert!(
+        out.status.success(),
+        "dlq-replay as User:replay: {}",
+        text(&out)
+    );
+    assert_eq!(
+        count_records(&admin, &target, Isolation::ReadCommitted).expect("count"),
+        dead,
+        "each dead letter replayed once"
+    );
 
     for (what, text) in &printed {
         s.assert_no_password(what, text);
@@ -324,17 +464,34 @@ fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
                 let (out, took) = run(d.pipeline(&s, &["--exit-when-idle", "3s"]), EXIT);
                 let printed = text(&out);
                 s.assert_no_password("alert-pipeline", &printed);
-                let right = right.replace("{app}", &d.app).replace("{output}", &d.output).replace("{input}", &d.input);
-                assert!(!out.status.success(), "without {skip} the start succeeded: {printed}");
+                let right = right
+                    .replace("{app}", &d.app)
+                    .replace("{output}", &d.output)
+                    .replace("{input}", &d.input);
+                assert!(
+                    !out.status.success(),
+                    "without {skip} the start succeeded: {printed}"
+                );
                 assert!(
                     printed.contains(&format!("not authorised: User:pipeline lacks {right}")),
                     "without {skip} the message names {right}: {printed}"
                 );
-                assert!(took < FAILS_WITHIN, "without {skip} the start failed only after {took:?}");
+                assert!(
+                    took < FAILS_WITHIN,
+                    "without {skip} the start failed only after {took:?}"
+                );
                 let admin = s.kafka("admin");
-                assert_eq!(count_records(&admin, &d.output, Isolation::ReadUncommitted).expect("count"), 0, "{skip}: nothing written");
+                assert_eq!(
+                    count_records(&admin, &d.output, Isolation::ReadUncommitted).expect("count"),
+                    0,
+                    "{skip}: nothing written"
+                );
                 assert_eq!(d.committed(&s), vec![None], "{skip}: no offset committed");
-                printed.lines().find(|l| l.contains("not authorised")).unwrap_or_default().to_owned()
+                printed
+                    .lines()
+                    .find(|l| l.contains("not authorised"))
+                    .unwrap_or_default()
+                    .to_owned()
             })
         })
         .collect();
@@ -353,19 +510,35 @@ fn wrong_password_unknown_user_and_untrusted_ca_fail_fast() {
     use std::os::unix::fs::PermissionsExt as _;
     let s = secure();
     let good = std::fs::read_to_string(s.config_file("pipeline")).expect("the pipeline's config");
-    let password = std::fs::read_to_string(s.dir.join("credentials/pipeline.password")).expect("password").trim().to_owned();
+    let password = std::fs::read_to_string(s.dir.join("credentials/pipeline.password"))
+        .expect("password")
+        .trim()
+        .to_owned();
     let wrong = "WRONG-password-4a7c19e2";
     let ca = s.dir.join("tls/ca.pem").display().to_string();
     let untrusted = s.dir.join("tls/untrusted-ca.pem").display().to_string();
     let cases = [
-        ("wrong password", good.replace(&password, wrong), "authentication to", "(SASL mechanism SCRAM-SHA-512, user pipeline)"),
+        (
+            "wrong password",
+            good.replace(&password, wrong),
+            "authentication to",
+            "(SASL mechanism SCRAM-SHA-512, user pipeline)",
+        ),
         (
             "unknown user",
-            good.replace("\"sasl.username\" = \"pipeline\"", "\"sasl.username\" = \"nobody\""),
+            good.replace(
+                "\"sasl.username\" = \"pipeline\"",
+                "\"sasl.username\" = \"nobody\"",
+            ),
             "authentication to",
             "(SASL mechanism SCRAM-SHA-512, user nobody)",
         ),
-        ("untrusted CA", good.replace(&ca, &untrusted), "TLS with", "certificate verify failed"),
+        (
+            "untrusted CA",
+            good.replace(&ca, &untrusted),
+            "TLS with",
+            "certificate verify failed",
+        ),
     ];
     let dir = std::env::temp_dir().join(common::prefix("sec-creds"));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -378,22 +551,41 @@ fn wrong_password_unknown_user_and_untrusted_ca_fail_fast() {
         let (out, took) = run(d.pipeline_with(&s, &path, &[]), EXIT);
         let printed = text(&out);
         assert!(!out.status.success(), "{case}: the start succeeded");
-        assert!(printed.contains(what) && printed.contains(detail), "{case}: {printed}");
+        assert!(
+            printed.contains(what) && printed.contains(detail),
+            "{case}: {printed}"
+        );
         assert!(took < FAILS_WITHIN, "{case}: failed only after {took:?}");
-        assert!(!printed.contains(wrong), "{case}: the wrong password is echoed");
+        assert!(
+            !printed.contains(wrong),
+            "{case}: the wrong password is echoed"
+        );
         s.assert_no_password("alert-pipeline", &printed);
-        eprintln!("refusal ({case}, {took:?}): {}", printed.lines().find(|l| l.contains(what)).unwrap_or_default());
+        eprintln!(
+            "refusal ({case}, {took:?}): {}",
+            printed
+                .lines()
+                .find(|l| l.contains(what))
+                .unwrap_or_default()
+        );
     }
     // The password from KAFKA_SASL_PASSWORD instead of the file: authentication passes (this
     // deployment has no ACLs, so the start stops at the rights, which shows it got that far).
-    let without = good.lines().filter(|l| !l.contains("sasl.password")).collect::<Vec<_>>().join("\n");
+    let without = good
+        .lines()
+        .filter(|l| !l.contains("sasl.password"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let path = dir.join("env.toml");
     std::fs::write(&path, without).expect("writing the config");
     let mut c = d.pipeline_with(&s, &path, &[]);
     c.env("KAFKA_SASL_PASSWORD", &password);
     let (out, _) = run(c, EXIT);
     let printed = text(&out);
-    assert!(printed.contains("not authorised: User:pipeline lacks"), "authenticated with KAFKA_SASL_PASSWORD: {printed}");
+    assert!(
+        printed.contains("not authorised: User:pipeline lacks"),
+        "authenticated with KAFKA_SASL_PASSWORD: {printed}"
+    );
     s.assert_no_password("alert-pipeline", &printed);
 }
 
@@ -407,27 +599,60 @@ fn no_payload_and_no_password_in_logs_at_any_level() {
     let s = secure();
     let d = Deployment::new(&s, "sec-trace", 1);
     s.acls_all(&[d.pipeline_acls("apply", &[])]);
-    let marker = format!("PAYLOAD-MARKER-{}", price_alerts::kafka::topics::unique_suffix());
+    let marker = format!(
+        "PAYLOAD-MARKER-{}",
+        price_alerts::kafka::topics::unique_suffix()
+    );
     let mut records: Vec<(Option<Vec<u8>>, Vec<u8>)> = (1..=20u64)
         .map(|seq| {
             let price = if seq % 2 == 0 { 95 } else { 105 };
-            let value = format!(r#"{{"symbol":"SYM0","price":"{price}","seq":{seq},"note":"{marker}"}}"#);
+            let value =
+                format!(r#"{{"symbol":"SYM0","price":"{price}","seq":{seq},"note":"{marker}"}}"#);
             (Some(b"SYM0".to_vec()), value.into_bytes())
         })
         .collect();
-    records.push((Some(b"SYM1".to_vec()), format!("{{not json {marker}").into_bytes()));
-    price_alerts::kafka::feed::produce_raw(&s.kafka("admin"), &d.input, &records).expect("loading records");
-    let mut c = d.pipeline(&s, &["--exit-when-idle", "2s", "-X", "debug=security,broker,protocol,msg,eos,cgrp"]);
+    records.push((
+        Some(b"SYM1".to_vec()),
+        format!("{{not json {marker}").into_bytes(),
+    ));
+    price_alerts::kafka::feed::produce_raw(&s.kafka("admin"), &d.input, &records)
+        .expect("loading records");
+    let mut c = d.pipeline(
+        &s,
+        &[
+            "--exit-when-idle",
+            "2s",
+            "-X",
+            "debug=security,broker,protocol,msg,eos,cgrp",
+        ],
+    );
     c.env("RUST_LOG", "trace");
     let (out, _) = run(c, EXIT);
     let printed = text(&out);
-    assert!(out.status.success(), "the pipeline ran: {}", printed.lines().rev().take(20).collect::<Vec<_>>().join("\n"));
+    assert!(
+        out.status.success(),
+        "the pipeline ran: {}",
+        printed
+            .lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert!(printed.lines().count() > 100, "trace logs were written");
     assert!(!printed.contains(&marker), "a payload reached the logs");
     s.assert_no_password("alert-pipeline at trace", &printed);
     let report = d.verify(&s);
     assert!(report.expected > 0 && report.bad_ticks == 1, "{report}");
-    assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
+    assert_eq!(
+        (
+            report.missing.len(),
+            report.duplicate.len(),
+            report.unexpected.len()
+        ),
+        (0, 0, 0),
+        "{report}"
+    );
 }
 
 /// Write on the output revoked while the pipeline runs: its transactions abort, no offset
@@ -443,29 +668,48 @@ fn write_revoked_while_running_aborts_reports_and_resumes() {
     let addr = common::free_addr();
     let log = std::env::temp_dir().join(format!("{}.log", d.app));
     let mut c = d.pipeline(&s, &["--metrics-addr", &addr]);
-    c.stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log file"));
+    c.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
     let mut p = common::Pipeline::from(c.spawn().expect("starting alert-pipeline"), "0");
     let wait_committed = |target: &BTreeMap<i32, i64>| {
         let deadline = Instant::now() + EXIT;
         while d.committed(&s) != target.values().map(|o| Some(*o)).collect::<Vec<_>>() {
-            assert!(Instant::now() < deadline, "committed {:?} never reached {target:?}", d.committed(&s));
+            assert!(
+                Instant::now() < deadline,
+                "committed {:?} never reached {target:?}",
+                d.committed(&s)
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     };
     let before = next_offsets(&first);
     wait_committed(&before);
-    let notified = count_records(&s.kafka("admin"), &d.output, Isolation::ReadCommitted).expect("count");
+    let notified =
+        count_records(&s.kafka("admin"), &d.output, Isolation::ReadCommitted).expect("count");
 
     s.acls_all(&[d.pipeline_acls("remove", &["--only", "output-write"])]);
     let second = d.load(&s, 11, 10);
     let deadline = Instant::now() + EXIT;
     while price_alerts::metrics::scrape(&addr, "alerts_not_authorised_total") < 2.0 {
-        assert!(Instant::now() < deadline, "the refused Write was never reported in the metrics");
-        assert!(matches!(p.child.try_wait(), Ok(None)), "the pipeline stopped instead of retrying");
+        assert!(
+            Instant::now() < deadline,
+            "the refused Write was never reported in the metrics"
+        );
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "the pipeline stopped instead of retrying"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(d.committed(&s), before.values().map(|o| Some(*o)).collect::<Vec<_>>(), "nothing committed past the input");
-    assert_eq!(count_records(&s.kafka("admin"), &d.output, Isolation::ReadCommitted).expect("count"), notified);
+    assert_eq!(
+        d.committed(&s),
+        before.values().map(|o| Some(*o)).collect::<Vec<_>>(),
+        "nothing committed past the input"
+    );
+    assert_eq!(
+        count_records(&s.kafka("admin"), &d.output, Isolation::ReadCommitted).expect("count"),
+        notified
+    );
 
     s.acls_all(&[d.pipeline_acls("apply", &["--only", "output-write"])]);
     let mut all = first;
@@ -475,13 +719,29 @@ fn write_revoked_while_running_aborts_reports_and_resumes() {
     assert!(p.wait(EXIT).success(), "stopped cleanly");
 
     let report = d.verify(&s);
-    assert!(report.expected > notified, "the second half crossed thresholds too");
-    assert_eq!((report.missing.len(), report.duplicate.len(), report.unexpected.len()), (0, 0, 0), "{report}");
+    assert!(
+        report.expected > notified,
+        "the second half crossed thresholds too"
+    );
+    assert_eq!(
+        (
+            report.missing.len(),
+            report.duplicate.len(),
+            report.unexpected.len()
+        ),
+        (0, 0, 0),
+        "{report}"
+    );
     let printed = std::fs::read_to_string(&log).expect("the log");
     s.assert_no_password("alert-pipeline", &printed);
     let right = format!("Write on Topic {}", d.output);
-    let line = printed.lines().find(|l| l.contains("not authorised") && l.contains(&right));
+    let line = printed
+        .lines()
+        .find(|l| l.contains("not authorised") && l.contains(&right));
     assert!(line.is_some(), "the log names the refused right: {printed}");
-    assert!(printed.contains("authorised again"), "the log says when it goes on: {printed}");
+    assert!(
+        printed.contains("authorised again"),
+        "the log says when it goes on: {printed}"
+    );
     eprintln!("report: {}", line.unwrap_or_default());
 }

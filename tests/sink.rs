@@ -9,16 +9,16 @@ mod common;
 use common::postgres::{admin_url, free_port, options, state_dir, SinkRun, TestDb};
 use common::{kafka, load_slowly, Run};
 use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
-use price_alerts::kafka::Isolation;
-use price_alerts::tools::generate::{generate, GenOptions};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
-use price_alerts::metrics::scrape;
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::read_topic_to_end;
+use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::kafka::Isolation;
+use price_alerts::metrics::scrape;
 use price_alerts::sink::options::{SslMode, TlsOptions};
 use price_alerts::sink::record::decode;
 use price_alerts::sink::store::{Batch, Store};
-use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::tools::generate::{generate, GenOptions};
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::RwLock;
@@ -41,14 +41,30 @@ fn s(v: &[&str]) -> Vec<String> {
 
 /// Notifications of a seeded tick stream through the crossing rule, as the pipeline makes them.
 fn notifications(symbols: usize, ticks: usize, seed: u64) -> Vec<Notification> {
-    let (rules, ticks) = generate(&GenOptions { symbols, ticks, seed, stale_every: 0 });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols,
+        ticks,
+        seed,
+        stale_every: 0,
+    });
     let mut state = HashMap::new();
     let mut out = Vec::new();
     for (i, t) in ticks.iter().enumerate() {
-        if let Outcome::Accepted { crossings } = apply_rules(&rules, state.entry(t.symbol.clone()).or_insert(None), t) {
+        if let Outcome::Accepted { crossings } =
+            apply_rules(&rules, state.entry(t.symbol.clone()).or_insert(None), t)
+        {
             for c in &crossings {
-                let source = Source { topic: "market-updates".into(), partition: 0, offset: i as i64 };
-                out.push(Notification::new(t, c, "2026-11-30T09:15:00.123Z".into(), source));
+                let source = Source {
+                    topic: "market-updates".into(),
+                    partition: 0,
+                    offset: i as i64,
+                };
+                out.push(Notification::new(
+                    t,
+                    c,
+                    "2026-11-30T09:15:00.123Z".into(),
+                    source,
+                ));
             }
         }
     }
@@ -56,11 +72,19 @@ fn notifications(symbols: usize, ticks: usize, seed: u64) -> Vec<Notification> {
 }
 
 fn record(n: &Notification) -> (Option<Vec<u8>>, Vec<u8>) {
-    (Some(n.symbol.as_bytes().to_vec()), serde_json::to_vec(n).expect("json"))
+    (
+        Some(n.symbol.as_bytes().to_vec()),
+        serde_json::to_vec(n).expect("json"),
+    )
 }
 
 fn create_topic(name: &str, partitions: i32) {
-    let spec = TopicSpec { name: name.to_owned(), partitions, compacted: false, retention: None };
+    let spec = TopicSpec {
+        name: name.to_owned(),
+        partitions,
+        compacted: false,
+        retention: None,
+    };
     futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");
 }
 
@@ -75,7 +99,11 @@ fn assert_stored_exactly(db: &TestDb, expected: &[Notification]) {
     let unexpected: Vec<_> = got_set.difference(&want).take(5).collect();
     assert!(missing.is_empty(), "missing rows: {missing:?}");
     assert!(unexpected.is_empty(), "unexpected rows: {unexpected:?}");
-    assert_eq!(db.count("alerts"), expected.len() as i64, "one row per notification: 0 duplicate");
+    assert_eq!(
+        db.count("alerts"),
+        expected.len() as i64,
+        "one row per notification: 0 duplicate"
+    );
     assert_eq!(db.count("sink_dead_letters"), 0, "nothing dead-lettered");
 }
 
@@ -92,21 +120,33 @@ fn wait_hold(file: &std::path::Path, sink: &mut common::Pipeline) -> BTreeMap<i3
                 .map(|(p, o)| (p.parse().expect("partition"), o.as_i64().expect("offset")))
                 .collect();
         }
-        assert!(matches!(sink.child.try_wait(), Ok(None)), "the sink exited before its hold");
+        assert!(
+            matches!(sink.child.try_wait(), Ok(None)),
+            "the sink exited before its hold"
+        );
         assert!(Instant::now() < deadline, "the sink never reached its hold");
         thread::sleep(Duration::from_millis(20));
     }
 }
 
 fn kafka_committed(group: &str, topic: &str) -> Vec<i64> {
-    committed_offsets(&kafka(), group, topic).expect("committed offsets").into_iter().map(|o| o.unwrap_or(0)).collect()
+    committed_offsets(&kafka(), group, topic)
+        .expect("committed offsets")
+        .into_iter()
+        .map(|o| o.unwrap_or(0))
+        .collect()
 }
 
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn end_to_end_the_table_equals_the_verifiers_expected_set() {
     let _cluster = shared_cluster();
-    let (rules, ticks) = generate(&GenOptions { symbols: 50, ticks: 10_000, seed: 11, stale_every: 97 });
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: 50,
+        ticks: 10_000,
+        seed: 11,
+        stale_every: 97,
+    });
     let run = Run::new("sink-e2e", rules);
     run.create_topics(6);
     let sink = SinkRun::new("sink_e2e", &run.output);
@@ -120,12 +160,18 @@ fn end_to_end_the_table_equals_the_verifiers_expected_set() {
     let mut sent: HashMap<String, serde_json::Value> = HashMap::new();
     let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
     // (A longer bound than the readers' default: the shared CI machine can be slow.)
-    read_topic_to_end(&kafka(), &run.output, Isolation::ReadCommitted, CAUGHT_UP, |m| {
-        let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
-        sent.insert(v["id"].as_str().unwrap_or_default().to_owned(), v);
-        ends.insert(m.partition(), m.offset() + 1);
-        Ok(())
-    })
+    read_topic_to_end(
+        &kafka(),
+        &run.output,
+        Isolation::ReadCommitted,
+        CAUGHT_UP,
+        |m| {
+            let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
+            sent.insert(v["id"].as_str().unwrap_or_default().to_owned(), v);
+            ends.insert(m.partition(), m.offset() + 1);
+            Ok(())
+        },
+    )
     .unwrap_or_else(|e| panic!("reading the notifications: {e:#}"));
     sink.wait_stored(&ends, CAUGHT_UP);
     s1.signal("TERM");
@@ -141,7 +187,11 @@ fn end_to_end_the_table_equals_the_verifiers_expected_set() {
     )
     .unwrap();
     println!("{report}");
-    assert!(report.expected > 500, "the stream should cross often, got {}", report.expected);
+    assert!(
+        report.expected > 500,
+        "the stream should cross often, got {}",
+        report.expected
+    );
     assert!(report.ok(), "table differs from the expected notifications");
     assert_eq!(report.found, report.expected);
     assert_eq!(sent.len() as u64, report.expected);
@@ -161,19 +211,36 @@ fn end_to_end_the_table_equals_the_verifiers_expected_set() {
         .unwrap();
     for (id, (price, prev, threshold, seq, direction)) in rows {
         let n = &sent[&id];
-        assert_eq!((n["price"].as_str(), n["previous_price"].as_str()), (Some(price.as_str()), Some(prev.as_str())), "{id}");
+        assert_eq!(
+            (n["price"].as_str(), n["previous_price"].as_str()),
+            (Some(price.as_str()), Some(prev.as_str())),
+            "{id}"
+        );
         assert_eq!(n["threshold"].as_str(), Some(threshold.as_str()), "{id}");
-        assert_eq!((n["seq"].as_i64(), n["direction"].as_str()), (Some(seq), Some(direction.as_str())), "{id}");
+        assert_eq!(
+            (n["seq"].as_i64(), n["direction"].as_str()),
+            (Some(seq), Some(direction.as_str())),
+            "{id}"
+        );
     }
     // The verifier's command line agrees.
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_alert-verify"))
-        .args(["--rules", run.rules_path.to_str().unwrap(), "--input", &run.input, "--table"])
+        .args([
+            "--rules",
+            run.rules_path.to_str().unwrap(),
+            "--input",
+            &run.input,
+            "--table",
+        ])
         .args(["--bootstrap", &kafka().bootstrap])
         .env("DATABASE_URL", &sink.db.url)
         .stdout(std::process::Stdio::null())
         .status()
         .unwrap();
-    assert!(status.success(), "alert-verify --table finds the table exact");
+    assert!(
+        status.success(),
+        "alert-verify --table finds the table exact"
+    );
 }
 
 #[test]
@@ -193,29 +260,56 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     std::fs::create_dir_all(&dir).unwrap();
     // Alternating, ending on a kill between the database commit and the Kafka commit: the last
     // instance must start at the stored offsets, not at the group's older committed ones.
-    let holds = ["after-db-commit:4", "in-db-txn:3", "after-db-commit:3", "in-db-txn:2", "after-db-commit:2"];
+    let holds = [
+        "after-db-commit:4",
+        "in-db-txn:3",
+        "after-db-commit:3",
+        "in-db-txn:2",
+        "after-db-commit:2",
+    ];
     for (i, hold) in holds.iter().enumerate() {
         let file = dir.join(format!("hold-{i}"));
-        let mut p = sink.spawn("0", &s(&["--test-hold", hold, "--test-hold-file", file.to_str().unwrap()]));
+        let mut p = sink.spawn(
+            "0",
+            &s(&[
+                "--test-hold",
+                hold,
+                "--test-hold-file",
+                file.to_str().unwrap(),
+            ]),
+        );
         let held = wait_hold(&file, &mut p);
         let stored = sink.stored();
         if hold.starts_with("in-db-txn") {
             for (part, next) in &held {
-                assert!(stored.get(part).copied().unwrap_or(0) < *next, "open transaction visible: {stored:?} vs {held:?}");
+                assert!(
+                    stored.get(part).copied().unwrap_or(0) < *next,
+                    "open transaction visible: {stored:?} vs {held:?}"
+                );
             }
         } else {
             for (part, next) in &held {
-                assert!(stored.get(part).copied().unwrap_or(0) >= *next, "committed batch not stored: {stored:?} vs {held:?}");
+                assert!(
+                    stored.get(part).copied().unwrap_or(0) >= *next,
+                    "committed batch not stored: {stored:?} vs {held:?}"
+                );
             }
             let kafka = kafka_committed(&sink.group, &topic);
             assert!(
-                held.iter().any(|(p, o)| kafka.get(*p as usize).copied().unwrap_or(0) < *o),
+                held.iter()
+                    .any(|(p, o)| kafka.get(*p as usize).copied().unwrap_or(0) < *o),
                 "the Kafka group should lag the database here: kafka {kafka:?}, held {held:?}"
             );
         }
         p.signal("KILL");
-        assert!(!p.wait(EXIT).success(), "SIGKILL ends the process abnormally");
-        println!("kill {} at {hold}: batch offsets {held:?}, stored {stored:?}", i + 1);
+        assert!(
+            !p.wait(EXIT).success(),
+            "SIGKILL ends the process abnormally"
+        );
+        println!(
+            "kill {} at {hold}: batch offsets {held:?}, stored {stored:?}",
+            i + 1
+        );
     }
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -229,14 +323,24 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     assert_stored_exactly(&sink.db, &input);
     println!("kill test: {} notifications, {} kills; last instance inserted {inserted}, redid {conflicted}", input.len(), holds.len());
     assert!(inserted > 0.0, "the last instance did work");
-    assert_eq!(conflicted, 0.0, "the last instance started at the stored offsets: nothing redone");
+    assert_eq!(
+        conflicted, 0.0,
+        "the last instance started at the stored offsets: nothing redone"
+    );
 }
 
 /// Runs scripts/postgres.sh with `args`.
 fn postgres_sh(args: &[&str]) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
-    let out = std::process::Command::new(script).args(args).output().expect("scripts/postgres.sh");
-    assert!(out.status.success(), "postgres.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(script)
+        .args(args)
+        .output()
+        .expect("scripts/postgres.sh");
+    assert!(
+        out.status.success(),
+        "postgres.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -244,39 +348,72 @@ fn postgres_sh(args: &[&str]) {
 fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
     let _cluster = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
     let url = std::fs::read_to_string(state_dir().join("url")).unwrap_or_default();
-    assert_eq!(url.trim(), admin_url(), "this test stops the cluster of scripts/postgres.sh, so DATABASE_URL must be it");
+    assert_eq!(
+        url.trim(),
+        admin_url(),
+        "this test stops the cluster of scripts/postgres.sh, so DATABASE_URL must be it"
+    );
     let input = notifications(50, 40_000, 31);
     let topic = format!("{}notifications", common::prefix("sink-outage"));
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_outage", &topic);
-    sink.extra = s(&["--commit-interval", "50ms", "--max-batch", "300", "--reconnect-max", "1s"]);
-    let loader = load_slowly(topic.clone(), input.iter().map(record).collect(), 60, Duration::from_secs(12));
+    sink.extra = s(&[
+        "--commit-interval",
+        "50ms",
+        "--max-batch",
+        "300",
+        "--reconnect-max",
+        "1s",
+    ]);
+    let loader = load_slowly(
+        topic.clone(),
+        input.iter().map(record).collect(),
+        60,
+        Duration::from_secs(12),
+    );
     let addr = format!("127.0.0.1:{}", free_port());
     let mut p = sink.spawn("0", &s(&["--metrics-addr", &addr]));
     sink.wait_progress(800, CAUGHT_UP);
     postgres_sh(&["down", "--immediate"]);
     let down_at = Instant::now();
     let deadline = Instant::now() + CAUGHT_UP;
-    while scrape(&addr, "alerts_sink_ready") != 0.0 || scrape(&addr, "alerts_sink_db_outages_total") < 1.0 {
-        assert!(Instant::now() < deadline, "the sink never reported not-ready");
+    while scrape(&addr, "alerts_sink_ready") != 0.0
+        || scrape(&addr, "alerts_sink_db_outages_total") < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the sink never reported not-ready"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let paused = scrape(&addr, "alerts_sink_paused_partitions");
     // The outage itself: the database stays down while the stream goes on.
     thread::sleep(Duration::from_secs(4));
-    assert!(matches!(p.child.try_wait(), Ok(None)), "the sink survives the outage");
+    assert!(
+        matches!(p.child.try_wait(), Ok(None)),
+        "the sink survives the outage"
+    );
     let committed_during = kafka_committed(&sink.group, &topic);
     postgres_sh(&["up"]);
-    println!("PostgreSQL down for {:.1}s; {paused} partitions paused", down_at.elapsed().as_secs_f64());
+    println!(
+        "PostgreSQL down for {:.1}s; {paused} partitions paused",
+        down_at.elapsed().as_secs_f64()
+    );
     let deadline = Instant::now() + CAUGHT_UP;
     while scrape(&addr, "alerts_sink_ready") != 1.0 {
-        assert!(Instant::now() < deadline, "the sink never became ready again");
+        assert!(
+            Instant::now() < deadline,
+            "the sink never became ready again"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let landed = loader.join().expect("loader");
     sink.wait_stored(&next_offsets(&landed), CAUGHT_UP);
     p.signal_if_running("TERM");
-    assert!(p.wait(EXIT).success(), "the sink resumed on its own and stops cleanly");
+    assert!(
+        p.wait(EXIT).success(),
+        "the sink resumed on its own and stops cleanly"
+    );
     assert_eq!(paused, 6.0, "every owned partition was paused");
     assert!(committed_during.iter().sum::<i64>() > 0);
     assert_stored_exactly(&sink.db, &input);
@@ -291,8 +428,20 @@ fn two_instances_share_the_partitions_and_one_is_replaced() {
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_group", &topic);
     // A killed static member keeps its partitions until its session expires: keep it short.
-    sink.extra = s(&["-X", "session.timeout.ms=6000", "--commit-interval", "50ms", "--max-batch", "300"]);
-    let loader = load_slowly(topic.clone(), input.iter().map(record).collect(), 60, Duration::from_secs(15));
+    sink.extra = s(&[
+        "-X",
+        "session.timeout.ms=6000",
+        "--commit-interval",
+        "50ms",
+        "--max-batch",
+        "300",
+    ]);
+    let loader = load_slowly(
+        topic.clone(),
+        input.iter().map(record).collect(),
+        60,
+        Duration::from_secs(15),
+    );
     let a = sink.spawn("0", &[]);
     let at = sink.wait_progress(500, CAUGHT_UP);
     // B joins: A gives up half its partitions (storing its batch first, in the revoke).
@@ -329,10 +478,34 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
         ("permanent.not_json", Some(b"SECRET-not-json".to_vec())),
         ("permanent.not_utf8", Some(vec![0xff, 0xfe, 0x00])),
         ("permanent.empty", None),
-        ("permanent.not_notification", Some(br#"{"id":"SECRET","symbol":"AAA"}"#.to_vec())),
-        ("permanent.id_mismatch", Some(json(&good[0]).replacen(&good[0].id, "SECRET:1:2:up", 1).into_bytes())),
-        ("permanent.non_positive_price", Some(json(&good[0]).replacen("\"price\":\"", "\"price\":\"-", 1).into_bytes())),
-        ("permanent.bad_timestamp", Some(json(&good[0]).replace("2026-11-30T09:15:00.123Z", "SECRET").into_bytes())),
+        (
+            "permanent.not_notification",
+            Some(br#"{"id":"SECRET","symbol":"AAA"}"#.to_vec()),
+        ),
+        (
+            "permanent.id_mismatch",
+            Some(
+                json(&good[0])
+                    .replacen(&good[0].id, "SECRET:1:2:up", 1)
+                    .into_bytes(),
+            ),
+        ),
+        (
+            "permanent.non_positive_price",
+            Some(
+                json(&good[0])
+                    .replacen("\"price\":\"", "\"price\":\"-", 1)
+                    .into_bytes(),
+            ),
+        ),
+        (
+            "permanent.bad_timestamp",
+            Some(
+                json(&good[0])
+                    .replace("2026-11-30T09:15:00.123Z", "SECRET")
+                    .into_bytes(),
+            ),
+        ),
         ("permanent.invalid_data", Some(json(&nul).into_bytes())),
     ];
     let producer: FutureProducer = kafka().idempotent_producer().create().unwrap();
@@ -342,9 +515,13 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
             r = r.payload(v);
         }
         if trace {
-            r = r.headers(OwnedHeaders::new().insert(Header { key: "traceparent", value: Some("00-abc-def-01") }));
+            r = r.headers(OwnedHeaders::new().insert(Header {
+                key: "traceparent",
+                value: Some("00-abc-def-01"),
+            }));
         }
-        let d = futures::executor::block_on(producer.send(r, Duration::from_secs(30))).expect("producing");
+        let d = futures::executor::block_on(producer.send(r, Duration::from_secs(30)))
+            .expect("producing");
         d.offset
     };
     let mut offsets = vec![send(Some(&json(&good[0]).into_bytes()), false)];
@@ -357,30 +534,67 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
     let p = sink.spawn("0", &[]);
     sink.wait_stored(&ends, CAUGHT_UP);
     p.signal("TERM");
-    assert!(p.wait(EXIT).success(), "the sink kept going and stops cleanly");
+    assert!(
+        p.wait(EXIT).success(),
+        "the sink kept going and stops cleanly"
+    );
 
     let check = |db: &TestDb| {
         let dead = db.dead_letters();
-        assert_eq!(dead.len(), bad.len(), "one dead letter per bad record: {dead:?}");
+        assert_eq!(
+            dead.len(),
+            bad.len(),
+            "one dead letter per bad record: {dead:?}"
+        );
         for (i, (class, value)) in bad.iter().enumerate() {
-            let d = dead.iter().find(|d| d.offset == offsets[i + 1]).unwrap_or_else(|| panic!("no dead letter for {class}"));
+            let d = dead
+                .iter()
+                .find(|d| d.offset == offsets[i + 1])
+                .unwrap_or_else(|| panic!("no dead letter for {class}"));
             assert_eq!(d.class, *class, "offset {}", d.offset);
             assert_eq!(d.partition, 0);
             assert_eq!(&d.value, value, "raw bytes kept");
             assert!(!d.message.is_empty() && d.message.len() <= 256);
-            assert!(!d.message.contains("SECRET"), "the message never quotes the payload: {}", d.message);
+            assert!(
+                !d.message.contains("SECRET"),
+                "the message never quotes the payload: {}",
+                d.message
+            );
         }
-        assert_eq!(dead[0].headers, serde_json::json!([["traceparent", "00-abc-def-01"]]), "headers kept");
+        assert_eq!(
+            dead[0].headers,
+            serde_json::json!([["traceparent", "00-abc-def-01"]]),
+            "headers kept"
+        );
         let ids = db.ids();
-        assert_eq!(ids.len(), 2, "the good records around the bad ones are stored: {ids:?}");
+        assert_eq!(
+            ids.len(),
+            2,
+            "the good records around the bad ones are stored: {ids:?}"
+        );
         assert!(ids.contains(&good[0].id) && ids.contains(&good[good.len() - 1].id));
-        assert!(!ids.contains(&nul_row_replaced.id), "the refused row is a dead letter, not a row");
+        assert!(
+            !ids.contains(&nul_row_replaced.id),
+            "the refused row is a dead letter, not a row"
+        );
     };
     check(&sink.db);
     // Another group over the same records and database: every dead letter and row is stored once.
-    let again = SinkRun { group: format!("{}-again", sink.group), topic: topic.clone(), db: TestDb::create("unused"), extra: vec![] };
-    let q = again.command("0", &[]).env("DATABASE_URL", &sink.db.url).spawn().unwrap();
-    let q = common::Pipeline { child: q, instance: "again".into() };
+    let again = SinkRun {
+        group: format!("{}-again", sink.group),
+        topic: topic.clone(),
+        db: TestDb::create("unused"),
+        extra: vec![],
+    };
+    let q = again
+        .command("0", &[])
+        .env("DATABASE_URL", &sink.db.url)
+        .spawn()
+        .unwrap();
+    let q = common::Pipeline {
+        child: q,
+        instance: "again".into(),
+    };
     sink.db.wait_stored(&again.group, &topic, &ends, CAUGHT_UP);
     q.signal("TERM");
     assert!(q.wait(EXIT).success());
@@ -392,33 +606,60 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
 fn stored_offsets_never_move_backwards_and_a_stale_batch_doubles_nothing() {
     let _cluster = shared_cluster();
     let db = TestDb::create("sink_monotonic");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let input = notifications(5, 2_000, 61);
     assert!(input.len() >= 30);
     let batch = |range: std::ops::Range<usize>| {
         let mut b = Batch::default();
         for (i, n) in input[range].iter().enumerate() {
             let row = decode(Some(&serde_json::to_vec(n).unwrap()), 0, i as i64, 1 << 16).unwrap();
-            let raw = price_alerts::sink::record::RawRecord { key: None, value: None, headers: serde_json::json!([]), timestamp: None };
+            let raw = price_alerts::sink::record::RawRecord {
+                key: None,
+                value: None,
+                headers: serde_json::json!([]),
+                timestamp: None,
+            };
             b.next_offsets.insert(0, row.offset + 1);
             b.rows.push((row, raw));
         }
         b
     };
     let (stored, second, third) = rt.block_on(async {
-        let mut client = price_alerts::sink::db::connect(&db.options()).await.unwrap();
+        let mut client = price_alerts::sink::db::connect(&db.options())
+            .await
+            .unwrap();
         price_alerts::sink::db::migrate(&mut client).await.unwrap();
         let mut store = Store::new(client).await.unwrap();
         // B (the new owner) stored 0..30; then A, which owned the partition before, writes its
         // stale batch 0..20 late.
-        store.write("g", "t", &mut batch(0..30), None).await.unwrap();
-        let second = store.write("g", "t", &mut batch(0..20), None).await.unwrap();
+        store
+            .write("g", "t", &mut batch(0..30), None)
+            .await
+            .unwrap();
+        let second = store
+            .write("g", "t", &mut batch(0..20), None)
+            .await
+            .unwrap();
         let stored = store.offsets("g", "t").await.unwrap();
-        let third = store.write("g", "t", &mut batch(20..30), None).await.unwrap();
+        let third = store
+            .write("g", "t", &mut batch(20..30), None)
+            .await
+            .unwrap();
         (stored, second, third)
     });
-    assert_eq!(stored, BTreeMap::from([(0, 30)]), "the late, stale batch did not move the offset back");
-    assert_eq!((second.inserted, second.conflicted), (0, 20), "its rows were there already");
+    assert_eq!(
+        stored,
+        BTreeMap::from([(0, 30)]),
+        "the late, stale batch did not move the offset back"
+    );
+    assert_eq!(
+        (second.inserted, second.conflicted),
+        (0, 20),
+        "its rows were there already"
+    );
     assert_eq!((third.inserted, third.conflicted), (0, 10));
     assert_eq!(db.count("alerts"), 30);
     assert_eq!(db.offsets("g", "t"), BTreeMap::from([(0, 30)]));
@@ -431,24 +672,46 @@ fn the_password_never_reaches_the_logs_or_the_help() {
     let topic = format!("{}notifications", common::prefix("sink-secret"));
     create_topic(&topic, 1);
     let sink = SinkRun::new("sink_secret", &topic);
-    let password = sink.db.url.split("://").nth(1).and_then(|r| r.split('@').next()).and_then(|u| u.split(':').nth(1)).unwrap();
+    let password = sink
+        .db
+        .url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('@').next())
+        .and_then(|u| u.split(':').nth(1))
+        .unwrap();
     assert!(password.len() >= 8, "the test cluster uses a password");
     // Everything logged, the database driver's own debug output included.
-    let out = sink.command("0", &s(&["--exit-when-idle", "1s"])).env("RUST_LOG", "debug").output().unwrap();
+    let out = sink
+        .command("0", &s(&["--exit-when-idle", "1s"]))
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("alert-sink starting"), "{stderr}");
     assert!(!stderr.contains(password), "the password is in the logs");
     // A wrong password: refused at once, named as such, not echoed.
     let wrong = sink.db.url.replacen(password, "WRONG-SECRET-1234", 1);
-    let out = sink.command("0", &[]).env("DATABASE_URL", &wrong).env("RUST_LOG", "debug").output().unwrap();
+    let out = sink
+        .command("0", &[])
+        .env("DATABASE_URL", &wrong)
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("password authentication failed"), "{stderr}");
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("WRONG-SECRET"), "{stderr}");
     let out = sink.command("0", &s(&["--help"])).output().unwrap();
     assert!(out.status.success());
-    assert!(!String::from_utf8_lossy(&out.stdout).contains(password), "--help shows DATABASE_URL's value");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains(password),
+        "--help shows DATABASE_URL's value"
+    );
 }
 
 #[test]
@@ -456,25 +719,49 @@ fn the_password_never_reaches_the_logs_or_the_help() {
 fn tls_options_reach_the_connection() {
     let _cluster = shared_cluster();
     let cert = state_dir().join("server.crt");
-    assert!(cert.exists(), "scripts/postgres.sh makes a certificate when openssl is installed");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    assert!(
+        cert.exists(),
+        "scripts/postgres.sh makes a certificate when openssl is installed"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let ssl_of = |tls: TlsOptions| {
         let mut o = options(&admin_url());
         o.tls = tls;
         rt.block_on(async {
             let c = price_alerts::sink::db::connect(&o).await?;
             let row = c
-                .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
                 .await
                 .map_err(|e| price_alerts::sink::db::classify(&e))?;
             Ok::<bool, price_alerts::sink::db::DbError>(row.get(0))
         })
     };
-    let verified = TlsOptions { mode: Some(SslMode::VerifyFull), root_cert: Some(cert.clone()), ..TlsOptions::default() };
-    assert!(ssl_of(verified).unwrap(), "verify-full with the cluster's certificate: TLS");
-    assert!(!ssl_of(TlsOptions { mode: Some(SslMode::Disable), ..TlsOptions::default() }).unwrap());
+    let verified = TlsOptions {
+        mode: Some(SslMode::VerifyFull),
+        root_cert: Some(cert.clone()),
+        ..TlsOptions::default()
+    };
+    assert!(
+        ssl_of(verified).unwrap(),
+        "verify-full with the cluster's certificate: TLS"
+    );
+    assert!(!ssl_of(TlsOptions {
+        mode: Some(SslMode::Disable),
+        ..TlsOptions::default()
+    })
+    .unwrap());
     // A self-signed certificate without its root: refused, and a configuration error, not an outage.
-    let err = ssl_of(TlsOptions { mode: Some(SslMode::VerifyFull), ..TlsOptions::default() }).unwrap_err();
+    let err = ssl_of(TlsOptions {
+        mode: Some(SslMode::VerifyFull),
+        ..TlsOptions::default()
+    })
+    .unwrap_err();
     assert!(!err.is_unavailable(), "{err}");
 }
 
@@ -483,14 +770,31 @@ fn tls_options_reach_the_connection() {
 fn migrations_apply_once_even_when_two_instances_start_together() {
     let _cluster = shared_cluster();
     let sink = SinkRun::new("sink_migrate", "unused");
-    let a = sink.command("0", &s(&["migrate"])).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let b = sink.command("1", &s(&["migrate"])).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let a = sink
+        .command("0", &s(&["migrate"]))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b = sink
+        .command("1", &s(&["migrate"]))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(a.status.success() && b.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
     let versions = sink
         .db
         .with(async |c| {
-            let rows = c.query("SELECT version FROM refinery_schema_history ORDER BY version", &[]).await?;
+            let rows = c
+                .query(
+                    "SELECT version FROM refinery_schema_history ORDER BY version",
+                    &[],
+                )
+                .await?;
             Ok(rows.iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>())
         })
         .unwrap();
@@ -502,7 +806,10 @@ fn migrations_apply_once_even_when_two_instances_start_together() {
 
 #[test]
 fn a_missing_database_url_is_refused_with_a_clear_message() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_alert-sink")).env_remove("DATABASE_URL").output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_alert-sink"))
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url or set DATABASE_URL"));
 }

@@ -9,10 +9,15 @@ use rdkafka::client::DefaultClientContext;
 
 fn topic_config(topic: &str, name: &str) -> String {
     let admin: AdminClient<DefaultClientContext> = kafka().admin().create().unwrap();
-    let res = futures::executor::block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new()))
-        .unwrap();
+    let res = futures::executor::block_on(
+        admin.describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new()),
+    )
+    .unwrap();
     let config = res.into_iter().next().unwrap().unwrap();
-    config.get(name).and_then(|e| e.value.clone()).unwrap_or_default()
+    config
+        .get(name)
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -24,15 +29,26 @@ fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
     assert_eq!(n, 5);
     let probe: rdkafka::consumer::BaseConsumer = kafka().admin().create().unwrap();
     for name in [&t.input, &t.notifications, &t.changelog, &t.dlq] {
-        let parts = price_alerts::kafka::read::partition_count(&probe, name, std::time::Duration::from_secs(10)).unwrap();
+        let parts = price_alerts::kafka::read::partition_count(
+            &probe,
+            name,
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
         assert_eq!(parts, 5, "{name}");
     }
     assert_eq!(topic_config(&t.changelog, "cleanup.policy"), "compact");
     assert_eq!(topic_config(&t.notifications, "cleanup.policy"), "delete");
     // Dead letters are raw payloads: kept two weeks by default, not at the broker's default.
-    assert_eq!(topic_config(&t.dlq, "retention.ms"), (14 * 24 * 3600 * 1000u64).to_string());
+    assert_eq!(
+        topic_config(&t.dlq, "retention.ms"),
+        (14 * 24 * 3600 * 1000u64).to_string()
+    );
     // A second start finds everything in place.
-    assert_eq!(futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap(), 5);
+    assert_eq!(
+        futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap(),
+        5
+    );
 }
 
 #[test]
@@ -43,14 +59,27 @@ fn a_changelog_with_another_partition_count_is_refused() {
     futures::executor::block_on(create_topics(
         &kafka(),
         &[
-            TopicSpec { name: t.input.clone(), partitions: 4, compacted: false, retention: None },
-            TopicSpec { name: t.changelog.clone(), partitions: 2, compacted: true, retention: None },
+            TopicSpec {
+                name: t.input.clone(),
+                partitions: 4,
+                compacted: false,
+                retention: None,
+            },
+            TopicSpec {
+                name: t.changelog.clone(),
+                partitions: 2,
+                compacted: true,
+                retention: None,
+            },
         ],
     ))
     .unwrap();
     let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
     let msg = format!("{err:#}");
-    assert!(msg.contains("has 2 partitions but input") && msg.contains("must match"), "{msg}");
+    assert!(
+        msg.contains("has 2 partitions but input") && msg.contains("must match"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -66,7 +95,10 @@ fn a_missing_input_is_refused_when_no_partition_count_is_given() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn the_dlq_is_created_with_the_retention_asked_for() {
     let prefix = common::prefix("retention");
-    let t = Topics { dlq_retention: std::time::Duration::from_secs(3 * 24 * 3600), ..Topics::prefixed(&prefix, "app") };
+    let t = Topics {
+        dlq_retention: std::time::Duration::from_secs(3 * 24 * 3600),
+        ..Topics::prefixed(&prefix, "app")
+    };
     futures::executor::block_on(topics::ensure(&kafka(), &t, Some(1))).unwrap();
     assert_eq!(topic_config(&t.dlq, "retention.ms"), "259200000");
 }

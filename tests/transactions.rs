@@ -3,14 +3,14 @@
 
 mod common;
 
-use price_alerts::kafka::Isolation;
-use price_alerts::tools::demo::{self, DemoOptions};
-use price_alerts::pipeline::Engine;
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::count_records;
+use price_alerts::kafka::Isolation;
+use price_alerts::pipeline::Engine;
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
+use price_alerts::tools::demo::{self, DemoOptions};
 use rust_decimal::Decimal;
 use std::time::Duration;
 
@@ -20,7 +20,14 @@ fn rules(n: usize) -> Rules {
 
 /// Ticks for symbols 0..n at `price` with `seq`.
 fn ticks(n: usize, price: i64, seq: u64) -> Vec<Tick> {
-    (0..n).map(|i| Tick { symbol: format!("S{i}"), price: Decimal::from(price), seq, ts: None }).collect()
+    (0..n)
+        .map(|i| Tick {
+            symbol: format!("S{i}"),
+            price: Decimal::from(price),
+            seq,
+            ts: None,
+        })
+        .collect()
 }
 
 #[test]
@@ -38,12 +45,22 @@ fn demo_figures_five_versus_ten_then_ten_versus_fifteen() {
     assert_eq!((a.read_committed, a.read_uncommitted), (5, 5));
     let b = report.phase("batch B").unwrap();
     assert_eq!((b.read_committed, b.read_uncommitted), (5, 10));
-    assert_eq!(b.committed, a.committed, "the abort leaves the committed offsets at the end of batch A");
+    assert_eq!(
+        b.committed, a.committed,
+        "the abort leaves the committed offsets at the end of batch A"
+    );
     assert_eq!(b.committed, b.expected_offsets);
     let r = report.phase("restart").unwrap();
     assert_eq!((r.read_committed, r.read_uncommitted), (10, 15));
-    assert_eq!(r.committed, r.expected_offsets, "after the redo the offsets stand at the end of batch B");
-    assert_eq!(r.committed.values().sum::<i64>(), 20, "20 ticks, no transactional input: offsets are counts here");
+    assert_eq!(
+        r.committed, r.expected_offsets,
+        "after the redo the offsets stand at the end of batch B"
+    );
+    assert_eq!(
+        r.committed.values().sum::<i64>(),
+        20,
+        "20 ticks, no transactional input: offsets are counts here"
+    );
     assert!(report.ok());
 }
 
@@ -57,12 +74,28 @@ fn abort_only_shows_nothing_to_committed_readers_and_keeps_offsets() {
     // Below the threshold first (no notification), then all cross: 8 notifications, aborted.
     produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 90, 1)).unwrap();
     produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 120, 2)).unwrap();
-    engine.process_records(16, Duration::from_secs(60)).expect("records processed");
+    engine
+        .process_records(16, Duration::from_secs(60))
+        .expect("records processed");
     engine.stage_and_flush().unwrap();
     engine.abort().unwrap();
-    assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(), 0);
-    assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadUncommitted).unwrap(), 8);
-    assert_eq!(count_records(&s.kafka, &s.topics.changelog, Isolation::ReadCommitted).unwrap(), 0);
+    assert_eq!(
+        count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(),
+        0
+    );
+    assert_eq!(
+        count_records(
+            &s.kafka,
+            &s.topics.notifications,
+            Isolation::ReadUncommitted
+        )
+        .unwrap(),
+        8
+    );
+    assert_eq!(
+        count_records(&s.kafka, &s.topics.changelog, Isolation::ReadCommitted).unwrap(),
+        0
+    );
     assert_eq!(
         committed_offsets(&s.kafka, s.group_id(), &s.topics.input).unwrap(),
         vec![None, None],
@@ -81,17 +114,41 @@ fn commit_makes_outputs_state_and_offsets_visible_together() {
     let engine = Engine::start(s.clone()).unwrap();
     let mut landed = produce_ticks(&s.kafka, &s.topics.input, &ticks(6, 90, 1)).unwrap();
     landed.extend(produce_ticks(&s.kafka, &s.topics.input, &ticks(6, 150, 2)).unwrap());
-    engine.process_records(12, Duration::from_secs(60)).expect("records processed");
+    engine
+        .process_records(12, Duration::from_secs(60))
+        .expect("records processed");
     assert!(engine.commit().unwrap());
-    assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(), 6);
-    assert_eq!(count_records(&s.kafka, &s.topics.notifications, Isolation::ReadUncommitted).unwrap(), 6);
+    assert_eq!(
+        count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(),
+        6
+    );
+    assert_eq!(
+        count_records(
+            &s.kafka,
+            &s.topics.notifications,
+            Isolation::ReadUncommitted
+        )
+        .unwrap(),
+        6
+    );
     // One state record per symbol: the batch's changes are coalesced.
-    assert_eq!(count_records(&s.kafka, &s.topics.changelog, Isolation::ReadCommitted).unwrap(), 6);
-    let committed: Vec<Option<i64>> = committed_offsets(&s.kafka, s.group_id(), &s.topics.input).unwrap();
+    assert_eq!(
+        count_records(&s.kafka, &s.topics.changelog, Isolation::ReadCommitted).unwrap(),
+        6
+    );
+    let committed: Vec<Option<i64>> =
+        committed_offsets(&s.kafka, s.group_id(), &s.topics.input).unwrap();
     let expected = next_offsets(&landed);
     for (p, o) in committed.iter().enumerate() {
         assert_eq!(*o, expected.get(&(p as i32)).copied(), "partition {p}");
     }
     let stats = engine.close().unwrap();
-    assert_eq!((stats.commits, stats.committed_records, stats.committed_notifications), (1, 12, 6));
+    assert_eq!(
+        (
+            stats.commits,
+            stats.committed_records,
+            stats.committed_notifications
+        ),
+        (1, 12, 6)
+    );
 }

@@ -16,6 +16,7 @@
 //! hits all of them alike; medians are reported with their spread.
 
 use crate::stats::{median, percentile};
+use anyhow::{anyhow, bail, Context as _};
 use price_alerts::alert::Notification;
 use price_alerts::kafka::feed::{next_offsets, Feed};
 use price_alerts::kafka::offsets::committed_offsets;
@@ -23,7 +24,6 @@ use price_alerts::kafka::read::{reader, Reader};
 use price_alerts::kafka::topics::{self, unique_suffix, Topics};
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::tools::generate::{generate, GenOptions};
-use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -51,10 +51,18 @@ impl Config {
 
     /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for.
     pub fn list(intervals_ms: &[u64], at_least_once: bool) -> Vec<Config> {
-        let mut configs: Vec<Config> =
-            intervals_ms.iter().map(|&ms| Config { guarantee: "exactly-once", commit_interval_ms: ms }).collect();
+        let mut configs: Vec<Config> = intervals_ms
+            .iter()
+            .map(|&ms| Config {
+                guarantee: "exactly-once",
+                commit_interval_ms: ms,
+            })
+            .collect();
         if at_least_once {
-            configs.push(Config { guarantee: "at-least-once", commit_interval_ms: 100 });
+            configs.push(Config {
+                guarantee: "at-least-once",
+                commit_interval_ms: 100,
+            });
         }
         configs
     }
@@ -122,7 +130,8 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Resu
     let mut results = Vec::new();
     for repeat in 0..opts.repeats {
         for config in &opts.configs {
-            let r = run_one(opts, config, repeat).with_context(|| format!("run {} #{repeat}", config.label()))?;
+            let r = run_one(opts, config, repeat)
+                .with_context(|| format!("run {} #{repeat}", config.label()))?;
             progress(&r);
             results.push(r);
         }
@@ -154,11 +163,18 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
 
 /// Writes `results.json` (summaries and every run) and `results.md` (the table) into `dir`;
 /// returns the table.
-pub fn write_outputs(dir: &Path, configs: &[Config], results: &[RunResult]) -> anyhow::Result<String> {
+pub fn write_outputs(
+    dir: &Path,
+    configs: &[Config],
+    results: &[RunResult],
+) -> anyhow::Result<String> {
     let summary = summarize(configs, results);
     let table = table(&summary);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(&(&summary, results))?)?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_vec_pretty(&(&summary, results))?,
+    )?;
     std::fs::write(dir.join("results.md"), &table)?;
     Ok(table)
 }
@@ -187,7 +203,11 @@ pub fn table(summaries: &[Summary]) -> String {
 fn run_one(opts: &Options, config: &Config, repeat: usize) -> anyhow::Result<RunResult> {
     let prefix = format!("pbench-{}-", unique_suffix());
     let app_id = format!("{prefix}app");
-    let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
+    let topics = Topics::with(
+        format!("{prefix}market-updates"),
+        format!("{prefix}notifications"),
+        &app_id,
+    );
     let kafka = &opts.kafka;
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
     let result = measure(opts, config, repeat, &app_id, &topics);
@@ -205,7 +225,13 @@ impl Drop for ChildGuard {
     }
 }
 
-fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics: &Topics) -> anyhow::Result<RunResult> {
+fn measure(
+    opts: &Options,
+    config: &Config,
+    repeat: usize,
+    app_id: &str,
+    topics: &Topics,
+) -> anyhow::Result<RunResult> {
     let kafka = &opts.kafka;
     let (rules, ticks) = generate(&GenOptions {
         symbols: opts.symbols,
@@ -221,9 +247,21 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     let mut landed = feed.send_ticks(&topics.input, backlog)?;
 
     let child = Command::new(&opts.binary)
-        .args(["--rules", path_str(&rules_path)?, "--app-id", app_id, "--bootstrap", &kafka.bootstrap])
+        .args([
+            "--rules",
+            path_str(&rules_path)?,
+            "--app-id",
+            app_id,
+            "--bootstrap",
+            &kafka.bootstrap,
+        ])
         .args(["--input", &topics.input, "--output", &topics.notifications])
-        .args(["--guarantee", config.guarantee, "--commit-interval", &format!("{}ms", config.commit_interval_ms)])
+        .args([
+            "--guarantee",
+            config.guarantee,
+            "--commit-interval",
+            &format!("{}ms", config.commit_interval_ms),
+        ])
         .args(["--metrics-addr", &metrics_addr])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -235,7 +273,9 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     let target = next_offsets(&landed);
     let total: i64 = target.values().sum();
     let deadline = Instant::now() + Duration::from_secs(600);
-    while price_alerts::metrics::scrape(&metrics_addr, "alerts_partitions_restored_total") < f64::from(opts.partitions) {
+    while price_alerts::metrics::scrape(&metrics_addr, "alerts_partitions_restored_total")
+        < f64::from(opts.partitions)
+    {
         if Instant::now() > deadline {
             bail!("the pipeline never reported its partitions restored");
         }
@@ -243,7 +283,10 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     }
     let ready = Instant::now();
     let ticks_per_sec = loop {
-        let pos: i64 = committed_offsets(kafka, app_id, &topics.input)?.into_iter().flatten().sum();
+        let pos: i64 = committed_offsets(kafka, app_id, &topics.input)?
+            .into_iter()
+            .flatten()
+            .sum();
         if pos >= total {
             break total as f64 / ready.elapsed().as_secs_f64();
         }
@@ -256,7 +299,12 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     // Latency: paced ticks while a read_committed consumer tails the notifications.
     let stop = Arc::new(AtomicBool::new(false));
     let tail = {
-        let (kafka, topic, partitions, stop) = (kafka.clone(), topics.notifications.clone(), opts.partitions, stop.clone());
+        let (kafka, topic, partitions, stop) = (
+            kafka.clone(),
+            topics.notifications.clone(),
+            opts.partitions,
+            stop.clone(),
+        );
         std::thread::spawn(move || tail_latencies(&kafka, &topic, partitions, &stop))
     };
     let slices = 20usize;
@@ -270,7 +318,10 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
     let target = next_offsets(&landed);
     loop {
         let committed = committed_offsets(kafka, app_id, &topics.input)?;
-        if target.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
+        if target
+            .iter()
+            .all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o))
+        {
             break;
         }
         if Instant::now() > deadline {
@@ -279,10 +330,14 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
-    let latencies = tail.join().map_err(|_| anyhow!("latency reader panicked"))??;
+    let latencies = tail
+        .join()
+        .map_err(|_| anyhow!("latency reader panicked"))??;
 
     let peak_rss_mib = peak_rss_kib(child.0.id()).unwrap_or(0) as f64 / 1024.0;
-    let status = Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status()?;
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()?;
     if !status.success() {
         bail!("could not stop the pipeline");
     }
@@ -304,12 +359,18 @@ fn measure(opts: &Options, config: &Config, repeat: usize, app_id: &str, topics:
 }
 
 fn path_str(p: &Path) -> anyhow::Result<&str> {
-    p.to_str().ok_or_else(|| anyhow!("path {} is not UTF-8", p.display()))
+    p.to_str()
+        .ok_or_else(|| anyhow!("path {} is not UTF-8", p.display()))
 }
 
 /// Tails `topic` read_committed from its current end until `stop` is set and every partition is
 /// at its end; returns the latency of each notification in milliseconds.
-fn tail_latencies(kafka: &KafkaConfig, topic: &str, partitions: i32, stop: &AtomicBool) -> anyhow::Result<Vec<f64>> {
+fn tail_latencies(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+    stop: &AtomicBool,
+) -> anyhow::Result<Vec<f64>> {
     let consumer = reader(kafka, Isolation::ReadCommitted)?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
@@ -322,7 +383,9 @@ fn tail_latencies(kafka: &KafkaConfig, topic: &str, partitions: i32, stop: &Atom
             Some(Ok(m)) => {
                 let seen = now_ms();
                 let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())?;
-                let appended = OffsetDateTime::parse(&n.tick_ts, &Rfc3339)?.unix_timestamp_nanos() as f64 / 1e6;
+                let appended = OffsetDateTime::parse(&n.tick_ts, &Rfc3339)?.unix_timestamp_nanos()
+                    as f64
+                    / 1e6;
                 latencies.push(seen - appended);
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => {
@@ -354,11 +417,16 @@ fn caught_up(consumer: &Reader, topic: &str, partitions: i32) -> anyhow::Result<
 
 /// A port nothing listens on right now, for the child's metrics endpoint.
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn now_ms() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
 }
 
 /// Peak resident set of a process, from /proc (Linux).

@@ -18,15 +18,24 @@
 //! a shared machine hits them alike; medians are reported with their spread.
 
 use crate::stats::{median, percentile};
+use anyhow::{bail, Context as _};
+use price_alerts::alert::Notification;
 use price_alerts::kafka::feed::Feed;
+use price_alerts::kafka::offsets::position_list;
+use price_alerts::kafka::read::reader;
 use price_alerts::kafka::topics::{create_topics, delete_topics, unique_suffix, TopicSpec};
-use price_alerts::kafka::KafkaConfig;
+use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::metrics::scrape;
 use price_alerts::tools::generate::{generate, GenOptions};
-use anyhow::{bail, Context as _};
+use rdkafka::consumer::Consumer as _;
+use rdkafka::message::Message as _;
+use rdkafka::Offset;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// What to run.
@@ -58,6 +67,10 @@ pub struct RunResult {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub latency_samples: usize,
+    /// The sink's own share: the notification visible to a read_committed reader -> its row
+    /// visible. The rest of the tick-to-row time is the pipeline's.
+    pub sink_share_p50_ms: f64,
+    pub sink_share_p99_ms: f64,
 }
 
 /// Medians over the repeats.
@@ -70,6 +83,9 @@ pub struct Summary {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub latency_p99_range: (f64, f64),
+    pub sink_share_p50_ms: f64,
+    pub sink_share_p99_ms: f64,
+    pub sink_share_p99_range: (f64, f64),
 }
 
 /// Runs the repeats, interleaved; `progress` is told of each.
@@ -77,8 +93,12 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Resu
     let mut out = Vec::new();
     for repeat in 0..opts.repeats {
         let batched = throughput(opts, opts.rows, &[], repeat).context("batched run")?;
-        let naive = throughput(opts, opts.naive_rows, &["--max-batch", "1"], repeat).context("naive run")?;
-        let lat = latency(opts, repeat).context("latency run")?;
+        let naive = throughput(opts, opts.naive_rows, &["--max-batch", "1"], repeat)
+            .context("naive run")?;
+        let Latency {
+            total: lat,
+            sink_share,
+        } = latency(opts, repeat).context("latency run")?;
         let r = RunResult {
             repeat,
             batched_rows_per_sec: batched,
@@ -86,6 +106,8 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Resu
             latency_p50_ms: percentile(&lat, 50.0).unwrap_or(f64::NAN),
             latency_p99_ms: percentile(&lat, 99.0).unwrap_or(f64::NAN),
             latency_samples: lat.len(),
+            sink_share_p50_ms: percentile(&sink_share, 50.0).unwrap_or(f64::NAN),
+            sink_share_p99_ms: percentile(&sink_share, 99.0).unwrap_or(f64::NAN),
         };
         progress(&r);
         out.push(r);
@@ -102,13 +124,18 @@ fn spread(v: &[f64]) -> (f64, f64, f64) {
 pub fn summarize(results: &[RunResult]) -> Summary {
     let of = |f: fn(&RunResult) -> f64| results.iter().map(f).collect::<Vec<f64>>();
     let p99 = of(|r| r.latency_p99_ms);
+    let share_p99 = of(|r| r.sink_share_p99_ms);
     Summary {
         batched_rows_per_sec: spread(&of(|r| r.batched_rows_per_sec)),
         naive_rows_per_sec: spread(&of(|r| r.naive_rows_per_sec)),
-        paired_ratio: median(&of(|r| r.batched_rows_per_sec / r.naive_rows_per_sec)).unwrap_or(f64::NAN),
+        paired_ratio: median(&of(|r| r.batched_rows_per_sec / r.naive_rows_per_sec))
+            .unwrap_or(f64::NAN),
         latency_p50_ms: median(&of(|r| r.latency_p50_ms)).unwrap_or(f64::NAN),
         latency_p99_ms: median(&p99).unwrap_or(f64::NAN),
         latency_p99_range: (spread(&p99).1, spread(&p99).2),
+        sink_share_p50_ms: median(&of(|r| r.sink_share_p50_ms)).unwrap_or(f64::NAN),
+        sink_share_p99_ms: median(&share_p99).unwrap_or(f64::NAN),
+        sink_share_p99_range: (spread(&share_p99).1, spread(&share_p99).2),
     }
 }
 
@@ -119,7 +146,9 @@ pub fn table(s: &Summary, opts: &Options) -> String {
          | naive rows/s (--max-batch 1, {} rows) | {:.0} | {:.0}-{:.0} |\n\
          | batched / naive (paired) | {:.1}x | |\n\
          | tick append -> row visible p50 | {:.0} ms | |\n\
-         | tick append -> row visible p99 | {:.0} ms | {:.0}-{:.0} |\n",
+         | tick append -> row visible p99 | {:.0} ms | {:.0}-{:.0} |\n\
+         | notification visible -> row visible (the sink's share) p50 | {:.0} ms | |\n\
+         | notification visible -> row visible (the sink's share) p99 | {:.0} ms | {:.0}-{:.0} |\n",
         opts.rows,
         s.batched_rows_per_sec.0,
         s.batched_rows_per_sec.1,
@@ -133,6 +162,10 @@ pub fn table(s: &Summary, opts: &Options) -> String {
         s.latency_p99_ms,
         s.latency_p99_range.0,
         s.latency_p99_range.1,
+        s.sink_share_p50_ms,
+        s.sink_share_p99_ms,
+        s.sink_share_p99_range.0,
+        s.sink_share_p99_range.1,
     )
 }
 
@@ -172,18 +205,27 @@ impl BenchDb {
         sql(admin, &format!("CREATE DATABASE {name}"))?;
         let base = admin.split('?').next().unwrap_or(admin);
         let url = format!("{}/{name}", base.rsplit_once('/').map_or(base, |(b, _)| b));
-        Ok(BenchDb { admin: admin.to_owned(), name, url })
+        Ok(BenchDb {
+            admin: admin.to_owned(),
+            name,
+            url,
+        })
     }
 }
 
 impl Drop for BenchDb {
     fn drop(&mut self) {
-        let _ = sql(&self.admin, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        let _ = sql(
+            &self.admin,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
     }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn sql(url: &str, statement: &str) -> anyhow::Result<()> {
@@ -196,12 +238,27 @@ fn sql(url: &str, statement: &str) -> anyhow::Result<()> {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
-fn sink(opts: &Options, db: &BenchDb, topic: &str, metrics: &str, extra: &[&str]) -> anyhow::Result<ChildGuard> {
+fn sink(
+    opts: &Options,
+    db: &BenchDb,
+    topic: &str,
+    metrics: &str,
+    extra: &[&str],
+) -> anyhow::Result<ChildGuard> {
     let child = Command::new(opts.bin_dir.join("alert-sink"))
-        .args(["--bootstrap", &opts.kafka.bootstrap, "--topic", topic, "--group", &format!("{topic}-sink")])
+        .args([
+            "--bootstrap",
+            &opts.kafka.bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            &format!("{topic}-sink"),
+        ])
         .args(["--metrics-addr", metrics])
         .args(extra)
         .env("DATABASE_URL", &db.url)
@@ -233,16 +290,29 @@ fn notifications(n: usize, seed: u64) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
         .map(|i| {
             let symbol = price_alerts::tools::generate::symbol(i % 200);
             let price = Decimal::new(100_000 + ((i as i64 * 7919 + seed as i64) % 5_000), 2);
-            let tick = price_alerts::tick::Tick { symbol: symbol.clone(), price, seq: (i / 200) as u64 + 1, ts: None };
+            let tick = price_alerts::tick::Tick {
+                symbol: symbol.clone(),
+                price,
+                seq: (i / 200) as u64 + 1,
+                ts: None,
+            };
             let up = i % 2 == 0;
             let crossing = Crossing {
                 threshold: Decimal::new(100_000, 2),
                 direction: if up { Direction::Up } else { Direction::Down },
                 previous_price: Decimal::new(99_950, 2),
             };
-            let source = Source { topic: "market-updates".into(), partition: 0, offset: i as i64 };
-            let note = Notification::new(&tick, &crossing, price_alerts::dlq::now_rfc3339(), source);
-            (Some(symbol.into_bytes()), serde_json::to_vec(&note).unwrap_or_default())
+            let source = Source {
+                topic: "market-updates".into(),
+                partition: 0,
+                offset: i as i64,
+            };
+            let note =
+                Notification::new(&tick, &crossing, price_alerts::dlq::now_rfc3339(), source);
+            (
+                Some(symbol.into_bytes()),
+                serde_json::to_vec(&note).unwrap_or_default(),
+            )
         })
         .collect()
 }
@@ -250,7 +320,12 @@ fn notifications(n: usize, seed: u64) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
 /// Rows/s of one sink run over `rows` pre-loaded notifications.
 fn throughput(opts: &Options, rows: usize, extra: &[&str], repeat: usize) -> anyhow::Result<f64> {
     let topic = format!("sbench-{}-notifications", unique_suffix());
-    let spec = TopicSpec { name: topic.clone(), partitions: opts.partitions, compacted: false, retention: None };
+    let spec = TopicSpec {
+        name: topic.clone(),
+        partitions: opts.partitions,
+        compacted: false,
+        retention: None,
+    };
     futures::executor::block_on(create_topics(&opts.kafka, &[spec]))?;
     let result = (|| {
         let records = notifications(rows, 7000 + repeat as u64);
@@ -259,9 +334,11 @@ fn throughput(opts: &Options, rows: usize, extra: &[&str], repeat: usize) -> any
         let metrics = format!("127.0.0.1:{}", free_port()?);
         let child = sink(opts, &db, &topic, &metrics, extra)?;
         let parts = f64::from(opts.partitions);
-        wait_until(Duration::from_secs(120), "the sink owning every partition", || {
-            scrape(&metrics, "alerts_sink_assigned_partitions") == parts
-        })?;
+        wait_until(
+            Duration::from_secs(120),
+            "the sink owning every partition",
+            || scrape(&metrics, "alerts_sink_assigned_partitions") == parts,
+        )?;
         let started = Instant::now();
         wait_until(Duration::from_secs(900), "the backlog stored", || {
             scrape(&metrics, "alerts_sink_records_total") >= rows as f64
@@ -275,23 +352,78 @@ fn throughput(opts: &Options, rows: usize, extra: &[&str], repeat: usize) -> any
 }
 
 /// Tick append -> row visible, in ms, of every row of a paced run behind the pipeline.
-fn latency(opts: &Options, repeat: usize) -> anyhow::Result<Vec<f64>> {
+/// Latency samples of one run, in ms.
+struct Latency {
+    /// Tick append -> row visible (NOTIFY arrival).
+    total: Vec<f64>,
+    /// Notification first seen by a read_committed reader -> row visible: what the sink adds.
+    sink_share: Vec<f64>,
+}
+
+/// A read_committed reader of every partition of `topic` on a thread of its own, recording when
+/// each notification id first becomes visible, until `stop` is set.
+fn watch_visible(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<std::thread::JoinHandle<HashMap<String, SystemTime>>> {
+    let reader = reader(kafka, Isolation::ReadCommitted)?;
+    reader.assign(&position_list(
+        topic,
+        (0..partitions).map(|p| (p, Offset::Beginning)),
+    )?)?;
+    Ok(std::thread::spawn(move || {
+        let mut seen = HashMap::new();
+        while !stop.load(Ordering::Relaxed) {
+            let Some(Ok(m)) = reader.poll(Duration::from_millis(5)) else {
+                continue;
+            };
+            let at = SystemTime::now();
+            if let Some(n) = m
+                .payload()
+                .and_then(|p| serde_json::from_slice::<Notification>(p).ok())
+            {
+                seen.entry(n.id).or_insert(at);
+            }
+        }
+        seen
+    }))
+}
+
+fn latency(opts: &Options, repeat: usize) -> anyhow::Result<Latency> {
     let prefix = format!("slat-{}-", unique_suffix());
-    let (input, output) = (format!("{prefix}market-updates"), format!("{prefix}notifications"));
+    let (input, output) = (
+        format!("{prefix}market-updates"),
+        format!("{prefix}notifications"),
+    );
     let app = format!("{prefix}app");
     let topics = price_alerts::kafka::topics::Topics::with(input.clone(), output.clone(), &app);
-    futures::executor::block_on(price_alerts::kafka::topics::ensure(&opts.kafka, &topics, Some(opts.partitions)))?;
+    futures::executor::block_on(price_alerts::kafka::topics::ensure(
+        &opts.kafka,
+        &topics,
+        Some(opts.partitions),
+    ))?;
     let result = (|| {
-        let (rules, ticks) = generate(&GenOptions { symbols: 200, ticks: opts.latency_ticks, seed: 9000 + repeat as u64, stale_every: 0 });
+        let (rules, ticks) = generate(&GenOptions {
+            symbols: 200,
+            ticks: opts.latency_ticks,
+            seed: 9000 + repeat as u64,
+            stale_every: 0,
+        });
         let rules_path = std::env::temp_dir().join(format!("{app}-rules.toml"));
         std::fs::write(&rules_path, rules.to_toml())?;
         let db = BenchDb::create(&opts.admin_url)?;
         // A worker thread of its own: the listening connection is driven while this thread paces.
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
         // The bench's own trigger: NOTIFY at commit, with the row's id and tick time.
         let (tx, rx) = std::sync::mpsc::channel::<(String, SystemTime)>();
         let listener = rt.block_on(async {
-            let (client, mut conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await?;
+            let (client, mut conn) =
+                tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await?;
             let stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
             let task = tokio::spawn(async move {
                 use futures::StreamExt;
@@ -306,9 +438,24 @@ fn latency(opts: &Options, repeat: usize) -> anyhow::Result<Vec<f64>> {
         })?;
         let pipeline = ChildGuard(
             Command::new(opts.bin_dir.join("alert-pipeline"))
-                .args(["--rules", rules_path.to_str().context("utf-8 path")?, "--app-id", &app])
-                .args(["--bootstrap", &opts.kafka.bootstrap, "--input", &input, "--output", &output])
-                .args(["--commit-interval", &format!("{}ms", opts.pipeline_commit_ms)])
+                .args([
+                    "--rules",
+                    rules_path.to_str().context("utf-8 path")?,
+                    "--app-id",
+                    &app,
+                ])
+                .args([
+                    "--bootstrap",
+                    &opts.kafka.bootstrap,
+                    "--input",
+                    &input,
+                    "--output",
+                    &output,
+                ])
+                .args([
+                    "--commit-interval",
+                    &format!("{}ms", opts.pipeline_commit_ms),
+                ])
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
                 .spawn()
@@ -316,10 +463,14 @@ fn latency(opts: &Options, repeat: usize) -> anyhow::Result<Vec<f64>> {
         );
         let metrics = format!("127.0.0.1:{}", free_port()?);
         let sink = sink(opts, &db, &output, &metrics, &[])?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let visible = watch_visible(&opts.kafka, &output, opts.partitions, stop.clone())?;
         let parts = f64::from(opts.partitions);
-        wait_until(Duration::from_secs(120), "the sink owning every partition", || {
-            scrape(&metrics, "alerts_sink_assigned_partitions") == parts
-        })?;
+        wait_until(
+            Duration::from_secs(120),
+            "the sink owning every partition",
+            || scrape(&metrics, "alerts_sink_assigned_partitions") == parts,
+        )?;
         // The schema exists once the sink owns partitions (it migrates before subscribing).
         rt.block_on(listener.0.batch_execute(
             "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -331,7 +482,9 @@ fn latency(opts: &Options, repeat: usize) -> anyhow::Result<Vec<f64>> {
         let feed = Feed::new(&opts.kafka)?;
         let (warm, paced) = ticks.split_at(ticks.len() / 10);
         feed.send_ticks(&input, warm)?;
-        wait_until(Duration::from_secs(120), "the first rows", || rx.try_recv().is_ok())?;
+        wait_until(Duration::from_secs(120), "the first rows", || {
+            rx.try_recv().is_ok()
+        })?;
         while rx.try_recv().is_ok() {}
         let step = Duration::from_millis(10);
         let per_step = (opts.latency_rate / 100).max(1);
@@ -343,18 +496,37 @@ fn latency(opts: &Options, repeat: usize) -> anyhow::Result<Vec<f64>> {
         }
         // Everything visible by now plus a margin: collect what arrived.
         std::thread::sleep(Duration::from_secs(2)); // pacing: the last commits' margin, not a condition
-        let mut samples = Vec::new();
+        stop.store(true, Ordering::Relaxed);
+        let visible = visible
+            .join()
+            .map_err(|_| anyhow::anyhow!("the visibility reader panicked"))?;
+        let millis = |t: SystemTime| {
+            t.duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0)
+        };
+        let (mut total, mut sink_share) = (Vec::new(), Vec::new());
         while let Ok((payload, seen)) = rx.try_recv() {
-            let Some(ms) = payload.rsplit(' ').next().and_then(|s| s.parse::<i64>().ok()) else { continue };
-            let seen_ms = seen.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-            samples.push((seen_ms - ms) as f64);
+            let Some((id, ms)) = payload.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(ms) = ms.parse::<i64>() else { continue };
+            total.push((millis(seen) - ms) as f64);
+            if let Some(&at) = visible.get(id) {
+                sink_share.push((millis(seen) - millis(at)) as f64);
+            }
         }
         sink.stop()?;
         pipeline.stop()?;
         listener.1.abort();
-        Ok(samples)
+        Ok(Latency { total, sink_share })
     })();
-    let names = [&topics.input, &topics.notifications, &topics.changelog, &topics.dlq];
+    let names = [
+        &topics.input,
+        &topics.notifications,
+        &topics.changelog,
+        &topics.dlq,
+    ];
     let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
     let _ = futures::executor::block_on(delete_topics(&opts.kafka, &names));
     result

@@ -22,7 +22,12 @@ impl Spread {
     /// The spread of `samples`, or `None` when there is no (non-NaN) sample.
     pub fn of(samples: &[f64]) -> Option<Spread> {
         let sorted = sorted(samples);
-        Some(Spread { n: sorted.len(), median: median_sorted(&sorted)?, min: *sorted.first()?, max: *sorted.last()? })
+        Some(Spread {
+            n: sorted.len(),
+            median: median_sorted(&sorted)?,
+            min: *sorted.first()?,
+            max: *sorted.last()?,
+        })
     }
 }
 
@@ -116,7 +121,15 @@ mod tests {
     #[test]
     fn spread_summarises_repeats() {
         let s = Spread::of(&[120.0, 100.0, 90.0]).unwrap();
-        assert_eq!(s, Spread { n: 3, median: 100.0, min: 90.0, max: 120.0 });
+        assert_eq!(
+            s,
+            Spread {
+                n: 3,
+                median: 100.0,
+                min: 90.0,
+                max: 120.0
+            }
+        );
         assert!(Spread::of(&[]).is_none());
     }
 

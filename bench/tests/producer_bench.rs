@@ -30,7 +30,14 @@ fn reported_counts_equal_the_records_read_back() {
         workload: Workload::Records(vec![50_000]),
         partitions: 2,
         repeats: 1,
-        modes: expand(&[ModeKind::Plain, ModeKind::Idempotent, ModeKind::Transactional], &[ms(10), ms(100)]),
+        modes: expand(
+            &[
+                ModeKind::Plain,
+                ModeKind::Idempotent,
+                ModeKind::Transactional,
+            ],
+            &[ms(10), ms(100)],
+        ),
         warmup: 500,
         out_dir: None,
         prefix: format!("pb-test-{}-", unique_suffix()),
@@ -53,7 +60,11 @@ fn reported_counts_equal_the_records_read_back() {
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     futures::executor::block_on(delete_topics(&kafka, &names)).expect("deleting the test topics");
 
-    assert_eq!(report.runs.len(), 4, "plain, idempotent, txn-10ms, txn-100ms");
+    assert_eq!(
+        report.runs.len(),
+        4,
+        "plain, idempotent, txn-10ms, txn-100ms"
+    );
     assert!(!report.interrupted);
     for (r, committed, uncommitted) in checks {
         let committed = committed.expect("read_committed count");
@@ -65,7 +76,12 @@ fn reported_counts_equal_the_records_read_back() {
         assert_eq!(r.records, 50_000, "{}", r.mode);
         assert!(r.records_per_s > 0.0, "{}", r.mode);
         // The property: what the bench counts is what a reader of the topic sees.
-        assert_eq!(committed, r.warmup_records + r.records, "{} read_committed", r.mode);
+        assert_eq!(
+            committed,
+            r.warmup_records + r.records,
+            "{} read_committed",
+            r.mode
+        );
         // No aborts, so nothing beyond the committed records is in the log.
         assert_eq!(uncommitted, committed, "{} read_uncommitted", r.mode);
         match r.commit_interval_ms {
@@ -85,7 +101,8 @@ fn reported_counts_equal_the_records_read_back() {
 
     let written = written.expect("writing the outputs");
     let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("results.json")).expect("results.json")).expect("valid JSON");
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).expect("results.json"))
+            .expect("valid JSON");
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(4));
     let png = std::fs::read(out.join("throughput.png")).expect("throughput.png");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
@@ -113,5 +130,8 @@ fn no_broker_is_a_clear_error() {
     };
     let err = bench::run(&opts, &AtomicBool::new(false)).expect_err("no broker at port 1");
     let err = format!("{err:#}");
-    assert!(err.contains("no Kafka broker to benchmark") && err.contains("127.0.0.1:1 refused"), "{err}");
+    assert!(
+        err.contains("no Kafka broker to benchmark") && err.contains("127.0.0.1:1 refused"),
+        "{err}"
+    );
 }

@@ -19,7 +19,10 @@ fn run() -> anyhow::Result<()> {
     if let Some(SinkCommand::Migrate) = args.command {
         let db = args.db.options()?;
         let applied = runtime.block_on(sink::migrate_only(&db))?;
-        errln!("alert-sink: {} migration(s) applied: {applied:?}", applied.len());
+        errln!(
+            "alert-sink: {} migration(s) applied: {applied:?}",
+            applied.len()
+        );
         return Ok(());
     }
     let opts = args.options()?;
@@ -29,7 +32,12 @@ fn run() -> anyhow::Result<()> {
         if let Some(addr) = args.metrics_addr {
             health::serve(addr, health.clone()).await?;
         }
-        let stats = sink::run(opts.clone(), health, shutdown_signal_bounded(opts.shutdown_timeout)).await?;
+        let stats = sink::run(
+            opts.clone(),
+            health,
+            shutdown_signal_bounded(opts.shutdown_timeout),
+        )
+        .await?;
         errln!("alert-sink: stopped cleanly");
         outln!("{stats}");
         Ok(())

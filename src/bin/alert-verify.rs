@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "alert-verify", version, about = "Check that every crossing gave exactly one committed notification")]
+#[command(
+    name = "alert-verify",
+    version,
+    about = "Check that every crossing gave exactly one committed notification"
+)]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
@@ -53,14 +57,36 @@ fn run() -> anyhow::Result<bool> {
     if !cli.table {
         read.push(cli.output.clone());
     }
-    price_alerts::kafka::access::check(&kafka, &price_alerts::kafka::access::Needs { read, ..Default::default() })?;
+    price_alerts::kafka::access::check(
+        &kafka,
+        &price_alerts::kafka::access::Needs {
+            read,
+            ..Default::default()
+        },
+    )?;
     let rules = Rules::load(&cli.rules)?;
-    let faults = price_alerts::dlq::FaultInjection { enabled: cli.inject_faults };
+    let faults = price_alerts::dlq::FaultInjection {
+        enabled: cli.inject_faults,
+    };
     let report = if cli.table {
         let db = cli.db.options()?;
-        price_alerts::sink::check::verify_table(&kafka, &cli.input, &rules, cli.max_tick_bytes, faults, &db)?
+        price_alerts::sink::check::verify_table(
+            &kafka,
+            &cli.input,
+            &rules,
+            cli.max_tick_bytes,
+            faults,
+            &db,
+        )?
     } else {
-        verify(&kafka, &cli.input, &cli.output, &rules, cli.max_tick_bytes, faults)?
+        verify(
+            &kafka,
+            &cli.input,
+            &cli.output,
+            &rules,
+            cli.max_tick_bytes,
+            faults,
+        )?
     };
     price_alerts::outln!("{report}");
     Ok(report.ok())

@@ -27,7 +27,11 @@ fn run() -> anyhow::Result<ExitCode> {
 }
 
 /// Prints `value` as JSON, or as `text` for people.
-fn print<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> anyhow::Result<ExitCode> {
+fn print<T: serde::Serialize>(
+    json: bool,
+    value: &T,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<ExitCode> {
     if json {
         outln!("{}", serde_json::to_string_pretty(value)?);
     } else {

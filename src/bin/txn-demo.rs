@@ -8,7 +8,11 @@ use price_alerts::tools::demo::{self, DemoOptions};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "txn-demo", version, about = "Kafka transactions: 5 committed versus 10 uncommitted readers")]
+#[command(
+    name = "txn-demo",
+    version,
+    about = "Kafka transactions: 5 committed versus 10 uncommitted readers"
+)]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
@@ -31,11 +35,17 @@ fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let opts = DemoOptions {
         kafka: cli.kafka.connect()?,
-        prefix: cli.topic_prefix.unwrap_or_else(|| format!("demo-{}-", unique_suffix())),
+        prefix: cli
+            .topic_prefix
+            .unwrap_or_else(|| format!("demo-{}-", unique_suffix())),
         partitions: cli.partitions,
         cleanup: !cli.keep_topics,
     };
     let report = demo::run(&opts)?;
     price_alerts::outln!("{report}");
-    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

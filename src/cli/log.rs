@@ -24,7 +24,8 @@ pub struct LogGuard {
 pub fn init_logging() -> LogGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,price_alerts=info"));
-    let colour = io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let colour =
+        io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let (writer, worker) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(QUEUED_LINES)
@@ -36,7 +37,9 @@ pub fn init_logging() -> LogGuard {
         .with_writer(writer)
         .try_init()
         .is_ok();
-    LogGuard { _worker: installed.then_some(worker) }
+    LogGuard {
+        _worker: installed.then_some(worker),
+    }
 }
 
 /// stderr whose errors are swallowed: a reader that went away must cost log lines, not the

@@ -14,10 +14,12 @@
 // [symbols]), not rustdoc markup.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
+pub mod chaos;
 mod log;
 pub mod pipeline;
 pub mod replay;
 pub mod sink;
+pub mod tickgen;
 
 pub use log::{init_logging, LogGuard};
 pub use pipeline::{GuaranteeArg, PipelineArgs};
@@ -64,7 +66,9 @@ impl KafkaArgs {
         if let Some(path) = &self.config {
             for (k, v) in secrets::read_config_file(path)? {
                 if !kafka.properties.contains_key(&k) {
-                    kafka.set(&k, &v).with_context(|| format!("config file {}", path.display()))?;
+                    kafka
+                        .set(&k, &v)
+                        .with_context(|| format!("config file {}", path.display()))?;
                 }
             }
         }
@@ -98,14 +102,18 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("{t:?} needs a unit, e.g. {t}ms or {t}s"));
     }
-    humantime::parse_duration(t).map_err(|e| format!("{t:?} is not a duration (e.g. 100ms, 1s): {e}"))
+    humantime::parse_duration(t)
+        .map_err(|e| format!("{t:?} is not a duration (e.g. 100ms, 1s): {e}"))
 }
 
 /// A [`duration`] of at least a millisecond (intervals that would otherwise spin).
 pub fn interval(s: &str) -> Result<Duration, String> {
     let d = duration(s)?;
     if d < Duration::from_millis(1) {
-        return Err(format!("{:?} is below the smallest interval, 1ms", s.trim()));
+        return Err(format!(
+            "{:?} is below the smallest interval, 1ms",
+            s.trim()
+        ));
     }
     Ok(d)
 }
@@ -130,7 +138,10 @@ macro_rules! errln {
 
 /// A binary's `main`: logging, then `run`; an error is printed with its whole cause chain
 /// (`{:#}`) and exits 1.
-pub fn main_of(name: &str, run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
+pub fn main_of(
+    name: &str,
+    run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>,
+) -> std::process::ExitCode {
     let _log = init_logging();
     match run() {
         Ok(code) => code,
@@ -144,7 +155,10 @@ pub fn main_of(name: &str, run: impl FnOnce() -> anyhow::Result<std::process::Ex
 /// Resolves on SIGINT or SIGTERM (or never, if the handlers cannot be installed, which is logged).
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut int, mut term) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+    let (mut int, mut term) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
         (Ok(i), Ok(t)) => (i, t),
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "cannot install signal handlers; stop with SIGKILL");

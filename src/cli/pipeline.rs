@@ -10,7 +10,11 @@ use crate::pipeline::{Guarantee, PipelineOptions, TestHooks};
 
 /// The processor's command line.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "alert-pipeline", version, about = "Exactly-once price alerts: Kafka to Kafka in one transaction per batch")]
+#[command(
+    name = "alert-pipeline",
+    version,
+    about = "Exactly-once price alerts: Kafka to Kafka in one transaction per batch"
+)]
 pub struct PipelineArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
@@ -124,13 +128,18 @@ impl PipelineArgs {
         kafka.validate()?;
         let rules = crate::rules::Rules::load(&self.rules)?;
         if rules.is_empty() {
-            anyhow::bail!("{}: no symbols: nothing would ever alert", self.rules.display());
+            anyhow::bail!(
+                "{}: no symbols: nothing would ever alert",
+                self.rules.display()
+            );
         }
         if self.max_attempts == 0 {
             anyhow::bail!("--max-attempts must be at least 1");
         }
         if self.retry_budget * 4 > self.transaction_timeout {
-            anyhow::bail!("--retry-budget must stay well below --transaction-timeout (at most a quarter)");
+            anyhow::bail!(
+                "--retry-budget must stay well below --transaction-timeout (at most a quarter)"
+            );
         }
         if self.max_batch == 0 {
             anyhow::bail!("--max-batch must be at least 1");
@@ -138,7 +147,11 @@ impl PipelineArgs {
         if self.commit_interval >= self.transaction_timeout {
             anyhow::bail!("--commit-interval must be well below --transaction-timeout");
         }
-        let mut topics = crate::kafka::topics::Topics::with(self.input.clone(), self.output.clone(), &self.app_id);
+        let mut topics = crate::kafka::topics::Topics::with(
+            self.input.clone(),
+            self.output.clone(),
+            &self.app_id,
+        );
         if let Some(dlq) = &self.dlq {
             topics.dlq = dlq.clone();
         }
@@ -157,7 +170,9 @@ impl PipelineArgs {
                     budget: self.retry_budget,
                     ..crate::dlq::RetryPolicy::default()
                 },
-                faults: crate::dlq::FaultInjection { enabled: self.inject_faults },
+                faults: crate::dlq::FaultInjection {
+                    enabled: self.inject_faults,
+                },
                 hooks: TestHooks {
                     crash_before_commit: self.test_crash_before_commit,
                     abort_every: self.test_abort_every,
@@ -186,7 +201,10 @@ mod tests {
     use clap::Parser;
 
     fn files(config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("cli-test-{}", crate::kafka::topics::unique_suffix()));
+        let dir = std::env::temp_dir().join(format!(
+            "cli-test-{}",
+            crate::kafka::topics::unique_suffix()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let rules = dir.join("rules.toml");
         std::fs::write(&rules, "[symbols]\nBBCA = [\"10000\"]\n").unwrap();
@@ -197,17 +215,34 @@ mod tests {
 
     fn options(args: &[&str], config: &str) -> anyhow::Result<PipelineOptions> {
         let (rules, cfg) = files(config);
-        let mut argv = vec!["alert-pipeline", "--rules", rules.to_str().unwrap(), "--config", cfg.to_str().unwrap()];
+        let mut argv = vec![
+            "alert-pipeline",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+        ];
         argv.extend_from_slice(args);
         PipelineArgs::try_parse_from(argv)?.options()
     }
 
     #[test]
     fn config_file_properties_reach_the_clients_and_minus_x_wins() {
-        let o = options(&["-X", "linger.ms=9"], "[librdkafka]\n\"linger.ms\" = 3\n\"socket.keepalive.enable\" = true\n").unwrap();
+        let o = options(
+            &["-X", "linger.ms=9"],
+            "[librdkafka]\n\"linger.ms\" = 3\n\"socket.keepalive.enable\" = true\n",
+        )
+        .unwrap();
         let props = &o.engine.kafka.properties;
-        assert_eq!(props.get("linger.ms").map(String::as_str), Some("9"), "-X wins over the file");
-        assert_eq!(props.get("socket.keepalive.enable").map(String::as_str), Some("true"));
+        assert_eq!(
+            props.get("linger.ms").map(String::as_str),
+            Some("9"),
+            "-X wins over the file"
+        );
+        assert_eq!(
+            props.get("socket.keepalive.enable").map(String::as_str),
+            Some("true")
+        );
         assert_eq!(o.engine.transactional_id(), "price-alerts-0");
         assert_eq!(o.commit_interval, std::time::Duration::from_millis(100));
     }
@@ -217,19 +252,31 @@ mod tests {
         let err = options(&[], "[librdkafka]\n\"no.such.thing\" = 1\n").unwrap_err();
         assert!(format!("{err:#}").contains("no.such.thing"), "{err:#}");
         let err = options(&[], "[librdkafka]\n\"enable.auto.commit\" = true\n").unwrap_err();
-        assert!(format!("{err:#}").contains("cannot be overridden"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("cannot be overridden"),
+            "{err:#}"
+        );
         let err = options(&[], "[kafka]\nx = 1\n").unwrap_err();
         assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
         let err = options(&["--commit-interval", "20s"], "").unwrap_err();
-        assert!(format!("{err:#}").contains("transaction-timeout"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("transaction-timeout"),
+            "{err:#}"
+        );
     }
 
     #[test]
     fn dlq_retention_reaches_the_topics() {
         let two_weeks = std::time::Duration::from_secs(14 * 24 * 3600);
-        assert_eq!(options(&[], "").unwrap().engine.topics.dlq_retention, two_weeks);
+        assert_eq!(
+            options(&[], "").unwrap().engine.topics.dlq_retention,
+            two_weeks
+        );
         let o = options(&["--dlq-retention", "3d"], "").unwrap();
-        assert_eq!(o.engine.topics.dlq_retention, std::time::Duration::from_secs(3 * 24 * 3600));
+        assert_eq!(
+            o.engine.topics.dlq_retention,
+            std::time::Duration::from_secs(3 * 24 * 3600)
+        );
         assert!(options(&["--dlq-retention", "0s"], "").is_err());
     }
 }

@@ -71,7 +71,9 @@ pub struct DlqArgs {
 impl DlqArgs {
     /// The filters, checked.
     pub fn selection(&self) -> anyhow::Result<Selection> {
-        Ok(Selection::classes(&self.classes)?.in_partitions(&self.partitions).in_offsets(self.from_offset, self.to_offset)?)
+        Ok(Selection::classes(&self.classes)?
+            .in_partitions(&self.partitions)
+            .in_offsets(self.from_offset, self.to_offset)?)
     }
 }
 
@@ -114,7 +116,9 @@ impl ReplayArgs {
             dry_run: self.dry_run,
             batch: self.batch_size,
             transaction_timeout: self.transaction_timeout,
-            hooks: ReplayHooks { crash_after: self.test_crash_after },
+            hooks: ReplayHooks {
+                crash_after: self.test_crash_after,
+            },
             ..ReplayOptions::new(self.common.kafka.connect()?, &self.common.dlq)
         })
     }
@@ -152,30 +156,54 @@ mod tests {
     use clap::Parser;
 
     fn parse(args: &[&str]) -> ReplayCommand {
-        ReplayCli::try_parse_from([&["dlq-replay"], args].concat()).unwrap().command()
+        ReplayCli::try_parse_from([&["dlq-replay"], args].concat())
+            .unwrap()
+            .command()
     }
 
     #[test]
     fn no_subcommand_means_replay() {
-        let ReplayCommand::Replay(a) = parse(&["--class", "poison", "--dlq", "d"]) else { panic!("not replay") };
-        assert_eq!((a.common.classes, a.common.dlq), (vec!["poison".to_owned()], "d".to_owned()));
-        let ReplayCommand::Replay(a) = parse(&["replay", "--limit", "3", "--partition", "1", "--partition", "2"]) else {
+        let ReplayCommand::Replay(a) = parse(&["--class", "poison", "--dlq", "d"]) else {
+            panic!("not replay")
+        };
+        assert_eq!(
+            (a.common.classes, a.common.dlq),
+            (vec!["poison".to_owned()], "d".to_owned())
+        );
+        let ReplayCommand::Replay(a) = parse(&[
+            "replay",
+            "--limit",
+            "3",
+            "--partition",
+            "1",
+            "--partition",
+            "2",
+        ]) else {
             panic!("not replay")
         };
         assert_eq!((a.limit, a.common.partitions), (Some(3), vec![1, 2]));
-        let ReplayCommand::Inspect(a) = parse(&["inspect", "--show", "2", "--json"]) else { panic!("not inspect") };
+        let ReplayCommand::Inspect(a) = parse(&["inspect", "--show", "2", "--json"]) else {
+            panic!("not inspect")
+        };
         assert!(a.common.json && a.show == 2 && !a.payload);
     }
 
     #[test]
     fn filters_are_checked_before_any_connection() {
-        let ReplayCommand::Replay(a) = parse(&["--class", "nonsense.class", "--bootstrap", "127.0.0.1:1"]) else {
+        let ReplayCommand::Replay(a) =
+            parse(&["--class", "nonsense.class", "--bootstrap", "127.0.0.1:1"])
+        else {
             panic!("not replay")
         };
         let err = format!("{:#}", a.options().unwrap_err());
-        assert!(err.contains("unknown class \"nonsense.class\"") && err.contains("poison"), "{err}");
+        assert!(
+            err.contains("unknown class \"nonsense.class\"") && err.contains("poison"),
+            "{err}"
+        );
         assert!(ReplayCli::try_parse_from(["dlq-replay", "--partition", "-1"]).is_err());
-        let ReplayCommand::Replay(a) = parse(&["--from-offset", "5", "--to-offset", "4"]) else { panic!("not replay") };
+        let ReplayCommand::Replay(a) = parse(&["--from-offset", "5", "--to-offset", "4"]) else {
+            panic!("not replay")
+        };
         assert!(format!("{:#}", a.options().unwrap_err()).contains("empty"));
     }
 }

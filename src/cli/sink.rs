@@ -6,7 +6,8 @@
 
 use super::{duration, interval, KafkaArgs};
 use crate::sink::options::{
-    split_tls_params, Backoff, DatabaseUrl, DbOptions, HoldAt, SinkOptions, SslMode, TestHold, TlsOptions,
+    split_tls_params, Backoff, DatabaseUrl, DbOptions, HoldAt, SinkOptions, SslMode, TestHold,
+    TlsOptions,
 };
 use anyhow::{bail, Context as _};
 use std::path::PathBuf;
@@ -39,7 +40,10 @@ pub struct DbArgs {
 impl DbArgs {
     /// The connection settings; an error if no URL was given.
     pub fn options(&self) -> anyhow::Result<DbOptions> {
-        let url = self.database_url.clone().context("no database: give --database-url or set DATABASE_URL")?;
+        let url = self
+            .database_url
+            .clone()
+            .context("no database: give --database-url or set DATABASE_URL")?;
         let (url, mut tls) = split_tls_params(&url)?;
         let flags = TlsOptions {
             mode: self.db_ssl_mode,
@@ -52,9 +56,15 @@ impl DbArgs {
         tls.cert = flags.cert.or(tls.cert);
         tls.key = flags.key.or(tls.key);
         if tls.cert.is_some() != tls.key.is_some() {
-            bail!("a client certificate needs its key and the other way round (sslcert with sslkey)");
+            bail!(
+                "a client certificate needs its key and the other way round (sslcert with sslkey)"
+            );
         }
-        Ok(DbOptions { url, tls, connect_timeout: self.db_connect_timeout })
+        Ok(DbOptions {
+            url,
+            tls,
+            connect_timeout: self.db_connect_timeout,
+        })
     }
 }
 
@@ -138,7 +148,9 @@ pub enum SinkCommand {
 impl SinkArgs {
     /// The consumer group.
     pub fn group_id(&self) -> String {
-        self.group.clone().unwrap_or_else(|| format!("{}-sink", self.app_id))
+        self.group
+            .clone()
+            .unwrap_or_else(|| format!("{}-sink", self.app_id))
     }
 
     /// Validates the arguments and builds the options.
@@ -161,7 +173,11 @@ impl SinkArgs {
                     "after-db-commit" => HoldAt::AfterDbCommit,
                     other => bail!("--test-hold: unknown point {other:?}"),
                 };
-                Some(TestHold { at, batch: n.parse().context("--test-hold: N")?, file: file.clone() })
+                Some(TestHold {
+                    at,
+                    batch: n.parse().context("--test-hold: N")?,
+                    file: file.clone(),
+                })
             }
         };
         let group_id = self.group_id();
@@ -169,13 +185,17 @@ impl SinkArgs {
             kafka,
             db: self.db.options()?,
             topic: self.topic.clone(),
-            group_instance_id: (!self.dynamic_membership).then(|| format!("{group_id}-{}", self.instance_id)),
+            group_instance_id: (!self.dynamic_membership)
+                .then(|| format!("{group_id}-{}", self.instance_id)),
             group_id,
             max_batch: self.max_batch,
             commit_interval: self.commit_interval,
             linger: self.linger,
             write_timeout: self.write_timeout,
-            backoff: Backoff { initial: self.reconnect_initial, max: self.reconnect_max },
+            backoff: Backoff {
+                initial: self.reconnect_initial,
+                max: self.reconnect_max,
+            },
             max_record_bytes: self.max_record_bytes,
             commit_to_kafka: !self.no_kafka_commit,
             shutdown_timeout: self.shutdown_timeout,
@@ -185,7 +205,6 @@ impl SinkArgs {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,9 +213,17 @@ mod tests {
 
     #[test]
     fn the_password_never_shows_in_the_arguments_or_the_options() {
-        let args = SinkArgs::try_parse_from(["alert-sink", "--database-url", "postgres://u:s3cr3t@h/d"]).unwrap();
-        assert!(!format!("{args:?}").contains("s3cr3t"), "Debug of the arguments masks it");
-        assert!(!format!("{:?}", args.options().unwrap()).contains("s3cr3t"), "and of the options");
+        let args =
+            SinkArgs::try_parse_from(["alert-sink", "--database-url", "postgres://u:s3cr3t@h/d"])
+                .unwrap();
+        assert!(
+            !format!("{args:?}").contains("s3cr3t"),
+            "Debug of the arguments masks it"
+        );
+        assert!(
+            !format!("{:?}", args.options().unwrap()).contains("s3cr3t"),
+            "and of the options"
+        );
     }
 
     #[test]
@@ -210,18 +237,30 @@ mod tests {
         ])
         .unwrap();
         let db = args.options().unwrap().db;
-        assert_eq!((db.tls.mode, db.tls.root_cert), (Some(SslMode::Require), Some(PathBuf::from("/b.pem"))));
+        assert_eq!(
+            (db.tls.mode, db.tls.root_cert),
+            (Some(SslMode::Require), Some(PathBuf::from("/b.pem")))
+        );
     }
 
     #[test]
     fn defaults_and_refusals() {
-        let o = SinkArgs::try_parse_from(["alert-sink", "--database-url", "postgres://h/d"]).unwrap().options().unwrap();
+        let o = SinkArgs::try_parse_from(["alert-sink", "--database-url", "postgres://h/d"])
+            .unwrap()
+            .options()
+            .unwrap();
         assert_eq!(o.group_id, "price-alerts-sink");
         assert_eq!(o.group_instance_id.as_deref(), Some("price-alerts-sink-0"));
-        assert_eq!((o.max_batch, o.commit_interval), (DEFAULT_MAX_BATCH, DEFAULT_COMMIT_INTERVAL));
+        assert_eq!(
+            (o.max_batch, o.commit_interval),
+            (DEFAULT_MAX_BATCH, DEFAULT_COMMIT_INTERVAL)
+        );
         assert_eq!(o.linger, DEFAULT_LINGER);
         assert!(o.commit_to_kafka);
-        let err = SinkArgs::try_parse_from(["alert-sink", "--max-batch", "0", "--database-url", "x"]).unwrap().options();
+        let err =
+            SinkArgs::try_parse_from(["alert-sink", "--max-batch", "0", "--database-url", "x"])
+                .unwrap()
+                .options();
         assert!(err.is_err());
         let hold = SinkArgs::try_parse_from([
             "alert-sink",
@@ -236,6 +275,9 @@ mod tests {
         .options()
         .unwrap()
         .test_hold;
-        assert_eq!(hold.map(|h| (h.at, h.batch)), Some((HoldAt::AfterDbCommit, 3)));
+        assert_eq!(
+            hold.map(|h| (h.at, h.batch)),
+            Some((HoldAt::AfterDbCommit, 3))
+        );
     }
 }

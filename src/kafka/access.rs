@@ -19,11 +19,11 @@
 
 use super::config::KafkaConfig;
 use super::logging::Logged;
+use rdkafka::client::Client;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::client::Client;
 use rdkafka::{ClientContext, TopicPartitionList};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,19 +74,28 @@ impl fmt::Display for AccessError {
             Some(p) => write!(f, "not authorised: {p} lacks {}", rights.join(", "))?,
             None => write!(f, "not authorised: missing {}", rights.join(", "))?,
         }
-        write!(f, " (docs/security.md lists each binary's ACLs; scripts/acls.sh applies them)")
+        write!(
+            f,
+            " (docs/security.md lists each binary's ACLs; scripts/acls.sh applies them)"
+        )
     }
 }
 
 impl AccessError {
     pub fn new(kafka: &KafkaConfig, missing: Vec<Missing>) -> Self {
-        AccessError { principal: principal(kafka), missing }
+        AccessError {
+            principal: principal(kafka),
+            missing,
+        }
     }
 }
 
 /// The principal the broker sees, as far as the configuration tells (SASL user names only).
 pub fn principal(kafka: &KafkaConfig) -> Option<String> {
-    kafka.properties.get("sasl.username").map(|u| format!("User:{u}"))
+    kafka
+        .properties
+        .get("sasl.username")
+        .map(|u| format!("User:{u}"))
 }
 
 /// Checks `needs` against the broker. Blocking. Returns every missing right at once, so one round
@@ -94,15 +103,27 @@ pub fn principal(kafka: &KafkaConfig) -> Option<String> {
 pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
     let client: BaseConsumer<Logged> = kafka.admin().create_with_context(Logged)?;
     let mut missing = Vec::new();
-    let topics = needs.read.iter().map(|t| ("Read", t)).chain(needs.write.iter().map(|t| ("Write", t)));
+    let topics = needs
+        .read
+        .iter()
+        .map(|t| ("Read", t))
+        .chain(needs.write.iter().map(|t| ("Write", t)));
     for (operation, topic) in topics {
         if refused(client.client(), topic)? {
-            missing.push(Missing { operation, resource: "Topic", name: topic.clone() });
+            missing.push(Missing {
+                operation,
+                resource: "Topic",
+                name: topic.clone(),
+            });
         }
     }
     if let Some(group) = &needs.group {
         if group_denied(kafka, group, needs.read.first().map_or("-", String::as_str))? {
-            missing.push(Missing { operation: "Read", resource: "Group", name: group.clone() });
+            missing.push(Missing {
+                operation: "Read",
+                resource: "Group",
+                name: group.clone(),
+            });
         }
     }
     if missing.is_empty() {
@@ -115,7 +136,10 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
 /// on it too): one metadata round trip.
 pub fn refused<C: ClientContext>(client: &Client<C>, topic: &str) -> anyhow::Result<bool> {
     let metadata = client.fetch_metadata(Some(topic), CHECK_TIMEOUT)?;
-    Ok(metadata.topics().iter().any(|t| t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)))
+    Ok(metadata
+        .topics()
+        .iter()
+        .any(|t| t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)))
 }
 
 /// Whether the broker refuses the group: an OffsetFetch for it (any partition will do, the
@@ -133,7 +157,9 @@ fn group_denied(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result
         let result = consumer.committed_offsets(tpl.clone(), Duration::from_millis(500));
         // Serve the error events queued meanwhile.
         let _ = consumer.poll(Duration::ZERO);
-        let refused = |e: &KafkaError| e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed);
+        let refused = |e: &KafkaError| {
+            e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
+        };
         if result.as_ref().err().is_some_and(refused) || consumer.context().group_refused() {
             return Ok(true);
         }
@@ -176,17 +202,34 @@ impl ConsumerContext for Denials {}
 /// The right a Kafka error says is missing, if it is an authorisation error: `transactional_id`
 /// names the resource of TRANSACTIONAL_ID_AUTHORIZATION_FAILED, `topics` that of
 /// TOPIC_AUTHORIZATION_FAILED (a produce names no topic in its error).
-pub fn from_kafka_error(kafka: &KafkaConfig, err: &KafkaError, transactional_id: &str, topics: &[String]) -> Option<AccessError> {
+pub fn from_kafka_error(
+    kafka: &KafkaConfig,
+    err: &KafkaError,
+    transactional_id: &str,
+    topics: &[String],
+) -> Option<AccessError> {
     let missing = match err.rdkafka_error_code()? {
         RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
-            vec![Missing { operation: "Write", resource: "TransactionalId", name: transactional_id.to_owned() }]
+            vec![Missing {
+                operation: "Write",
+                resource: "TransactionalId",
+                name: transactional_id.to_owned(),
+            }]
         }
         RDKafkaErrorCode::ClusterAuthorizationFailed => {
-            vec![Missing { operation: "IdempotentWrite", resource: "Cluster", name: "kafka-cluster".to_owned() }]
+            vec![Missing {
+                operation: "IdempotentWrite",
+                resource: "Cluster",
+                name: "kafka-cluster".to_owned(),
+            }]
         }
         RDKafkaErrorCode::TopicAuthorizationFailed => topics
             .iter()
-            .map(|t| Missing { operation: "Write", resource: "Topic", name: t.clone() })
+            .map(|t| Missing {
+                operation: "Write",
+                resource: "Topic",
+                name: t.clone(),
+            })
             .collect(),
         _ => return None,
     };
@@ -199,12 +242,22 @@ mod tests {
 
     #[test]
     fn names_the_right_as_an_operator_grants_it() {
-        let kafka = KafkaConfig::new("h:1").with_overrides(&["sasl.username=pipeline"]).unwrap();
+        let kafka = KafkaConfig::new("h:1")
+            .with_overrides(&["sasl.username=pipeline"])
+            .unwrap();
         let err = AccessError::new(
             &kafka,
             vec![
-                Missing { operation: "Write", resource: "TransactionalId", name: "price-alerts-0".into() },
-                Missing { operation: "Read", resource: "Group", name: "price-alerts".into() },
+                Missing {
+                    operation: "Write",
+                    resource: "TransactionalId",
+                    name: "price-alerts-0".into(),
+                },
+                Missing {
+                    operation: "Read",
+                    resource: "Group",
+                    name: "price-alerts".into(),
+                },
             ],
         );
         let text = err.to_string();

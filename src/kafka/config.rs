@@ -24,11 +24,26 @@ const MANAGED: &[(&str, &str)] = &[
     ("bootstrap.servers", "use --bootstrap (or KAFKA_BOOTSTRAP)"),
     ("group.id", "the group is derived from the application id"),
     ("group.instance.id", "it is derived from the instance id"),
-    ("transactional.id", "it is derived from the application and instance ids"),
-    ("enable.auto.commit", "offsets are committed inside the transaction"),
-    ("enable.auto.offset.store", "offsets are committed inside the transaction"),
-    ("isolation.level", "the pipeline reads read_committed by design"),
-    ("enable.idempotence", "transactions and the at-least-once mode both require it"),
+    (
+        "transactional.id",
+        "it is derived from the application and instance ids",
+    ),
+    (
+        "enable.auto.commit",
+        "offsets are committed inside the transaction",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets are committed inside the transaction",
+    ),
+    (
+        "isolation.level",
+        "the pipeline reads read_committed by design",
+    ),
+    (
+        "enable.idempotence",
+        "transactions and the at-least-once mode both require it",
+    ),
     ("transaction.timeout.ms", "use --transaction-timeout"),
 ];
 
@@ -70,7 +85,10 @@ impl Isolation {
 impl KafkaConfig {
     /// Settings for `bootstrap` with no pass-through properties.
     pub fn new(bootstrap: impl Into<String>) -> Self {
-        KafkaConfig { bootstrap: bootstrap.into(), properties: BTreeMap::new() }
+        KafkaConfig {
+            bootstrap: bootstrap.into(),
+            properties: BTreeMap::new(),
+        }
     }
 
     /// Adds pass-through properties (`key=value` strings), refusing malformed and managed ones.
@@ -181,18 +199,30 @@ impl KafkaConfig {
     }
 
     /// The transactional producer of one processor instance.
-    pub fn transactional_producer(&self, transactional_id: &str, txn_timeout: Duration) -> anyhow::Result<ClientConfig> {
+    pub fn transactional_producer(
+        &self,
+        transactional_id: &str,
+        txn_timeout: Duration,
+    ) -> anyhow::Result<ClientConfig> {
         let mut c = self.producer_base();
         // Stable per instance: a restart fences its predecessor and aborts what it left open.
         c.set("transactional.id", transactional_id);
-        c.set("transaction.timeout.ms", txn_timeout.as_millis().to_string());
+        c.set(
+            "transaction.timeout.ms",
+            txn_timeout.as_millis().to_string(),
+        );
         // Implied by transactional.id; set so that the configuration reads as what it is.
         c.set("enable.idempotence", "true");
         c.set("acks", "all");
         // A message must fail before its transaction can time out, or a stuck send would surface as
         // a confusing coordinator timeout instead of a delivery error (librdkafka requires it).
-        let message_timeout = txn_timeout.saturating_sub(Duration::from_secs(1)).max(Duration::from_millis(1000));
-        c.set("message.timeout.ms", message_timeout.as_millis().to_string());
+        let message_timeout = txn_timeout
+            .saturating_sub(Duration::from_secs(1))
+            .max(Duration::from_millis(1000));
+        c.set(
+            "message.timeout.ms",
+            message_timeout.as_millis().to_string(),
+        );
         let c = self.finish(c);
         check_message_timeout(&c, txn_timeout)?;
         Ok(c)
@@ -218,8 +248,12 @@ impl KafkaConfig {
 
 /// Refuses a message.timeout.ms (possibly from a pass-through) not below the transaction timeout.
 fn check_message_timeout(c: &ClientConfig, txn_timeout: Duration) -> anyhow::Result<()> {
-    let Some(v) = c.get("message.timeout.ms") else { return Ok(()) };
-    let ms: u128 = v.parse().with_context(|| format!("message.timeout.ms={v} is not a number"))?;
+    let Some(v) = c.get("message.timeout.ms") else {
+        return Ok(());
+    };
+    let ms: u128 = v
+        .parse()
+        .with_context(|| format!("message.timeout.ms={v} is not a number"))?;
     if ms >= txn_timeout.as_millis() {
         bail!(
             "message.timeout.ms={ms} must be below the transaction timeout ({} ms)",
@@ -235,20 +269,29 @@ mod tests {
 
     #[test]
     fn managed_properties_are_refused() {
-        let err = KafkaConfig::new("x").with_overrides(&["enable.auto.commit=true"]).unwrap_err();
+        let err = KafkaConfig::new("x")
+            .with_overrides(&["enable.auto.commit=true"])
+            .unwrap_err();
         assert!(err.to_string().contains("enable.auto.commit"), "{err}");
-        assert!(KafkaConfig::new("x").with_overrides(&["isolation.level=read_uncommitted"]).is_err());
-        assert!(KafkaConfig::new("x").with_overrides(&["no-equals-sign"]).is_err());
+        assert!(KafkaConfig::new("x")
+            .with_overrides(&["isolation.level=read_uncommitted"])
+            .is_err());
+        assert!(KafkaConfig::new("x")
+            .with_overrides(&["no-equals-sign"])
+            .is_err());
     }
 
     #[test]
     fn pass_through_reaches_every_client() {
-        let k = KafkaConfig::new("h:1").with_overrides(&["security.protocol=SSL", "linger.ms=7"]).unwrap();
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["security.protocol=SSL", "linger.ms=7"])
+            .unwrap();
         for c in [
             k.admin(),
             k.group_consumer("g", None),
             k.reader(Isolation::ReadCommitted),
-            k.transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT).unwrap(),
+            k.transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT)
+                .unwrap(),
             k.idempotent_producer(),
         ] {
             assert_eq!(c.get("security.protocol"), Some("SSL"));
@@ -261,7 +304,10 @@ mod tests {
         let c = KafkaConfig::new("h:1").group_consumer("g", Some("i"));
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("isolation.level"), Some("read_committed"));
-        assert_eq!(c.get("partition.assignment.strategy"), Some("cooperative-sticky"));
+        assert_eq!(
+            c.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
         assert_eq!(c.get("group.instance.id"), Some("i"));
     }
 
@@ -275,16 +321,30 @@ mod tests {
             "sasl.username=alerts",
             "sasl.password=not-a-real-one",
         ];
-        KafkaConfig::new("h:1").with_overrides(&sasl).unwrap().validate().unwrap();
-        let err = KafkaConfig::new("h:1").with_overrides(&["linger.ms=soon"]).unwrap().validate().unwrap_err();
+        KafkaConfig::new("h:1")
+            .with_overrides(&sasl)
+            .unwrap()
+            .validate()
+            .unwrap();
+        let err = KafkaConfig::new("h:1")
+            .with_overrides(&["linger.ms=soon"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
         assert!(err.to_string().contains("linger.ms"), "{err}");
-        let err = KafkaConfig::new("h:1").with_overrides(&["no.such.property=1"]).unwrap().validate().unwrap_err();
+        let err = KafkaConfig::new("h:1")
+            .with_overrides(&["no.such.property=1"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
         assert!(err.to_string().contains("no.such.property"), "{err}");
     }
 
     #[test]
     fn debug_never_shows_a_password() {
-        let k = KafkaConfig::new("h:1").with_overrides(&["sasl.password=hunter2-secret", "sasl.username=u"]).unwrap();
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["sasl.password=hunter2-secret", "sasl.username=u"])
+            .unwrap();
         let shown = format!("{k:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("sasl.username"), "{shown}");
@@ -292,10 +352,16 @@ mod tests {
 
     #[test]
     fn message_timeout_below_transaction_timeout() {
-        let c = KafkaConfig::new("h:1").transactional_producer("t", Duration::from_secs(10)).unwrap();
+        let c = KafkaConfig::new("h:1")
+            .transactional_producer("t", Duration::from_secs(10))
+            .unwrap();
         assert_eq!(c.get("message.timeout.ms"), Some("9000"));
-        let k = KafkaConfig::new("h:1").with_overrides(&["message.timeout.ms=60000"]).unwrap();
-        let err = k.transactional_producer("t", Duration::from_secs(10)).unwrap_err();
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["message.timeout.ms=60000"])
+            .unwrap();
+        let err = k
+            .transactional_producer("t", Duration::from_secs(10))
+            .unwrap_err();
         assert!(err.to_string().contains("must be below"), "{err}");
     }
 }

@@ -29,10 +29,21 @@ pub enum ConnectError {
     Refused { bootstrap: String, detail: String },
     #[error("TLS with {bootstrap} failed: {detail}")]
     Tls { bootstrap: String, detail: String },
-    #[error("authentication to {bootstrap} failed (SASL mechanism {mechanism}, user {user}): {detail}")]
-    Authentication { bootstrap: String, mechanism: String, user: String, detail: String },
+    #[error(
+        "authentication to {bootstrap} failed (SASL mechanism {mechanism}, user {user}): {detail}"
+    )]
+    Authentication {
+        bootstrap: String,
+        mechanism: String,
+        user: String,
+        detail: String,
+    },
     #[error("no broker at {bootstrap} answered within {timeout:?}: {detail}")]
-    NoAnswer { bootstrap: String, timeout: Duration, detail: String },
+    NoAnswer {
+        bootstrap: String,
+        timeout: Duration,
+        detail: String,
+    },
     #[error("cannot create a Kafka client for {bootstrap}: {source}")]
     Client {
         bootstrap: String,
@@ -48,10 +59,15 @@ pub fn check(kafka: &KafkaConfig, timeout: Duration) -> Result<(), ConnectError>
     let probe: BaseProducer<Probe> = kafka
         .admin()
         .create_with_context(Probe::default())
-        .map_err(|source| ConnectError::Client { bootstrap: bootstrap.clone(), source })?;
+        .map_err(|source| ConnectError::Client {
+            bootstrap: bootstrap.clone(),
+            source,
+        })?;
     let deadline = Instant::now() + timeout;
     loop {
-        let slice = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(250));
+        let slice = deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(250));
         if probe.client().fetch_metadata(None, slice).is_ok() {
             return Ok(());
         }
@@ -65,7 +81,11 @@ pub fn check(kafka: &KafkaConfig, timeout: Duration) -> Result<(), ConnectError>
             }
             None if now >= deadline => {
                 let detail = "no error reported".to_owned();
-                return Err(ConnectError::NoAnswer { bootstrap, timeout, detail });
+                return Err(ConnectError::NoAnswer {
+                    bootstrap,
+                    timeout,
+                    detail,
+                });
             }
             _ => {}
         }
@@ -74,8 +94,12 @@ pub fn check(kafka: &KafkaConfig, timeout: Duration) -> Result<(), ConnectError>
 
 /// Failures that retrying with the same settings cannot mend.
 fn is_final(code: RDKafkaErrorCode, detail: &str) -> bool {
-    matches!(code, RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed | RDKafkaErrorCode::SSL)
-        || is_tls(detail)
+    matches!(
+        code,
+        RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::SSL
+    ) || is_tls(detail)
 }
 
 /// librdkafka reports a failed handshake as a transport failure; its text says it was TLS.
@@ -83,7 +107,12 @@ fn is_tls(detail: &str) -> bool {
     detail.contains("SSL handshake failed") || detail.contains("certificate verify failed")
 }
 
-fn classify(kafka: &KafkaConfig, code: RDKafkaErrorCode, detail: String, timeout: Duration) -> ConnectError {
+fn classify(
+    kafka: &KafkaConfig,
+    code: RDKafkaErrorCode,
+    detail: String,
+    timeout: Duration,
+) -> ConnectError {
     let bootstrap = kafka.bootstrap.clone();
     match code {
         RDKafkaErrorCode::Resolve => ConnectError::Dns { bootstrap, detail },
@@ -91,7 +120,10 @@ fn classify(kafka: &KafkaConfig, code: RDKafkaErrorCode, detail: String, timeout
         _ if is_tls(&detail) => ConnectError::Tls { bootstrap, detail },
         RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
             let property = |keys: &[&str]| {
-                keys.iter().find_map(|k| kafka.properties.get(*k)).cloned().unwrap_or_else(|| "(none)".to_owned())
+                keys.iter()
+                    .find_map(|k| kafka.properties.get(*k))
+                    .cloned()
+                    .unwrap_or_else(|| "(none)".to_owned())
             };
             ConnectError::Authentication {
                 bootstrap,
@@ -101,7 +133,11 @@ fn classify(kafka: &KafkaConfig, code: RDKafkaErrorCode, detail: String, timeout
             }
         }
         _ if detail.contains("Connection refused") => ConnectError::Refused { bootstrap, detail },
-        _ => ConnectError::NoAnswer { bootstrap, timeout, detail },
+        _ => ConnectError::NoAnswer {
+            bootstrap,
+            timeout,
+            detail,
+        },
     }
 }
 
@@ -127,8 +163,12 @@ impl ClientContext for Probe {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let Some(code) = error.rdkafka_error_code() else { return };
-        let Ok(mut last) = self.last.lock() else { return };
+        let Some(code) = error.rdkafka_error_code() else {
+            return;
+        };
+        let Ok(mut last) = self.last.lock() else {
+            return;
+        };
         let summary = matches!(code, RDKafkaErrorCode::AllBrokersDown);
         if last.is_none() || !summary {
             *last = Some((code, reason.to_owned()));

@@ -30,12 +30,19 @@ pub struct Feed {
 
 impl Feed {
     pub fn new(kafka: &KafkaConfig) -> anyhow::Result<Self> {
-        let producer = kafka.idempotent_producer().create_with_context(Logged).context("creating the tick feed")?;
+        let producer = kafka
+            .idempotent_producer()
+            .create_with_context(Logged)
+            .context("creating the tick feed")?;
         Ok(Feed { producer })
     }
 
     /// Produces raw (key, value) records and waits for all of them; returns where each landed.
-    pub fn send_raw(&self, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) -> anyhow::Result<Vec<Landed>> {
+    pub fn send_raw(
+        &self,
+        topic: &str,
+        records: &[(Option<Vec<u8>>, Vec<u8>)],
+    ) -> anyhow::Result<Vec<Landed>> {
         let mut landed = Vec::with_capacity(records.len());
         // Chunks stay well below librdkafka's local queue (100,000 messages by default), so a send
         // never waits for room, which would need an async runtime's timer.
@@ -45,11 +52,17 @@ impl Feed {
                 if let Some(k) = k {
                     r = r.key(k.as_slice());
                 }
-                self.producer.send(r, Timeout::After(Duration::from_secs(30)))
+                self.producer
+                    .send(r, Timeout::After(Duration::from_secs(30)))
             });
             for r in futures::executor::block_on(join_all(futures)) {
-                let d = r.map_err(|(e, _)| anyhow!(e).context(format!("loading a record into {topic}")))?;
-                landed.push(Landed { partition: d.partition, offset: d.offset });
+                let d = r.map_err(|(e, _)| {
+                    anyhow!(e).context(format!("loading a record into {topic}"))
+                })?;
+                landed.push(Landed {
+                    partition: d.partition,
+                    offset: d.offset,
+                });
             }
         }
         Ok(landed)
@@ -57,13 +70,21 @@ impl Feed {
 
     /// Produces ticks keyed by symbol and waits for all of them.
     pub fn send_ticks(&self, topic: &str, ticks: &[Tick]) -> anyhow::Result<Vec<Landed>> {
-        let records: Vec<_> = ticks.iter().map(|t| (Some(t.symbol.as_bytes().to_vec()), encode(t))).collect();
+        let records: Vec<_> = ticks
+            .iter()
+            .map(|t| (Some(t.symbol.as_bytes().to_vec()), encode(t)))
+            .collect();
         self.send_raw(topic, &records)
     }
 
     /// Produces ticks at most `per_second` a second (0: all at once): one-second slices, each
     /// sent and acknowledged, then a wait for the next second.
-    pub fn send_ticks_at_rate(&self, topic: &str, ticks: &[Tick], per_second: u64) -> anyhow::Result<Vec<Landed>> {
+    pub fn send_ticks_at_rate(
+        &self,
+        topic: &str,
+        ticks: &[Tick],
+        per_second: u64,
+    ) -> anyhow::Result<Vec<Landed>> {
         if per_second == 0 {
             return self.send_ticks(topic, ticks);
         }
@@ -79,12 +100,20 @@ impl Feed {
 }
 
 /// Produces raw records with a one-off feed.
-pub fn produce_raw(kafka: &KafkaConfig, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) -> anyhow::Result<Vec<Landed>> {
+pub fn produce_raw(
+    kafka: &KafkaConfig,
+    topic: &str,
+    records: &[(Option<Vec<u8>>, Vec<u8>)],
+) -> anyhow::Result<Vec<Landed>> {
     Feed::new(kafka)?.send_raw(topic, records)
 }
 
 /// Produces ticks with a one-off feed.
-pub fn produce_ticks(kafka: &KafkaConfig, topic: &str, ticks: &[Tick]) -> anyhow::Result<Vec<Landed>> {
+pub fn produce_ticks(
+    kafka: &KafkaConfig,
+    topic: &str,
+    ticks: &[Tick],
+) -> anyhow::Result<Vec<Landed>> {
     Feed::new(kafka)?.send_ticks(topic, ticks)
 }
 

@@ -31,7 +31,9 @@ fn limiter() -> &'static Mutex<HashMap<String, (Instant, u64)>> {
 /// Whether a line of `kind` may be printed now; if so, how many of its kind were suppressed since
 /// the last one printed.
 fn admit(kind: &str) -> Option<u64> {
-    let Ok(mut seen) = limiter().lock() else { return Some(0) };
+    let Ok(mut seen) = limiter().lock() else {
+        return Some(0);
+    };
     let now = Instant::now();
     match seen.get_mut(kind) {
         Some((last, suppressed)) if now.duration_since(*last) < QUIET_PERIOD => {
@@ -56,9 +58,14 @@ pub fn log(level: RDKafkaLogLevel, facility: &str, message: &str) {
         // Debug lines are asked for (`debug=...`): never suppressed.
         return debug!(target: "librdkafka", facility, "{message}");
     }
-    let Some(suppressed) = admit(&format!("log:{facility}")) else { return };
+    let Some(suppressed) = admit(&format!("log:{facility}")) else {
+        return;
+    };
     match level {
-        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => {
             warn!(target: "librdkafka", facility, suppressed, "{message}")
         }
         RDKafkaLogLevel::Warning => warn!(target: "librdkafka", facility, suppressed, "{message}"),
@@ -75,7 +82,9 @@ pub fn error(e: &KafkaError, reason: &str) {
         // What a reader waits for, not an error.
         return debug!(target: "librdkafka", reason, "partition end");
     }
-    let Some(suppressed) = admit(&format!("error:{code:?}")) else { return };
+    let Some(suppressed) = admit(&format!("error:{code:?}")) else {
+        return;
+    };
     if code == Some(RDKafkaErrorCode::Fatal) {
         error!(target: "librdkafka", error = %e, suppressed, "{reason}");
     } else {
@@ -109,11 +118,21 @@ mod tests {
         assert_eq!(admit(&kind), Some(0));
         assert_eq!(admit(&kind), None);
         assert_eq!(admit(&kind), None);
-        assert_eq!(admit("test:another kind"), Some(0), "kinds are limited apart");
+        assert_eq!(
+            admit("test:another kind"),
+            Some(0),
+            "kinds are limited apart"
+        );
         if let Ok(mut seen) = limiter().lock() {
             let last = &mut seen.get_mut(&kind).expect("seen").0;
-            *last = last.checked_sub(QUIET_PERIOD).expect("a clock older than the quiet period");
+            *last = last
+                .checked_sub(QUIET_PERIOD)
+                .expect("a clock older than the quiet period");
         }
-        assert_eq!(admit(&kind), Some(2), "the next line tells how many were left out");
+        assert_eq!(
+            admit(&kind),
+            Some(2),
+            "the next line tells how many were left out"
+        );
     }
 }

@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
 /// A list of `topic`'s `partitions`, without offsets.
-pub fn partition_list(topic: &str, partitions: impl IntoIterator<Item = i32>) -> TopicPartitionList {
+pub fn partition_list(
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for p in partitions {
         tpl.add_partition(topic, p);
@@ -54,7 +57,10 @@ pub fn fetch_committed<C: ConsumerContext>(
 ) -> Result<TopicPartitionList, KafkaError> {
     let deadline = Instant::now() + timeout;
     loop {
-        match consumer.committed_offsets(tpl.clone(), deadline.saturating_duration_since(Instant::now())) {
+        match consumer.committed_offsets(
+            tpl.clone(),
+            deadline.saturating_duration_since(Instant::now()),
+        ) {
             Err(e) if coordinator_moving(&e) && Instant::now() < deadline => {
                 debug!(error = %e, "group coordinator not ready; asking again");
                 std::thread::sleep(Duration::from_millis(100));
@@ -84,7 +90,11 @@ pub fn committed_positions<C: ConsumerContext>(
     partitions: &[i32],
     timeout: Duration,
 ) -> Result<TopicPartitionList, KafkaError> {
-    let committed = fetch_committed(consumer, &partition_list(topic, partitions.iter().copied()), timeout)?;
+    let committed = fetch_committed(
+        consumer,
+        &partition_list(topic, partitions.iter().copied()),
+        timeout,
+    )?;
     position_list(
         topic,
         committed.elements().iter().map(|e| {
@@ -118,21 +128,33 @@ pub fn seek_to_committed<C: ConsumerContext>(
 
 /// Committed offsets of `group` on every partition of `topic` (`None` where nothing is committed),
 /// as an observer sees them (tests, the demo, benchmarks).
-pub fn committed_offsets(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<Vec<Option<i64>>> {
+pub fn committed_offsets(
+    kafka: &KafkaConfig,
+    group: &str,
+    topic: &str,
+) -> anyhow::Result<Vec<Option<i64>>> {
     // read_uncommitted: an observer wants the offsets committed now, not to wait (up to the
     // timeout) until no transaction holds pending offsets, as a read_committed consumer's
     // "require stable" fetch does while a processor is mid-commit.
     let mut cfg = kafka.reader(Isolation::ReadUncommitted);
     cfg.set("group.id", group);
-    let consumer: Reader = cfg.create_with_context(Logged).context("creating an offsets reader")?;
+    let consumer: Reader = cfg
+        .create_with_context(Logged)
+        .context("creating an offsets reader")?;
     let n = partition_count(&consumer, topic, DEFAULT_READ_TIMEOUT)?;
-    let committed = fetch_committed(&consumer, &partition_list(topic, 0..n), DEFAULT_READ_TIMEOUT)
-        .with_context(|| format!("fetching committed offsets of group {group}"))?;
+    let committed = fetch_committed(
+        &consumer,
+        &partition_list(topic, 0..n),
+        DEFAULT_READ_TIMEOUT,
+    )
+    .with_context(|| format!("fetching committed offsets of group {group}"))?;
     Ok((0..n)
-        .map(|p| match committed.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => Some(o),
-            _ => None,
-        })
+        .map(
+            |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            },
+        )
         .collect())
 }
 
@@ -143,10 +165,20 @@ mod tests {
     #[test]
     fn lists_hold_what_they_were_given() {
         let tpl = partition_list("t", [2, 0]);
-        let got: Vec<_> = tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+        let got: Vec<_> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
         assert_eq!(got, [("t".to_owned(), 2), ("t".to_owned(), 0)]);
         let tpl = position_list("t", [(1, Offset::Offset(7)), (3, Offset::Beginning)]).unwrap();
-        assert_eq!(tpl.find_partition("t", 1).map(|e| e.offset()), Some(Offset::Offset(7)));
-        assert_eq!(tpl.find_partition("t", 3).map(|e| e.offset()), Some(Offset::Beginning));
+        assert_eq!(
+            tpl.find_partition("t", 1).map(|e| e.offset()),
+            Some(Offset::Offset(7))
+        );
+        assert_eq!(
+            tpl.find_partition("t", 3).map(|e| e.offset()),
+            Some(Offset::Beginning)
+        );
     }
 }

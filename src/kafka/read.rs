@@ -23,7 +23,10 @@ pub type Reader = BaseConsumer<Logged>;
 
 /// Creates a reader of the given isolation.
 pub fn reader(kafka: &KafkaConfig, isolation: Isolation) -> anyhow::Result<Reader> {
-    kafka.reader(isolation).create_with_context(Logged).context("creating a reader")
+    kafka
+        .reader(isolation)
+        .create_with_context(Logged)
+        .context("creating a reader")
 }
 
 /// Whether `e` is the broker refusing a reader's nominal group (`price-alerts-reader`, see
@@ -38,8 +41,13 @@ pub fn is_nominal_group_refused(e: &KafkaError) -> bool {
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Number of partitions of `topic`, or an error if it does not exist.
-pub fn partition_count<X: ConsumerContext, C: Consumer<X>>(consumer: &C, topic: &str, timeout: Duration) -> anyhow::Result<i32> {
-    partition_count_if_exists(consumer, topic, timeout)?.ok_or_else(|| anyhow!("topic {topic} does not exist"))
+pub fn partition_count<X: ConsumerContext, C: Consumer<X>>(
+    consumer: &C,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<i32> {
+    partition_count_if_exists(consumer, topic, timeout)?
+        .ok_or_else(|| anyhow!("topic {topic} does not exist"))
 }
 
 /// Number of partitions of `topic`, or `None` if it does not exist (yet): for readers that may
@@ -52,7 +60,9 @@ pub fn partition_count_if_exists<X: ConsumerContext, C: Consumer<X>>(
     let md = consumer
         .fetch_metadata(Some(topic), timeout)
         .with_context(|| format!("fetching metadata of {topic}"))?;
-    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(None);
+    };
     match t.error().map(rdkafka::error::RDKafkaErrorCode::from) {
         None => {}
         Some(rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(None),
@@ -71,7 +81,9 @@ pub fn read_partitions_to_end(
     mut f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
     let tpl = position_list(topic, partitions.iter().map(|&p| (p, Offset::Beginning)))?;
-    consumer.assign(&tpl).context("assigning partitions to the reader")?;
+    consumer
+        .assign(&tpl)
+        .context("assigning partitions to the reader")?;
     let mut pending: BTreeSet<i32> = partitions.iter().copied().collect();
     let deadline = Instant::now() + timeout;
     let mut count = 0;
@@ -96,7 +108,9 @@ pub fn read_partitions_to_end(
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 pending.remove(&p);
             }
-            Some(Err(e)) if is_nominal_group_refused(&e) => debug!(topic, error = %e, "reader's nominal group refused"),
+            Some(Err(e)) if is_nominal_group_refused(&e) => {
+                debug!(topic, error = %e, "reader's nominal group refused")
+            }
             // Connection trouble is retried by librdkafka; the deadline bounds the wait.
             Some(Err(e)) => warn!(topic, error = %e, "error while reading; retrying"),
         }
@@ -121,6 +135,10 @@ pub fn read_topic_to_end(
 }
 
 /// Counts the records of `topic` visible under `isolation`.
-pub fn count_records(kafka: &KafkaConfig, topic: &str, isolation: Isolation) -> anyhow::Result<u64> {
+pub fn count_records(
+    kafka: &KafkaConfig,
+    topic: &str,
+    isolation: Isolation,
+) -> anyhow::Result<u64> {
     read_topic_to_end(kafka, topic, isolation, DEFAULT_READ_TIMEOUT, |_| Ok(()))
 }

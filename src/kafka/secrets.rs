@@ -20,12 +20,27 @@ pub const PASSWORD_ENV: &str = "KAFKA_SASL_PASSWORD";
 /// Whether a librdkafka property holds a secret: passwords, client secrets, private keys.
 pub fn is_secret(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    k.contains("password") || k.contains("secret") || k == "ssl.key.pem" || k == "sasl.oauthbearer.config"
+    k.contains("password")
+        || k.contains("secret")
+        || k == "ssl.key.pem"
+        || k == "sasl.oauthbearer.config"
 }
 
 /// `properties` with every secret value replaced, for logs and `Debug`.
 pub fn redacted(properties: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
-    properties.iter().map(|(k, v)| (k.as_str(), if is_secret(k) { "[redacted]" } else { v.as_str() })).collect()
+    properties
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                if is_secret(k) {
+                    "[redacted]"
+                } else {
+                    v.as_str()
+                },
+            )
+        })
+        .collect()
 }
 
 /// Refuses a secret given on the command line (`-X key=value`).
@@ -51,11 +66,19 @@ pub fn read_config_file(path: &Path) -> anyhow::Result<BTreeMap<String, String>>
         #[serde(default)]
         librdkafka: BTreeMap<String, toml::Value>,
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     // toml's error quotes the offending line, which may hold a password: name the place only.
     let file: FileConfig = toml::from_str(&text).map_err(|e| {
-        let at = e.span().map(|s| format!(" at byte {}", s.start)).unwrap_or_default();
-        anyhow::anyhow!("config file {}: not a valid [librdkafka] table{at}: {}", path.display(), e.message())
+        let at = e
+            .span()
+            .map(|s| format!(" at byte {}", s.start))
+            .unwrap_or_default();
+        anyhow::anyhow!(
+            "config file {}: not a valid [librdkafka] table{at}: {}",
+            path.display(),
+            e.message()
+        )
     })?;
     let properties: BTreeMap<String, String> = file
         .librdkafka
@@ -77,7 +100,10 @@ pub fn read_config_file(path: &Path) -> anyhow::Result<BTreeMap<String, String>>
 #[cfg(unix)]
 fn check_owner_only(path: &Path, secret: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    let mode = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.permissions().mode();
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions()
+        .mode();
     if mode & 0o077 != 0 {
         bail!(
             "config file {} holds {secret} but is readable by others (mode {:03o}): chmod 600 {}",
@@ -110,30 +136,49 @@ mod tests {
 
     #[test]
     fn a_file_with_a_password_must_be_owner_only() {
-        let text = "[librdkafka]\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"hunter2-secret\"\n";
-        let err = read_config_file(&file("open", text, 0o644)).unwrap_err().to_string();
-        assert!(err.contains("holds sasl.password but is readable by others (mode 644): chmod 600"), "{err}");
+        let text =
+            "[librdkafka]\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"hunter2-secret\"\n";
+        let err = read_config_file(&file("open", text, 0o644))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("holds sasl.password but is readable by others (mode 644): chmod 600"),
+            "{err}"
+        );
         assert!(!err.contains("hunter2"), "{err}");
         let props = read_config_file(&file("closed", text, 0o600)).unwrap();
-        assert_eq!(props.get("sasl.password").map(String::as_str), Some("hunter2-secret"));
+        assert_eq!(
+            props.get("sasl.password").map(String::as_str),
+            Some("hunter2-secret")
+        );
         // Without a secret the mode does not matter.
         read_config_file(&file("plain", "[librdkafka]\n\"linger.ms\" = 5\n", 0o644)).unwrap();
     }
 
     #[test]
     fn a_broken_file_is_refused_without_quoting_it() {
-        let err = read_config_file(&file("broken", "[librdkafka]\n\"sasl.password\" = hunter2-secret\n", 0o600))
-            .unwrap_err()
-            .to_string();
+        let err = read_config_file(&file(
+            "broken",
+            "[librdkafka]\n\"sasl.password\" = hunter2-secret\n",
+            0o600,
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]
     fn secrets_are_named_never_shown() {
-        assert!(refuse_on_command_line("sasl.password").unwrap_err().to_string().contains("--config"));
+        assert!(refuse_on_command_line("sasl.password")
+            .unwrap_err()
+            .to_string()
+            .contains("--config"));
         assert!(refuse_on_command_line("ssl.key.password").is_err());
         refuse_on_command_line("sasl.username").unwrap();
-        let props = BTreeMap::from([("sasl.password".to_owned(), "p".to_owned()), ("linger.ms".to_owned(), "5".to_owned())]);
+        let props = BTreeMap::from([
+            ("sasl.password".to_owned(), "p".to_owned()),
+            ("linger.ms".to_owned(), "5".to_owned()),
+        ]);
         let shown = redacted(&props);
         assert_eq!(shown.get("sasl.password"), Some(&"[redacted]"));
         assert_eq!(shown.get("linger.ms"), Some(&"5"));

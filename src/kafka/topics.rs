@@ -12,10 +12,10 @@
 //! topic is never altered.
 
 use super::config::KafkaConfig;
+use super::logging::Logged;
 use super::read::{partition_count, partition_count_if_exists};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use super::logging::Logged;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::RDKafkaErrorCode;
 use std::time::Duration;
@@ -62,7 +62,11 @@ impl Topics {
     /// that does not end in `-`, `.` or `_` gets a `-`.
     pub fn prefixed(prefix: &str, app_id: &str) -> Self {
         let prefix = separated(prefix);
-        Self::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &format!("{prefix}{app_id}"))
+        Self::with(
+            format!("{prefix}market-updates"),
+            format!("{prefix}notifications"),
+            &format!("{prefix}{app_id}"),
+        )
     }
 
     /// Every topic of the deployment (what a demo or benchmark deletes after its run).
@@ -100,9 +104,15 @@ pub struct TopicSpec {
 
 /// Creates the topics that do not exist yet. Replication factor: the broker's default.
 pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::Result<()> {
-    let admin: AdminClient<Logged> = kafka.admin().create_with_context(Logged).context("creating an admin client")?;
+    let admin: AdminClient<Logged> = kafka
+        .admin()
+        .create_with_context(Logged)
+        .context("creating an admin client")?;
     // NewTopic borrows its config values: the retention strings live here, beside it.
-    let retention: Vec<Option<String>> = specs.iter().map(|s| s.retention.map(|r| r.as_millis().to_string())).collect();
+    let retention: Vec<Option<String>> = specs
+        .iter()
+        .map(|s| s.retention.map(|r| r.as_millis().to_string()))
+        .collect();
     let new: Vec<NewTopic<'_>> = specs
         .iter()
         .zip(&retention)
@@ -118,13 +128,20 @@ pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::
         })
         .collect();
     let results = admin
-        .create_topics(&new, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
+        )
         .await
         .context("creating topics")?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed)) => {
+            Err((
+                name,
+                RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed,
+            )) => {
                 bail!("not allowed to create topic {name}: create it beforehand or grant CREATE on it")
             }
             Err((name, code)) => bail!("cannot create topic {name}: {code}"),
@@ -136,7 +153,12 @@ pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::
 /// Deletes topics (tests and demos clean up after themselves); missing ones are fine.
 pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Result<()> {
     let admin: AdminClient<Logged> = kafka.admin().create_with_context(Logged)?;
-    let results = admin.delete_topics(names, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT))).await?;
+    let results = admin
+        .delete_topics(
+            names,
+            &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
+        )
+        .await?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
@@ -149,23 +171,53 @@ pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Resul
 /// Makes sure every topic of `topics` exists: the input must (or is created with
 /// `input_partitions` when given), the others are created to match it. Returns the input's
 /// partition count.
-pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Option<i32>) -> anyhow::Result<i32> {
-    let probe: BaseConsumer<Logged> = kafka.admin().create_with_context(Logged).context("creating a metadata client")?;
+pub async fn ensure(
+    kafka: &KafkaConfig,
+    topics: &Topics,
+    input_partitions: Option<i32>,
+) -> anyhow::Result<i32> {
+    let probe: BaseConsumer<Logged> = kafka
+        .admin()
+        .create_with_context(Logged)
+        .context("creating a metadata client")?;
     let input = match partition_count(&probe, &topics.input, ADMIN_TIMEOUT) {
         Ok(n) => n,
         Err(e) => {
             let Some(n) = input_partitions else {
                 return Err(e.context(format!("input topic {} is missing", topics.input)));
             };
-            create_topics(kafka, &[TopicSpec { name: topics.input.clone(), partitions: n, compacted: false, retention: None }])
-                .await?;
+            create_topics(
+                kafka,
+                &[TopicSpec {
+                    name: topics.input.clone(),
+                    partitions: n,
+                    compacted: false,
+                    retention: None,
+                }],
+            )
+            .await?;
             wait_for_partitions(&probe, &topics.input)?
         }
     };
     let specs = [
-        TopicSpec { name: topics.notifications.clone(), partitions: input, compacted: false, retention: None },
-        TopicSpec { name: topics.changelog.clone(), partitions: input, compacted: true, retention: None },
-        TopicSpec { name: topics.dlq.clone(), partitions: input, compacted: false, retention: Some(topics.dlq_retention) },
+        TopicSpec {
+            name: topics.notifications.clone(),
+            partitions: input,
+            compacted: false,
+            retention: None,
+        },
+        TopicSpec {
+            name: topics.changelog.clone(),
+            partitions: input,
+            compacted: true,
+            retention: None,
+        },
+        TopicSpec {
+            name: topics.dlq.clone(),
+            partitions: input,
+            compacted: false,
+            retention: Some(topics.dlq_retention),
+        },
     ];
     let mut missing = Vec::new();
     for s in &specs {
@@ -191,7 +243,10 @@ pub async fn ensure(kafka: &KafkaConfig, topics: &Topics, input_partitions: Opti
 /// Creates `spec`'s topic unless it exists; returns its partition count (the existing topic's,
 /// which may differ from the spec's).
 pub async fn ensure_topic(kafka: &KafkaConfig, spec: &TopicSpec) -> anyhow::Result<i32> {
-    let probe: BaseConsumer<Logged> = kafka.admin().create_with_context(Logged).context("creating a metadata client")?;
+    let probe: BaseConsumer<Logged> = kafka
+        .admin()
+        .create_with_context(Logged)
+        .context("creating a metadata client")?;
     if let Some(n) = partition_count_if_exists(&probe, &spec.name, ADMIN_TIMEOUT)? {
         return Ok(n);
     }

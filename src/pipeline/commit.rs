@@ -199,13 +199,21 @@ impl Committer {
     /// predecessor and aborts what it left open), or idempotent in the at-least-once mode.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
         let producer = match settings.guarantee {
-            Guarantee::ExactlyOnce => {
-                TxnProducer::start(&settings.kafka, &settings.transactional_id(), settings.transaction_timeout)?
+            Guarantee::ExactlyOnce => TxnProducer::start(
+                &settings.kafka,
+                &settings.transactional_id(),
+                settings.transaction_timeout,
+            )?,
+            Guarantee::AtLeastOnce => {
+                TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
+                    .context("starting the idempotent producer")?
             }
-            Guarantee::AtLeastOnce => TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
-                .context("starting the idempotent producer")?,
         };
-        Ok(Arc::new(Committer { producer, settings, session: Mutex::new(Session::default()) }))
+        Ok(Arc::new(Committer {
+            producer,
+            settings,
+            session: Mutex::new(Session::default()),
+        }))
     }
 
     pub fn settings(&self) -> &EngineSettings {
@@ -219,9 +227,9 @@ impl Committer {
 
     pub fn lock(&self) -> Result<MutexGuard<'_, Session>, TxnError> {
         // A poisoned lock means a panic while the state was half-updated: nothing can be trusted.
-        self.session
-            .lock()
-            .map_err(|_| TxnError::with_class("state lock", TxnErrorClass::Fatal, TxnCause::LockPoisoned))
+        self.session.lock().map_err(|_| {
+            TxnError::with_class("state lock", TxnErrorClass::Fatal, TxnCause::LockPoisoned)
+        })
     }
 
     /// Opens a batch (beginning a transaction in the exactly-once mode) unless one is open.
@@ -256,9 +264,15 @@ impl Committer {
 
     /// Writes the batch's changed states to the changelog and adds its offsets (with fresh group
     /// metadata) to the open transaction. Idempotent per transaction.
-    pub fn stage<C: ConsumerContext>(&self, session: &mut Session, consumer: &BaseConsumer<C>) -> Result<(), TxnError> {
+    pub fn stage<C: ConsumerContext>(
+        &self,
+        session: &mut Session,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), TxnError> {
         let Session { txn, state, .. } = session;
-        let Some(txn) = txn.as_mut() else { return Ok(()) };
+        let Some(txn) = txn.as_mut() else {
+            return Ok(());
+        };
         if txn.staged {
             return Ok(());
         }
@@ -266,17 +280,28 @@ impl Committer {
         for (&p, symbols) in &txn.dirty {
             let Some(states) = state.get(p) else { continue };
             for symbol in symbols {
-                let Some(s) = states.get(symbol) else { continue };
+                let Some(s) = states.get(symbol) else {
+                    continue;
+                };
                 // Serializing a decimal string and an integer cannot fail.
                 let value = serde_json::to_vec(s).unwrap_or_default();
-                let record = BaseRecord::to(&topics.changelog).partition(p).key(symbol.as_bytes()).payload(value.as_slice());
-                self.producer.send(record).map_err(|e| TxnError::new("produce state", e))?;
+                let record = BaseRecord::to(&topics.changelog)
+                    .partition(p)
+                    .key(symbol.as_bytes())
+                    .payload(value.as_slice());
+                self.producer
+                    .send(record)
+                    .map_err(|e| TxnError::new("produce state", e))?;
             }
         }
         if self.settings.guarantee == Guarantee::ExactlyOnce {
-            let group = consumer
-                .group_metadata()
-                .ok_or_else(|| TxnError::with_class("group_metadata", TxnErrorClass::Fatal, TxnCause::NoGroupMetadata))?;
+            let group = consumer.group_metadata().ok_or_else(|| {
+                TxnError::with_class(
+                    "group_metadata",
+                    TxnErrorClass::Fatal,
+                    TxnCause::NoGroupMetadata,
+                )
+            })?;
             self.producer.send_offsets(&self.offsets_of(txn)?, &group)?;
         }
         txn.staged = true;
@@ -285,9 +310,15 @@ impl Committer {
 
     /// Puts the batch's state and offsets into the open transaction and waits until every record
     /// of it is in the log, uncommitted (see `Engine::stage_and_flush`).
-    pub fn stage_and_flush<C: ConsumerContext>(&self, session: &mut Session, consumer: &BaseConsumer<C>) -> Result<(), TxnError> {
+    pub fn stage_and_flush<C: ConsumerContext>(
+        &self,
+        session: &mut Session,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), TxnError> {
         self.stage(session, consumer)?;
-        self.producer.flush(Duration::from_secs(30)).map_err(|e| TxnError::new("flush", e))
+        self.producer
+            .flush(Duration::from_secs(30))
+            .map_err(|e| TxnError::new("flush", e))
     }
 
     /// At least once: waits until everything produced is acknowledged, and fails (abortable: the
@@ -299,15 +330,24 @@ impl Committer {
             .map_err(|e| TxnError::with_class("flush", TxnErrorClass::Abortable, e))?;
         let undelivered = self.producer.delivery_failures() - failures;
         if undelivered > 0 {
-            return Err(TxnError::with_class("delivery", TxnErrorClass::Abortable, TxnCause::Undelivered(undelivered)));
+            return Err(TxnError::with_class(
+                "delivery",
+                TxnErrorClass::Abortable,
+                TxnCause::Undelivered(undelivered),
+            ));
         }
         Ok(())
     }
 
     fn offsets_of(&self, txn: &OpenTxn) -> Result<TopicPartitionList, TxnError> {
         let input = &self.settings.topics.input;
-        position_list(input, txn.offsets.iter().map(|(&p, &next)| (p, Offset::Offset(next))))
-            .map_err(|e| TxnError::new("offsets", e))
+        position_list(
+            input,
+            txn.offsets
+                .iter()
+                .map(|(&p, &next)| (p, Offset::Offset(next))),
+        )
+        .map_err(|e| TxnError::new("offsets", e))
     }
 
     /// Exits the process abruptly if the test hook says this commit is the one to crash at.
@@ -315,13 +355,20 @@ impl Committer {
         if self.settings.hooks.crash_before_commit == Some(session.stats.commits + 1) {
             // Outputs first into the log, so the crash lands between produce and commit.
             let _ = self.producer.flush(Duration::from_secs(30));
-            error!(commit = session.stats.commits + 1, "test hook: crashing before this commit");
+            error!(
+                commit = session.stats.commits + 1,
+                "test hook: crashing before this commit"
+            );
             std::process::abort();
         }
     }
 
     /// Commits the open batch, if any: dirty states, then offsets, then commit.
-    fn commit_open<C: ConsumerContext>(&self, session: &mut Session, consumer: &BaseConsumer<C>) -> Result<(), TxnError> {
+    fn commit_open<C: ConsumerContext>(
+        &self,
+        session: &mut Session,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), TxnError> {
         if session.txn.is_none() {
             return Ok(());
         }
@@ -339,15 +386,25 @@ impl Committer {
                 self.maybe_crash(session);
                 self.stage(session, consumer)?;
                 self.flush_acknowledged()?;
-                let tpl = session.txn.as_ref().map(|t| self.offsets_of(t)).transpose()?.unwrap_or_default();
-                consumer
-                    .commit(&tpl, CommitMode::Sync)
-                    .map_err(|e| TxnError::with_class("commit offsets", TxnErrorClass::Abortable, e))?;
+                let tpl = session
+                    .txn
+                    .as_ref()
+                    .map(|t| self.offsets_of(t))
+                    .transpose()?
+                    .unwrap_or_default();
+                consumer.commit(&tpl, CommitMode::Sync).map_err(|e| {
+                    TxnError::with_class("commit offsets", TxnErrorClass::Abortable, e)
+                })?;
             }
         }
-        let Some(txn) = session.txn.take() else { return Ok(()) };
+        let Some(txn) = session.txn.take() else {
+            return Ok(());
+        };
         if session.denied_in_a_row > 0 {
-            info!(after_aborts = session.denied_in_a_row, "authorised again: transactions commit");
+            info!(
+                after_aborts = session.denied_in_a_row,
+                "authorised again: transactions commit"
+            );
             session.denied_in_a_row = 0;
         }
         let (c, s) = (&txn.counts, &mut session.stats);
@@ -358,7 +415,14 @@ impl Committer {
         s.committed_retried += c.retried;
         s.committed_stale += c.stale;
         s.committed_unwatched += c.unwatched;
-        m::committed(&c.dead_letters, txn.records, c.notifications, c.stale, c.retried, started.elapsed());
+        m::committed(
+            &c.dead_letters,
+            txn.records,
+            c.notifications,
+            c.stale,
+            c.retried,
+            started.elapsed(),
+        );
         debug!(
             records = txn.records,
             notifications = c.notifications,
@@ -372,7 +436,8 @@ impl Committer {
     /// The topics this engine writes that its principal may not Write now (asked of the broker).
     fn refused_writes(&self) -> Vec<String> {
         let t = &self.settings.topics;
-        self.producer.refused_writes(&[t.notifications.clone(), t.dlq.clone(), t.changelog.clone()])
+        self.producer
+            .refused_writes(&[t.notifications.clone(), t.dlq.clone(), t.changelog.clone()])
     }
 
     /// After an abort because Write was refused on `topics`: says so (log and metric, per right)
@@ -380,9 +445,12 @@ impl Committer {
     /// spinning, until the right is granted again.
     fn report_refused(&self, session: &mut Session, topics: &[String]) {
         session.denied_in_a_row += 1;
-        let backoff = DENIED_BACKOFF_FIRST.saturating_mul(1 << session.denied_in_a_row.min(6)).min(DENIED_BACKOFF_MAX);
+        let backoff = DENIED_BACKOFF_FIRST
+            .saturating_mul(1 << session.denied_in_a_row.min(6))
+            .min(DENIED_BACKOFF_MAX);
         session.backoff = Some(backoff);
-        let principal = crate::kafka::access::principal(&self.settings.kafka).unwrap_or_else(|| "this client".to_owned());
+        let principal = crate::kafka::access::principal(&self.settings.kafka)
+            .unwrap_or_else(|| "this client".to_owned());
         for topic in topics {
             let right = format!("Write on Topic {topic}");
             m::not_authorised(&right);
@@ -453,8 +521,13 @@ impl Committer {
         }
         session.state.invalidate_all();
         // Without a rewind the redo would skip records: stop rather than lose them.
-        seek_to_committed(consumer, &self.settings.topics.input, partitions, REWIND_TIMEOUT)
-            .map_err(|e| TxnError::with_class("rewind", TxnErrorClass::Fatal, e))
+        seek_to_committed(
+            consumer,
+            &self.settings.topics.input,
+            partitions,
+            REWIND_TIMEOUT,
+        )
+        .map_err(|e| TxnError::with_class("rewind", TxnErrorClass::Fatal, e))
     }
 }
 
@@ -493,7 +566,9 @@ impl ClientContext for RebalanceHandler {
 
 impl ConsumerContext for RebalanceHandler {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Revoke(tpl) = rebalance else { return };
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
         let c = &self.committer;
         let revoked = partitions_of(tpl, &c.settings.topics.input);
         let mut session = match c.lock() {
@@ -504,12 +579,17 @@ impl ConsumerContext for RebalanceHandler {
         m::rebalance(if lost { "lost" } else { "revoke" });
         info!(partitions = ?revoked, lost, open_txn = session.txn.is_some(), "partitions revoked");
         if session.txn.is_some() {
-            let remaining: Vec<i32> = session.state.owned().filter(|p| !revoked.contains(p)).collect();
+            let remaining: Vec<i32> = session
+                .state
+                .owned()
+                .filter(|p| !revoked.contains(p))
+                .collect();
             let result = if lost {
                 // Another member may own these partitions already: our outputs must not commit.
                 c.abort_and_rewind(&mut session, consumer, &remaining)
             } else {
-                c.commit_or_abort(&mut session, consumer, &remaining).map(|_| ())
+                c.commit_or_abort(&mut session, consumer, &remaining)
+                    .map(|_| ())
             };
             if let Err(e) = result {
                 error!(error = %e, "transaction could not be closed on revoke");
@@ -529,7 +609,9 @@ impl ConsumerContext for RebalanceHandler {
                 info!(partitions = ?assigned, "partitions assigned");
                 match self.committer.lock() {
                     Ok(mut session) => assigned.into_iter().for_each(|p| session.state.assign(p)),
-                    Err(e) => error!(error = %e, "partitions assigned with the state lock poisoned"),
+                    Err(e) => {
+                        error!(error = %e, "partitions assigned with the state lock poisoned")
+                    }
                 }
             }
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
@@ -539,5 +621,9 @@ impl ConsumerContext for RebalanceHandler {
 }
 
 fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
-    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition()).collect()
+    tpl.elements()
+        .iter()
+        .filter(|e| e.topic() == topic)
+        .map(|e| e.partition())
+        .collect()
 }

@@ -32,10 +32,10 @@ use super::settings::EngineSettings;
 use super::state::{self, PartitionState};
 use crate::alert::{apply_rules, Notification, Outcome, Source};
 use crate::dlq;
-use crate::trace;
 use crate::kafka::offsets::{fetch_committed, partition_list};
 use crate::kafka::read::{reader, Reader};
 use crate::kafka::Isolation;
+use crate::trace;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -73,13 +73,16 @@ impl Engine {
         let txn_id = settings.transactional_id();
         let instance = settings.static_membership.then_some(txn_id.as_str());
         let consumer_cfg = settings.kafka.group_consumer(settings.group_id(), instance);
-        let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted).context("creating the restore reader")?;
+        let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted)
+            .context("creating the restore reader")?;
         let committer = Committer::start(settings)?;
         let consumer: BaseConsumer<RebalanceHandler> = consumer_cfg
             .create_with_context(RebalanceHandler::new(Arc::clone(&committer)))
             .context("creating the consumer")?;
         let settings = committer.settings();
-        consumer.subscribe(&[&settings.topics.input]).context("subscribing")?;
+        consumer
+            .subscribe(&[&settings.topics.input])
+            .context("subscribing")?;
         info!(
             transactional_id = %txn_id,
             group = settings.group_id(),
@@ -87,7 +90,11 @@ impl Engine {
             guarantee = ?settings.guarantee,
             "engine started"
         );
-        Ok(Engine { consumer, committer, restore_reader })
+        Ok(Engine {
+            consumer,
+            committer,
+            restore_reader,
+        })
     }
 
     /// Polls once (rebalance callbacks run here), restores newly owned partitions, and processes
@@ -109,7 +116,9 @@ impl Engine {
                 }
                 Err(e) => return Err(e.into()),
             },
-            Some(Err(KafkaError::MessageConsumptionFatal(code))) => return Err(anyhow!("fatal consumer error: {code}")),
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                return Err(anyhow!("fatal consumer error: {code}"))
+            }
             Some(Err(e)) => {
                 // Broker transport errors and the like: librdkafka recovers by itself.
                 warn!(error = %e, "consumer error");
@@ -158,8 +167,12 @@ impl Engine {
         // Fetching the committed offsets of a read_committed consumer waits until no transaction
         // holds pending offsets on these partitions (KIP-447 "require stable"): a previous owner's
         // last transaction is resolved before its changelog is read.
-        let committed = fetch_committed(&self.consumer, &partition_list(&topics.input, pending.iter().copied()), state::RESTORE_TIMEOUT)
-            .context("fetching committed offsets")?;
+        let committed = fetch_committed(
+            &self.consumer,
+            &partition_list(&topics.input, pending.iter().copied()),
+            state::RESTORE_TIMEOUT,
+        )
+        .context("fetching committed offsets")?;
         let started = Instant::now();
         let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
         let mut session = self.committer.lock()?;
@@ -180,15 +193,33 @@ impl Engine {
         if m.topic() != settings.topics.input || session.state.get(p).is_none() {
             // Not ours (any more): librdkafka drops fetched records of revoked partitions, so this
             // is a safety net, and the record is not acknowledged.
-            warn!(topic = m.topic(), partition = p, offset = m.offset(), "record of a partition not owned; ignored");
+            warn!(
+                topic = m.topic(),
+                partition = p,
+                offset = m.offset(),
+                "record of a partition not owned; ignored"
+            );
             return Ok(());
         }
         c.begin(&mut session)?;
-        let (txn, states) = session.batch(p).expect("a batch was begun and partition p is loaded (checked above)");
-        match dlq::admit(m.payload(), settings.max_tick_bytes, &settings.retry, settings.faults) {
+        let (txn, states) = session
+            .batch(p)
+            .expect("a batch was begun and partition p is loaded (checked above)");
+        match dlq::admit(
+            m.payload(),
+            settings.max_tick_bytes,
+            &settings.retry,
+            settings.faults,
+        ) {
             Err(failure) => {
-                dlq::send(c.producer(), &settings.topics.dlq, m, settings.group_id(), &failure)
-                    .map_err(|e| TxnError::new("produce dead letter", e))?;
+                dlq::send(
+                    c.producer(),
+                    &settings.topics.dlq,
+                    m,
+                    settings.group_id(),
+                    &failure,
+                )
+                .map_err(|e| TxnError::new("produce dead letter", e))?;
                 *txn.counts.dead_letters.entry(failure.class()).or_default() += 1;
             }
             Ok((tick, attempts)) => {
@@ -200,9 +231,17 @@ impl Engine {
                 match apply_rules(&settings.rules, &mut current, &tick) {
                     Outcome::Accepted { crossings } => {
                         let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
-                        let headers = if crossings.is_empty() { OwnedHeaders::new() } else { trace::headers(m) };
+                        let headers = if crossings.is_empty() {
+                            OwnedHeaders::new()
+                        } else {
+                            trace::headers(m)
+                        };
                         for crossing in &crossings {
-                            let source = Source { topic: m.topic().to_owned(), partition: p, offset: m.offset() };
+                            let source = Source {
+                                topic: m.topic().to_owned(),
+                                partition: p,
+                                offset: m.offset(),
+                            };
                             let n = Notification::new(&tick, crossing, tick_ts.clone(), source);
                             // Serializing strings, decimals and integers cannot fail.
                             let value = serde_json::to_vec(&n).unwrap_or_default();
@@ -210,7 +249,9 @@ impl Engine {
                                 .key(tick.symbol.as_bytes())
                                 .payload(value.as_slice())
                                 .headers(headers.clone());
-                            c.producer().send(record).map_err(|e| TxnError::new("produce notification", e))?;
+                            c.producer()
+                                .send(record)
+                                .map_err(|e| TxnError::new("produce notification", e))?;
                             txn.counts.notifications += 1;
                         }
                         if let Some(s) = current {
@@ -245,7 +286,9 @@ impl Engine {
     pub fn commit(&self) -> anyhow::Result<bool> {
         let mut session = self.committer.lock()?;
         let owned: Vec<i32> = session.state.owned().collect();
-        Ok(self.committer.commit_or_abort(&mut session, &self.consumer, &owned)?)
+        Ok(self
+            .committer
+            .commit_or_abort(&mut session, &self.consumer, &owned)?)
     }
 
     /// Puts the batch's state and offsets into the open transaction and waits until every record of
@@ -254,7 +297,9 @@ impl Engine {
     /// queue. Processing must not continue in this transaction afterwards; commit or abort.
     pub fn stage_and_flush(&self) -> anyhow::Result<()> {
         let mut session = self.committer.lock()?;
-        Ok(self.committer.stage_and_flush(&mut session, &self.consumer)?)
+        Ok(self
+            .committer
+            .stage_and_flush(&mut session, &self.consumer)?)
     }
 
     /// Aborts the open transaction (if any), rewinds every owned partition to its committed offset
@@ -262,7 +307,9 @@ impl Engine {
     pub fn abort(&self) -> anyhow::Result<()> {
         let mut session = self.committer.lock()?;
         let owned: Vec<i32> = session.state.owned().collect();
-        Ok(self.committer.abort_and_rewind(&mut session, &self.consumer, &owned)?)
+        Ok(self
+            .committer
+            .abort_and_rewind(&mut session, &self.consumer, &owned)?)
     }
 
     /// Counters so far.
@@ -305,7 +352,10 @@ impl Engine {
 /// The record timestamp as RFC 3339 (stands in for a tick without `ts`).
 fn record_ts(m: &BorrowedMessage<'_>) -> String {
     let ms = m.timestamp().to_millis().unwrap_or_else(|| {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
     });
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()

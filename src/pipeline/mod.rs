@@ -31,13 +31,16 @@ pub mod state;
 
 pub use commit::Stats;
 pub use engine::Engine;
-pub use settings::{EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH};
+pub use settings::{
+    EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL,
+    DEFAULT_MAX_BATCH,
+};
 
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::topics;
-use producer::TxnError;
 use anyhow::{bail, Context as _};
+use producer::TxnError;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,7 +52,11 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 
 /// Runs the processor until `shutdown` resolves (or it idles out, or fails), reporting its
 /// liveness and readiness to `health`.
-pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<Stats> {
+pub async fn run(
+    opts: PipelineOptions,
+    health: Health,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Stats> {
     let t = &opts.engine.topics;
     let needs = Needs {
         read: vec![t.input.clone(), t.changelog.clone()],
@@ -57,8 +64,15 @@ pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Ou
         group: Some(opts.engine.group_id().to_owned()),
     };
     let kafka = opts.engine.kafka.clone();
-    tokio::task::spawn_blocking(move || access::check(&kafka, &needs)).await.context("the access check panicked")??;
-    let partitions = topics::ensure(&opts.engine.kafka, &opts.engine.topics, opts.input_partitions).await?;
+    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
+        .await
+        .context("the access check panicked")??;
+    let partitions = topics::ensure(
+        &opts.engine.kafka,
+        &opts.engine.topics,
+        opts.input_partitions,
+    )
+    .await?;
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
     let t = &opts.engine.topics;
     crate::metrics::topics_written(&[&t.notifications, &t.changelog, &t.dlq]);
@@ -84,12 +98,19 @@ pub async fn run(opts: PipelineOptions, health: Health, shutdown: impl Future<Ou
 }
 
 /// The processing loop. Blocking: run it on a thread of its own.
-pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<Stats> {
+pub fn run_blocking(
+    opts: &PipelineOptions,
+    health: &Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<Stats> {
     let engine = Engine::start(opts.engine.clone())?;
     let result = process_until_stopped(&engine, opts, health, stop);
     health.not_ready(match &result {
         Ok(()) => "stopping",
-        Err(e) if e.downcast_ref::<TxnError>().is_some_and(TxnError::is_fenced) => {
+        Err(e)
+            if e.downcast_ref::<TxnError>()
+                .is_some_and(TxnError::is_fenced) =>
+        {
             crate::metrics::fenced();
             "fenced by a newer instance"
         }
@@ -126,7 +147,9 @@ pub fn run_blocking(opts: &PipelineOptions, health: &Health, stop: &AtomicBool) 
 /// Waits out the back-off the engine asks for after a transaction aborted for a missing right, in
 /// poll-slice steps so that a stop request is seen at once.
 fn back_off(engine: &Engine, stop: &AtomicBool) -> anyhow::Result<()> {
-    let Some(backoff) = engine.take_backoff()? else { return Ok(()) };
+    let Some(backoff) = engine.take_backoff()? else {
+        return Ok(());
+    };
     let until = Instant::now() + backoff;
     while !stop.load(Ordering::Relaxed) && Instant::now() < until {
         std::thread::sleep(POLL_SLICE.min(until.saturating_duration_since(Instant::now())));
@@ -134,14 +157,21 @@ fn back_off(engine: &Engine, stop: &AtomicBool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
+fn process_until_stopped(
+    engine: &Engine,
+    opts: &PipelineOptions,
+    health: &Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
     let mut transactions = 0u64;
     // Idle means: assigned, restored, and nothing to read. Waiting for an assignment or a restore,
     // a restore, and a record all restart the clock.
     let mut last_activity = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let timeout = match engine.open_since()? {
-            Some((started, _)) => (started + opts.commit_interval).saturating_duration_since(Instant::now()),
+            Some((started, _)) => {
+                (started + opts.commit_interval).saturating_duration_since(Instant::now())
+            }
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
@@ -156,10 +186,20 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
             last_activity = Instant::now();
         }
         match engine.open_since()? {
-            Some((started, records)) if started.elapsed() >= opts.commit_interval || records >= opts.max_batch => {
+            Some((started, records))
+                if started.elapsed() >= opts.commit_interval || records >= opts.max_batch =>
+            {
                 transactions += 1;
-                if opts.engine.hooks.abort_every.is_some_and(|n| n > 0 && transactions.is_multiple_of(n)) {
-                    info!(transaction = transactions, "test hook: aborting this transaction");
+                if opts
+                    .engine
+                    .hooks
+                    .abort_every
+                    .is_some_and(|n| n > 0 && transactions.is_multiple_of(n))
+                {
+                    info!(
+                        transaction = transactions,
+                        "test hook: aborting this transaction"
+                    );
                     engine.abort()?;
                 } else {
                     engine.commit()?;
@@ -168,7 +208,10 @@ fn process_until_stopped(engine: &Engine, opts: &PipelineOptions, health: &Healt
             }
             Some(_) => {}
             None => {
-                if opts.exit_when_idle.is_some_and(|idle| last_activity.elapsed() >= idle) {
+                if opts
+                    .exit_when_idle
+                    .is_some_and(|idle| last_activity.elapsed() >= idle)
+                {
                     info!("idle; stopping");
                     break;
                 }

@@ -26,13 +26,13 @@
 //! plain blocking calls here. Commit and abort take no client-side timeout: they are bounded by
 //! `transaction.timeout.ms`, and a client-side timeout would leave the outcome unknown.
 
+use crate::kafka::access::{self, AccessError};
+use crate::kafka::KafkaConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
-use crate::kafka::access::{self, AccessError};
-use crate::kafka::KafkaConfig;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -71,7 +71,10 @@ pub fn classify(err: &KafkaError) -> TxnErrorClass {
     match err {
         _ if matches!(
             err.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed)
+            Some(
+                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed
+            )
         ) =>
         {
             TxnErrorClass::Fatal
@@ -81,7 +84,9 @@ pub fn classify(err: &KafkaError) -> TxnErrorClass {
         KafkaError::Transaction(e) if e.is_retriable() => TxnErrorClass::Retriable,
         // A produce call refused locally (e.g. unknown partition) leaves the transaction usable
         // only after an abort; it never fences us.
-        KafkaError::MessageProduction(code) if *code != RDKafkaErrorCode::Fatal => TxnErrorClass::Abortable,
+        KafkaError::MessageProduction(code) if *code != RDKafkaErrorCode::Fatal => {
+            TxnErrorClass::Abortable
+        }
         _ => TxnErrorClass::Fatal,
     }
 }
@@ -117,18 +122,32 @@ pub struct TxnError {
 impl TxnError {
     /// A Kafka error, classified by [`classify`].
     pub fn new(step: &'static str, source: KafkaError) -> Self {
-        TxnError { step, class: classify(&source), cause: TxnCause::Kafka(source) }
+        TxnError {
+            step,
+            class: classify(&source),
+            cause: TxnCause::Kafka(source),
+        }
     }
 
     /// An error whose class the caller knows better than [`classify`] would.
-    pub fn with_class(step: &'static str, class: TxnErrorClass, cause: impl Into<TxnCause>) -> Self {
-        TxnError { step, class, cause: cause.into() }
+    pub fn with_class(
+        step: &'static str,
+        class: TxnErrorClass,
+        cause: impl Into<TxnCause>,
+    ) -> Self {
+        TxnError {
+            step,
+            class,
+            cause: cause.into(),
+        }
     }
 
     /// Whether a newer instance with the same transactional id (or group instance id) took over:
     /// this one must stop, and a restart would only fence the newer one in turn.
     pub fn is_fenced(&self) -> bool {
-        let TxnCause::Kafka(e) = &self.cause else { return false };
+        let TxnCause::Kafka(e) = &self.cause else {
+            return false;
+        };
         matches!(
             e.rdkafka_error_code(),
             Some(
@@ -208,15 +227,22 @@ impl TxnProducer {
     /// Creates the producer and registers its transactional.id (fencing any predecessor and
     /// aborting what it left open).
     pub fn new(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, TxnError> {
-        let p = TxnProducer { inner: RwLock::new(Self::registered(config)?), config: config.clone() };
+        let p = TxnProducer {
+            inner: RwLock::new(Self::registered(config)?),
+            config: config.clone(),
+        };
         Ok(Arc::new(p))
     }
 
-    fn registered(config: &rdkafka::ClientConfig) -> Result<ThreadedProducer<DeliveryContext>, TxnError> {
+    fn registered(
+        config: &rdkafka::ClientConfig,
+    ) -> Result<ThreadedProducer<DeliveryContext>, TxnError> {
         let inner: ThreadedProducer<DeliveryContext> = config
             .create_with_context(DeliveryContext::default())
             .map_err(|e| TxnError::with_class("create producer", TxnErrorClass::Fatal, e))?;
-        retrying(&inner, "init_transactions", |p| p.init_transactions(INIT_TIMEOUT))?;
+        retrying(&inner, "init_transactions", |p| {
+            p.init_transactions(INIT_TIMEOUT)
+        })?;
         Ok(inner)
     }
 
@@ -242,24 +268,40 @@ impl TxnProducer {
     /// not refused: this only names a refusal, it does not detect outages.
     pub fn refused_writes(&self, topics: &[String]) -> Vec<String> {
         let producer = self.producer();
-        topics.iter().filter(|t| access::refused(producer.client(), t).unwrap_or(false)).cloned().collect()
+        topics
+            .iter()
+            .filter(|t| access::refused(producer.client(), t).unwrap_or(false))
+            .cloned()
+            .collect()
     }
 
     /// The transactional producer of `transactional_id`, registered ([`TxnProducer::new`]). A
     /// registration refused for lack of a right is returned as the [`AccessError`] naming it
     /// ("Write on TransactionalId <id>").
-    pub fn start(kafka: &KafkaConfig, transactional_id: &str, txn_timeout: Duration) -> anyhow::Result<Arc<Self>> {
+    pub fn start(
+        kafka: &KafkaConfig,
+        transactional_id: &str,
+        txn_timeout: Duration,
+    ) -> anyhow::Result<Arc<Self>> {
         let cfg = kafka.transactional_producer(transactional_id, txn_timeout)?;
-        Self::new(&cfg).map_err(|e| match authorization_failure(kafka, &e, transactional_id) {
-            Some(denied) => denied.into(),
-            None => anyhow::Error::new(e).context(format!("registering the transactional id {transactional_id}")),
-        })
+        Self::new(&cfg).map_err(
+            |e| match authorization_failure(kafka, &e, transactional_id) {
+                Some(denied) => denied.into(),
+                None => anyhow::Error::new(e).context(format!(
+                    "registering the transactional id {transactional_id}"
+                )),
+            },
+        )
     }
 
     /// A producer without transactions (at-least-once mode): same send path, no init.
     pub fn non_transactional(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, KafkaError> {
-        let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext::default())?;
-        Ok(Arc::new(TxnProducer { inner: RwLock::new(inner), config: config.clone() }))
+        let inner: ThreadedProducer<DeliveryContext> =
+            config.create_with_context(DeliveryContext::default())?;
+        Ok(Arc::new(TxnProducer {
+            inner: RwLock::new(inner),
+            config: config.clone(),
+        }))
     }
 
     fn retrying(
@@ -276,7 +318,11 @@ impl TxnProducer {
 
     /// Adds the consumed offsets (next offset to read, per partition) to the transaction, with the
     /// group metadata that lets the coordinator fence a zombie of an older generation.
-    pub fn send_offsets(&self, offsets: &TopicPartitionList, group: &ConsumerGroupMetadata) -> Result<(), TxnError> {
+    pub fn send_offsets(
+        &self,
+        offsets: &TopicPartitionList,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<(), TxnError> {
         self.retrying("send_offsets_to_transaction", |p| {
             p.send_offsets_to_transaction(offsets, group, Timeout::Never)
         })
@@ -289,7 +335,9 @@ impl TxnProducer {
         // would take at least 100 ms. After a drain its flush returns at once. A drain that does
         // not finish changes nothing: commit_transaction flushes (and fails) on its own.
         let _ = self.flush(DRAIN_TIMEOUT);
-        self.retrying("commit_transaction", |p| p.commit_transaction(Timeout::Never))
+        self.retrying("commit_transaction", |p| {
+            p.commit_transaction(Timeout::Never)
+        })
     }
 
     pub fn abort(&self) -> Result<(), TxnError> {
@@ -320,7 +368,8 @@ impl TxnProducer {
         let producer = self.producer();
         loop {
             match producer.flush(Duration::from_millis(1)) {
-                Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) if Instant::now() < deadline => {}
+                Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
+                    if Instant::now() < deadline => {}
                 other => return other,
             }
         }
@@ -353,7 +402,10 @@ fn retrying(
                     continue;
                 }
                 if err.class == TxnErrorClass::Retriable {
-                    return Err(TxnError { class: TxnErrorClass::Fatal, ..err });
+                    return Err(TxnError {
+                        class: TxnErrorClass::Fatal,
+                        ..err
+                    });
                 }
                 return Err(err);
             }
@@ -364,7 +416,13 @@ fn retrying(
 /// The missing right behind a transactional error, if it is an authorisation failure:
 /// `Write on TransactionalId <id>` for a refused `init_transactions`, and so on
 /// ([`access::from_kafka_error`]).
-pub fn authorization_failure(kafka: &KafkaConfig, err: &TxnError, transactional_id: &str) -> Option<AccessError> {
-    let TxnCause::Kafka(e) = &err.cause else { return None };
+pub fn authorization_failure(
+    kafka: &KafkaConfig,
+    err: &TxnError,
+    transactional_id: &str,
+) -> Option<AccessError> {
+    let TxnCause::Kafka(e) = &err.cause else {
+        return None;
+    };
     access::from_kafka_error(kafka, e, transactional_id, &[])
 }

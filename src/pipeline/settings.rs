@@ -75,7 +75,13 @@ pub struct EngineSettings {
 
 impl EngineSettings {
     /// Settings with the defaults of everything but the deployment's names and rules.
-    pub fn new(kafka: KafkaConfig, app_id: &str, instance_id: &str, topics: Topics, rules: Arc<Rules>) -> Self {
+    pub fn new(
+        kafka: KafkaConfig,
+        app_id: &str,
+        instance_id: &str,
+        topics: Topics,
+        rules: Arc<Rules>,
+    ) -> Self {
         EngineSettings {
             kafka,
             app_id: app_id.to_owned(),

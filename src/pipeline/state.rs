@@ -54,7 +54,11 @@ impl StateStore {
 
     /// Owned partitions whose state is not loaded.
     pub fn pending(&self) -> Vec<i32> {
-        self.partitions.iter().filter(|(_, s)| s.is_none()).map(|(p, _)| *p).collect()
+        self.partitions
+            .iter()
+            .filter(|(_, s)| s.is_none())
+            .map(|(p, _)| *p)
+            .collect()
     }
 
     /// Loaded state of `p`.
@@ -80,7 +84,10 @@ impl StateStore {
 
     /// A copy of every loaded partition's state (tests compare restored and uninterrupted runs).
     pub fn snapshot(&self) -> BTreeMap<i32, PartitionState> {
-        self.partitions.iter().filter_map(|(p, s)| s.clone().map(|s| (*p, s))).collect()
+        self.partitions
+            .iter()
+            .filter_map(|(p, s)| s.clone().map(|s| (*p, s)))
+            .collect()
     }
 }
 
@@ -90,7 +97,8 @@ pub fn restore(
     changelog: &str,
     partitions: &[i32],
 ) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
-    let mut out: BTreeMap<i32, PartitionState> = partitions.iter().map(|&p| (p, HashMap::new())).collect();
+    let mut out: BTreeMap<i32, PartitionState> =
+        partitions.iter().map(|&p| (p, HashMap::new())).collect();
     let mut skipped = 0u64;
     let n = read_partitions_to_end(reader, changelog, partitions, RESTORE_TIMEOUT, |m| {
         let (Some(key), Some(value)) = (m.key(), m.payload()) else {
@@ -99,15 +107,23 @@ pub fn restore(
             return Ok(());
         };
         let symbol = String::from_utf8_lossy(key).into_owned();
-        let state: SymbolState = serde_json::from_slice(value)
-            .with_context(|| format!("changelog {changelog}/{} offset {} is not a state record", m.partition(), m.offset()))?;
+        let state: SymbolState = serde_json::from_slice(value).with_context(|| {
+            format!(
+                "changelog {changelog}/{} offset {} is not a state record",
+                m.partition(),
+                m.offset()
+            )
+        })?;
         if let Some(map) = out.get_mut(&m.partition()) {
             map.insert(symbol, state);
         }
         Ok(())
     })?;
     if skipped > 0 {
-        warn!(changelog, skipped, "changelog records without key or value ignored");
+        warn!(
+            changelog,
+            skipped, "changelog records without key or value ignored"
+        );
     }
     info!(
         changelog,

@@ -6,8 +6,8 @@
 
 use super::db;
 use super::options::DbOptions;
-use crate::kafka::KafkaConfig;
 use crate::dlq::FaultInjection;
+use crate::kafka::KafkaConfig;
 use crate::rules::Rules;
 use crate::tools::verify::{compare, expected_from_input, VerifyReport};
 use anyhow::Context as _;
@@ -15,13 +15,18 @@ use std::collections::HashMap;
 
 /// Every id in the `alerts` table, each with the number of rows that have it.
 pub async fn stored_ids(opts: &DbOptions) -> anyhow::Result<HashMap<String, u64>> {
-    let client = db::connect(opts).await.with_context(|| format!("connecting to {}", db::describe(opts)))?;
+    let client = db::connect(opts)
+        .await
+        .with_context(|| format!("connecting to {}", db::describe(opts)))?;
     let rows = client
         .query("SELECT id, count(*) FROM alerts GROUP BY id", &[])
         .await
         .map_err(|e| db::classify(&e))
         .context("reading the alerts table")?;
-    Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64)).collect())
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+        .collect())
 }
 
 /// Compares the notifications implied by `input` with the rows of the `alerts` table.
@@ -35,7 +40,9 @@ pub fn verify_table(
 ) -> anyhow::Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let expected = expected_from_input(kafka, input, rules, max_tick_bytes, faults, &mut report)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let found = rt.block_on(stored_ids(db))?;
     report.found = found.values().sum();
     compare(&mut report, &expected, &found);

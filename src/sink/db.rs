@@ -64,7 +64,11 @@ pub fn classify(e: &tokio_postgres::Error) -> DbError {
         // No SQLSTATE: the connection itself. A TLS protocol failure (a certificate that does not
         // verify, no common protocol version) is configuration; sockets that fail or close, also
         // during the handshake, are an outage.
-        return if tls_refused(e) { DbError::Fatal(text) } else { DbError::Unavailable(text) };
+        return if tls_refused(e) {
+            DbError::Fatal(text)
+        } else {
+            DbError::Unavailable(text)
+        };
     };
     let code = code.code();
     match &code[..2] {
@@ -77,7 +81,10 @@ pub fn classify(e: &tokio_postgres::Error) -> DbError {
         "55" if code == "55P03" => DbError::Retry(text),
         "22" | "23" => DbError::Rejected {
             sqlstate: code.to_owned(),
-            message: e.as_db_error().map(|d| d.message().to_owned()).unwrap_or(text),
+            message: e
+                .as_db_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or(text),
         },
         _ => DbError::Fatal(text),
     }
@@ -127,7 +134,12 @@ pub fn describe(opts: &DbOptions) -> String {
                 })
                 .collect::<Vec<_>>()
                 .join(",");
-            let port = c.get_ports().iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+            let port = c
+                .get_ports()
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
             format!(
                 "{}@{host}:{port}/{}",
                 c.get_user().unwrap_or("?"),
@@ -142,10 +154,12 @@ pub fn describe(opts: &DbOptions) -> String {
 fn tls_connector(tls: &TlsOptions) -> anyhow::Result<MakeTlsConnector> {
     let mut b = SslConnector::builder(SslMethod::tls()).context("setting up OpenSSL")?;
     if let Some(ca) = &tls.root_cert {
-        b.set_ca_file(ca).with_context(|| format!("reading root certificate {}", ca.display()))?;
+        b.set_ca_file(ca)
+            .with_context(|| format!("reading root certificate {}", ca.display()))?;
     }
     if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
-        b.set_certificate_chain_file(cert).with_context(|| format!("reading client certificate {}", cert.display()))?;
+        b.set_certificate_chain_file(cert)
+            .with_context(|| format!("reading client certificate {}", cert.display()))?;
         b.set_private_key_file(key, SslFiletype::PEM)
             .with_context(|| format!("reading client key {}", key.display()))?;
     }
@@ -171,7 +185,8 @@ fn tls_connector(tls: &TlsOptions) -> anyhow::Result<MakeTlsConnector> {
 /// The tokio-postgres configuration of `opts` (the TLS mode applied).
 fn config(opts: &DbOptions) -> anyhow::Result<tokio_postgres::Config> {
     // tokio-postgres's parse errors name the option, never its value.
-    let mut c: tokio_postgres::Config = opts.url.expose().parse().context("invalid database URL")?;
+    let mut c: tokio_postgres::Config =
+        opts.url.expose().parse().context("invalid database URL")?;
     c.connect_timeout(opts.connect_timeout);
     if c.get_application_name().is_none() {
         // Shows in pg_stat_activity, so an operator can tell the sink's connections apart.
@@ -181,7 +196,9 @@ fn config(opts: &DbOptions) -> anyhow::Result<tokio_postgres::Config> {
         c.ssl_mode(match mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => tokio_postgres::config::SslMode::Require,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
         });
     }
     Ok(c)
@@ -192,10 +209,13 @@ fn config(opts: &DbOptions) -> anyhow::Result<tokio_postgres::Config> {
 pub async fn connect(opts: &DbOptions) -> Result<Client, DbError> {
     let cfg = config(opts).map_err(|e| DbError::Fatal(format!("{e:#}")))?;
     let tls = tls_connector(&opts.tls).map_err(|e| DbError::Fatal(format!("{e:#}")))?;
-    let (client, connection) = tokio::time::timeout(opts.connect_timeout + Duration::from_secs(1), cfg.connect(tls))
-        .await
-        .map_err(|_| DbError::Unavailable(format!("no connection within {:?}", opts.connect_timeout)))?
-        .map_err(|e| classify(&e))?;
+    let (client, connection) = tokio::time::timeout(
+        opts.connect_timeout + Duration::from_secs(1),
+        cfg.connect(tls),
+    )
+    .await
+    .map_err(|_| DbError::Unavailable(format!("no connection within {:?}", opts.connect_timeout)))?
+    .map_err(|e| classify(&e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             warn!(error = %error_text(&e), "database connection closed");
@@ -226,7 +246,11 @@ pub async fn connect_waiting(
                     () = &mut give_up => return Ok(None),
                 }
             }
-            Err(e) => return Err(anyhow::Error::new(e).context(format!("connecting to {}", describe(opts)))),
+            Err(e) => {
+                return Err(
+                    anyhow::Error::new(e).context(format!("connecting to {}", describe(opts)))
+                )
+            }
         }
     }
 }
@@ -238,13 +262,23 @@ pub async fn migrate(client: &mut Client) -> anyhow::Result<Vec<String>> {
         .await
         .map_err(|e| classify(&e))
         .context("taking the migration lock")?;
-    let report = embedded::migrations::runner().set_grouped(true).run_async(client).await;
+    let report = embedded::migrations::runner()
+        .set_grouped(true)
+        .run_async(client)
+        .await;
     // Unlocked also after a failure; a broken connection drops the lock with the session anyway.
-    let unlocked = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await;
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await;
     let report = report.context("applying the migrations")?;
-    unlocked.map_err(|e| classify(&e)).context("releasing the migration lock")?;
-    let applied: Vec<String> =
-        report.applied_migrations().iter().map(|m| format!("V{}__{}", m.version(), m.name())).collect();
+    unlocked
+        .map_err(|e| classify(&e))
+        .context("releasing the migration lock")?;
+    let applied: Vec<String> = report
+        .applied_migrations()
+        .iter()
+        .map(|m| format!("V{}__{}", m.version(), m.name()))
+        .collect();
     if applied.is_empty() {
         debug!("database schema up to date");
     } else {

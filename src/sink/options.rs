@@ -103,7 +103,8 @@ pub enum SslMode {
 impl FromStr for SslMode {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> anyhow::Result<Self> {
-        <Self as clap::ValueEnum>::from_str(s, true).map_err(|_| anyhow::anyhow!("invalid sslmode {s:?}"))
+        <Self as clap::ValueEnum>::from_str(s, true)
+            .map_err(|_| anyhow::anyhow!("invalid sslmode {s:?}"))
     }
 }
 
@@ -139,7 +140,9 @@ pub struct Backoff {
 impl Backoff {
     /// The wait before attempt `n` (1-based) of a reconnection, with `jitter` in [0.5, 1].
     pub fn delay(&self, n: u32, jitter: f64) -> Duration {
-        let exp = self.initial.saturating_mul(1u32 << n.saturating_sub(1).min(16));
+        let exp = self
+            .initial
+            .saturating_mul(1u32 << n.saturating_sub(1).min(16));
         exp.min(self.max).mul_f64(jitter.clamp(0.5, 1.0))
     }
 }
@@ -215,7 +218,11 @@ pub fn split_tls_params(url: &DatabaseUrl) -> anyhow::Result<(DatabaseUrl, TlsOp
             _ => kept.push(pair),
         }
     }
-    let url = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
     Ok((DatabaseUrl(url), tls))
 }
 
@@ -226,7 +233,11 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
             (b'%', Some(h), Some(l)) => {
                 out.push((h * 16 + l) as u8);
                 i += 3;
@@ -251,12 +262,20 @@ mod tests {
     #[test]
     fn the_password_never_shows() {
         let u = url("postgres://sink:s3cr3t@db.example:5432/alerts?sslmode=require");
-        assert_eq!(u.redacted(), "postgres://sink:***@db.example:5432/alerts?sslmode=require");
+        assert_eq!(
+            u.redacted(),
+            "postgres://sink:***@db.example:5432/alerts?sslmode=require"
+        );
         assert!(!format!("{u:?}").contains("s3cr3t"));
-        assert_eq!(url("postgres://sink@h/db").redacted(), "postgres://sink@h/db");
+        assert_eq!(
+            url("postgres://sink@h/db").redacted(),
+            "postgres://sink@h/db"
+        );
         let kv = url("host=h user=sink password=s3cr3t dbname=alerts");
         assert_eq!(kv.redacted(), "host=h user=sink password=*** dbname=alerts");
-        assert!(!url("postgres://h/db?password=s3cr3t&x=1").redacted().contains("s3cr3t"));
+        assert!(!url("postgres://h/db?password=s3cr3t&x=1")
+            .redacted()
+            .contains("s3cr3t"));
     }
 
     #[test]
@@ -273,7 +292,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let b = Backoff { initial: Duration::from_millis(200), max: Duration::from_secs(5) };
+        let b = Backoff {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(5),
+        };
         assert_eq!(b.delay(1, 1.0), Duration::from_millis(200));
         assert_eq!(b.delay(3, 1.0), Duration::from_millis(800));
         assert_eq!(b.delay(30, 1.0), Duration::from_secs(5));

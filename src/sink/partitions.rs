@@ -32,12 +32,12 @@
 //! through the consumer's context. Database calls are async; this thread drives them with
 //! `Handle::block_on`, bounded by the write timeout.
 
-use crate::health::Health;
 use super::db::{self, DbError};
 use super::metrics as m;
 use super::options::{HoldAt, SinkOptions};
 use super::record::Entry;
 use super::store::{hold_if, Batch, Store};
+use crate::health::Health;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::KafkaResult;
@@ -128,7 +128,12 @@ pub struct SinkContext {
 }
 
 impl Shared {
-    pub(super) fn new(opts: SinkOptions, rt: tokio::runtime::Handle, store: Store, health: Health) -> Arc<Self> {
+    pub(super) fn new(
+        opts: SinkOptions,
+        rt: tokio::runtime::Handle,
+        store: Store,
+        health: Health,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             opts,
             rt,
@@ -149,12 +154,16 @@ impl Shared {
     }
 
     pub(super) fn context(self: &Arc<Self>) -> SinkContext {
-        SinkContext { shared: Arc::clone(self) }
+        SinkContext {
+            shared: Arc::clone(self),
+        }
     }
 
     pub(super) fn lock(&self) -> anyhow::Result<MutexGuard<'_, State>> {
         // A poisoned lock means a panic while the state was half-updated: nothing can be trusted.
-        self.state.lock().map_err(|_| anyhow!("sink state lock poisoned by an earlier panic"))
+        self.state
+            .lock()
+            .map_err(|_| anyhow!("sink state lock poisoned by an earlier panic"))
     }
 
     fn tpl(&self, partitions: impl IntoIterator<Item = i32>) -> TopicPartitionList {
@@ -184,7 +193,9 @@ impl Shared {
 
     /// Whether the open batch should be written now; `quiet` says the last poll found nothing.
     pub(super) fn batch_due(&self, st: &State, quiet: bool) -> bool {
-        let Some(since) = st.batch_since else { return false };
+        let Some(since) = st.batch_since else {
+            return false;
+        };
         st.store.is_some()
             && (st.batch.records() >= self.opts.max_batch
                 || since.elapsed() >= self.opts.commit_interval
@@ -196,7 +207,9 @@ impl Shared {
         let now = Instant::now();
         let mut t = slice;
         if let Some(since) = st.batch_since {
-            t = t.min(self.opts.linger).min((since + self.opts.commit_interval).saturating_duration_since(now));
+            t = t
+                .min(self.opts.linger)
+                .min((since + self.opts.commit_interval).saturating_duration_since(now));
         }
         if let Some(o) = &st.outage {
             t = t.min(o.next_attempt.saturating_duration_since(now));
@@ -207,7 +220,10 @@ impl Shared {
     /// Nothing arrived for `idle` since the last record or assignment, and nothing is open. Only
     /// once partitions are owned: a slow group join is not idleness.
     pub(super) fn idle(&self, st: &State, idle: Duration) -> bool {
-        !st.assigned.is_empty() && st.batch_since.is_none() && st.outage.is_none() && st.last_record.elapsed() >= idle
+        !st.assigned.is_empty()
+            && st.batch_since.is_none()
+            && st.outage.is_none()
+            && st.last_record.elapsed() >= idle
     }
 
     pub(super) fn take_fatal(&self, st: &mut State) -> Option<anyhow::Error> {
@@ -224,20 +240,39 @@ impl Shared {
 
     /// Writes the open batch in one database transaction. An unavailable database starts (or
     /// continues) an outage and is not an error; anything else the database says is.
-    pub(super) fn flush(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
+    pub(super) fn flush(
+        &self,
+        st: &mut State,
+        consumer: &BaseConsumer<SinkContext>,
+    ) -> anyhow::Result<()> {
         if st.batch.next_offsets.is_empty() {
             return Ok(());
         }
-        let State { store, batch, batches_written, .. } = st;
-        let Some(store) = store.as_mut() else { return Ok(()) };
+        let State {
+            store,
+            batch,
+            batches_written,
+            ..
+        } = st;
+        let Some(store) = store.as_mut() else {
+            return Ok(());
+        };
         let n = *batches_written + 1;
         let hold = self.opts.test_hold.as_ref().map(|h| (h, n));
         let started = Instant::now();
         let (group, topic) = (&self.opts.group_id, &self.opts.topic);
         let result = self
             .rt
-            .block_on(tokio::time::timeout(self.opts.write_timeout, store.write(group, topic, batch, hold)))
-            .unwrap_or_else(|_| Err(DbError::Unavailable(format!("batch not written within {:?}", self.opts.write_timeout))));
+            .block_on(tokio::time::timeout(
+                self.opts.write_timeout,
+                store.write(group, topic, batch, hold),
+            ))
+            .unwrap_or_else(|_| {
+                Err(DbError::Unavailable(format!(
+                    "batch not written within {:?}",
+                    self.opts.write_timeout
+                )))
+            });
         let written = match result {
             Ok(w) => w,
             Err(e) if e.is_unavailable() => {
@@ -289,7 +324,11 @@ impl Shared {
         match &mut st.outage {
             Some(o) => {
                 o.attempts += 1;
-                o.next_attempt = now + self.opts.backoff.delay(o.attempts, rand::random_range(0.5..=1.0));
+                o.next_attempt = now
+                    + self
+                        .opts
+                        .backoff
+                        .delay(o.attempts, rand::random_range(0.5..=1.0));
             }
             None => {
                 st.outage = Some(Outage {
@@ -299,7 +338,8 @@ impl Shared {
                 });
                 st.stats.outages += 1;
                 m::outage_started(st.assigned.len());
-                self.health.not_ready("database unavailable: partitions paused");
+                self.health
+                    .not_ready("database unavailable: partitions paused");
                 warn!(error = %e, partitions = ?st.assigned, buffered = st.batch.records(), "database unavailable: partitions paused, reconnecting");
             }
         }
@@ -310,7 +350,11 @@ impl Shared {
 
     /// During an outage, once the next attempt is due: reconnect, move the partitions assigned
     /// meanwhile to their stored offsets, write the waiting batch, resume every partition.
-    pub(super) fn try_recover(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
+    pub(super) fn try_recover(
+        &self,
+        st: &mut State,
+        consumer: &BaseConsumer<SinkContext>,
+    ) -> anyhow::Result<()> {
         let Some(o) = &st.outage else { return Ok(()) };
         if Instant::now() < o.next_attempt {
             return Ok(());
@@ -353,8 +397,14 @@ impl Shared {
 
     /// Moves the partitions assigned during the outage to their stored offsets (dropping what was
     /// read of them from the Kafka-committed position meanwhile).
-    fn sync_unsynced(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>) -> anyhow::Result<()> {
-        let Some(store) = st.store.as_ref() else { return Ok(()) };
+    fn sync_unsynced(
+        &self,
+        st: &mut State,
+        consumer: &BaseConsumer<SinkContext>,
+    ) -> anyhow::Result<()> {
+        let Some(store) = st.store.as_ref() else {
+            return Ok(());
+        };
         let stored = match self.rt.block_on(self.read_offsets(store)) {
             Ok(s) => s,
             Err(e) if e.is_unavailable() => {
@@ -367,35 +417,59 @@ impl Shared {
         st.batch.drop_partitions(&unsynced);
         let mut tpl = TopicPartitionList::new();
         for &p in &unsynced {
-            tpl.add_partition_offset(&self.opts.topic, p, stored.get(&p).map_or(Offset::Beginning, |&o| Offset::Offset(o)))?;
+            tpl.add_partition_offset(
+                &self.opts.topic,
+                p,
+                stored
+                    .get(&p)
+                    .map_or(Offset::Beginning, |&o| Offset::Offset(o)),
+            )?;
         }
         match consumer.seek_partitions(tpl, self.opts.write_timeout) {
             Ok(r) if r.elements().iter().all(|e| e.error().is_ok()) => {
                 info!(partitions = ?unsynced, "partitions assigned during the outage moved to their stored offsets")
             }
             // Still correct from the committed offset (never above the stored one): only redone.
-            other => warn!(result = ?other.map(|r| r.elements().len()), "seeking to the stored offsets failed; reading on from the committed ones"),
+            other => {
+                warn!(result = ?other.map(|r| r.elements().len()), "seeking to the stored offsets failed; reading on from the committed ones")
+            }
         }
         Ok(())
     }
 
     async fn read_offsets(&self, store: &Store) -> Result<BTreeMap<i32, i64>, DbError> {
-        tokio::time::timeout(self.opts.write_timeout, store.offsets(&self.opts.group_id, &self.opts.topic))
-            .await
-            .unwrap_or_else(|_| Err(DbError::Unavailable("stored offsets not read in time".into())))
+        tokio::time::timeout(
+            self.opts.write_timeout,
+            store.offsets(&self.opts.group_id, &self.opts.topic),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(DbError::Unavailable(
+                "stored offsets not read in time".into(),
+            ))
+        })
     }
 
     /// Assignment: start each partition at its stored offset (the beginning when none is stored).
-    fn on_assign(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>, tpl: &mut TopicPartitionList) -> anyhow::Result<()> {
+    fn on_assign(
+        &self,
+        st: &mut State,
+        consumer: &BaseConsumer<SinkContext>,
+        tpl: &mut TopicPartitionList,
+    ) -> anyhow::Result<()> {
         let parts: Vec<i32> = partitions_of(tpl, &self.opts.topic);
         let stored = match &st.store {
             Some(store) => self.rt.block_on(self.read_offsets(store)),
-            None => Err(DbError::Unavailable("database unavailable at assignment".into())),
+            None => Err(DbError::Unavailable(
+                "database unavailable at assignment".into(),
+            )),
         };
         match stored {
             Ok(stored) => {
                 for &p in &parts {
-                    let at = stored.get(&p).map_or(Offset::Beginning, |&o| Offset::Offset(o));
+                    let at = stored
+                        .get(&p)
+                        .map_or(Offset::Beginning, |&o| Offset::Offset(o));
                     tpl.set_partition_offset(&self.opts.topic, p, at)?;
                 }
                 info!(partitions = ?parts, stored = ?stored, "partitions assigned: starting at the stored offsets");
@@ -413,7 +487,9 @@ impl Shared {
         st.assigned.extend(&parts);
         st.last_record = Instant::now();
         if st.outage.is_some() {
-            consumer.pause(&self.tpl(parts)).context("pausing partitions assigned during an outage")?;
+            consumer
+                .pause(&self.tpl(parts))
+                .context("pausing partitions assigned during an outage")?;
         }
         m::assigned(st.assigned.len());
         Ok(())
@@ -422,12 +498,21 @@ impl Shared {
     /// Revocation: store the open batch first when the database answers and the assignment is
     /// still ours; otherwise drop the revoked partitions' records (the next owner reads them again
     /// from the stored offsets).
-    fn on_revoke(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>, tpl: &TopicPartitionList) -> anyhow::Result<()> {
+    fn on_revoke(
+        &self,
+        st: &mut State,
+        consumer: &BaseConsumer<SinkContext>,
+        tpl: &TopicPartitionList,
+    ) -> anyhow::Result<()> {
         let parts = partitions_of(tpl, &self.opts.topic);
         let lost = consumer.assignment_lost();
         let buffered = st.batch.records();
         // A failed write still lets the partitions go (below); its error is reported after.
-        let stored = if !lost && st.store.is_some() { self.flush(st, consumer) } else { Ok(()) };
+        let stored = if !lost && st.store.is_some() {
+            self.flush(st, consumer)
+        } else {
+            Ok(())
+        };
         let dropped = st.batch.drop_partitions(&parts);
         info!(partitions = ?parts, lost, buffered, dropped, "partitions revoked");
         for p in &parts {
@@ -444,7 +529,11 @@ impl Shared {
 }
 
 fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
-    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition()).collect()
+    tpl.elements()
+        .iter()
+        .filter(|e| e.topic() == topic)
+        .map(|e| e.partition())
+        .collect()
 }
 
 fn assign(consumer: &BaseConsumer<SinkContext>, tpl: &TopicPartitionList) -> KafkaResult<()> {
@@ -466,15 +555,24 @@ impl ClientContext for SinkContext {}
 impl ConsumerContext for SinkContext {
     /// Replaces rdkafka's default rebalance: the assigned partitions' start offsets come from the
     /// database, and a revoked partition's batch is stored (or dropped) before it goes.
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
         let shared = &self.shared;
         let mut st = match shared.lock() {
             Ok(g) => g,
             Err(e) => return error!(error = %e, "rebalance with a poisoned state"),
         };
         let result = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => shared.on_assign(&mut st, consumer, tpl),
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => shared.on_revoke(&mut st, consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                shared.on_assign(&mut st, consumer, tpl)
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                shared.on_revoke(&mut st, consumer, tpl)
+            }
             other => {
                 // librdkafka asks for the assignment to be dropped on a rebalance error.
                 warn!(error = ?other, "rebalance error; dropping the assignment");
@@ -500,7 +598,8 @@ impl Batch {
     /// Drops the records of `partitions`; returns how many.
     pub fn drop_partitions(&mut self, partitions: &[i32]) -> usize {
         let before = self.records();
-        self.rows.retain(|(r, _)| !partitions.contains(&r.partition));
+        self.rows
+            .retain(|(r, _)| !partitions.contains(&r.partition));
         self.dead.retain(|d| !partitions.contains(&d.partition));
         for p in partitions {
             self.next_offsets.remove(p);

@@ -49,12 +49,20 @@ pub struct AlertRow {
 pub enum RecordError {
     /// No value (a tombstone).
     Empty,
-    Oversize { len: usize, max: usize },
+    Oversize {
+        len: usize,
+        max: usize,
+    },
     NotUtf8,
     /// Not a JSON document; line and column of the syntax error.
-    NotJson { line: usize, column: usize },
+    NotJson {
+        line: usize,
+        column: usize,
+    },
     /// JSON, but not of the notification's shape (a field missing or of the wrong type).
-    NotNotification { reason: String },
+    NotNotification {
+        reason: String,
+    },
     /// The id is not `symbol:seq:threshold:direction` of the record's own fields.
     IdMismatch,
     BadSymbol,
@@ -67,7 +75,10 @@ pub enum RecordError {
     /// `source` names no topic, or a negative partition or offset.
     BadSource,
     /// The database refused the row (class 22 data exception or 23 integrity violation).
-    Rejected { sqlstate: String, reason: String },
+    Rejected {
+        sqlstate: String,
+        reason: String,
+    },
 }
 
 impl RecordError {
@@ -85,7 +96,9 @@ impl RecordError {
             RecordError::SeqOutOfRange => "permanent.seq_out_of_range",
             RecordError::BadTimestamp => "permanent.bad_timestamp",
             RecordError::BadSource => "permanent.bad_source",
-            RecordError::Rejected { sqlstate, .. } if sqlstate.starts_with("23") => "permanent.constraint",
+            RecordError::Rejected { sqlstate, .. } if sqlstate.starts_with("23") => {
+                "permanent.constraint"
+            }
             RecordError::Rejected { .. } => "permanent.invalid_data",
         }
     }
@@ -95,17 +108,37 @@ impl fmt::Display for RecordError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecordError::Empty => write!(f, "record has no value"),
-            RecordError::Oversize { len, max } => write!(f, "record of {len} bytes is larger than {max}"),
+            RecordError::Oversize { len, max } => {
+                write!(f, "record of {len} bytes is larger than {max}")
+            }
             RecordError::NotUtf8 => write!(f, "value is not UTF-8"),
-            RecordError::NotJson { line, column } => write!(f, "value is not JSON (syntax error at line {line} column {column})"),
-            RecordError::NotNotification { reason } => write!(f, "value is not a notification: {reason}"),
-            RecordError::IdMismatch => write!(f, "field `id` is not symbol:seq:threshold:direction of the record"),
-            RecordError::BadSymbol => write!(f, "field `symbol` must be 1 to 32 bytes of A-Z, 0-9, '.', '-', '_'"),
-            RecordError::NonPositivePrice => write!(f, "fields `price` and `previous_price` must be > 0"),
+            RecordError::NotJson { line, column } => write!(
+                f,
+                "value is not JSON (syntax error at line {line} column {column})"
+            ),
+            RecordError::NotNotification { reason } => {
+                write!(f, "value is not a notification: {reason}")
+            }
+            RecordError::IdMismatch => write!(
+                f,
+                "field `id` is not symbol:seq:threshold:direction of the record"
+            ),
+            RecordError::BadSymbol => write!(
+                f,
+                "field `symbol` must be 1 to 32 bytes of A-Z, 0-9, '.', '-', '_'"
+            ),
+            RecordError::NonPositivePrice => {
+                write!(f, "fields `price` and `previous_price` must be > 0")
+            }
             RecordError::SeqOutOfRange => write!(f, "field `seq` is larger than a bigint holds"),
             RecordError::BadTimestamp => write!(f, "field `tick_ts` is not an RFC 3339 timestamp"),
-            RecordError::BadSource => write!(f, "field `source` needs a topic and a non-negative partition and offset"),
-            RecordError::Rejected { sqlstate, reason } => write!(f, "refused by the database ({sqlstate}): {reason}"),
+            RecordError::BadSource => write!(
+                f,
+                "field `source` needs a topic and a non-negative partition and offset"
+            ),
+            RecordError::Rejected { sqlstate, reason } => {
+                write!(f, "refused by the database ({sqlstate}): {reason}")
+            }
         }
     }
 }
@@ -113,15 +146,28 @@ impl fmt::Display for RecordError {
 impl std::error::Error for RecordError {}
 
 /// Decodes and checks one value; `partition` and `offset` say where it was read.
-pub fn decode(value: Option<&[u8]>, partition: i32, offset: i64, max_bytes: usize) -> Result<AlertRow, RecordError> {
+pub fn decode(
+    value: Option<&[u8]>,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+) -> Result<AlertRow, RecordError> {
     let bytes = value.ok_or(RecordError::Empty)?;
     if bytes.len() > max_bytes {
-        return Err(RecordError::Oversize { len: bytes.len(), max: max_bytes });
+        return Err(RecordError::Oversize {
+            len: bytes.len(),
+            max: max_bytes,
+        });
     }
     let text = std::str::from_utf8(bytes).map_err(|_| RecordError::NotUtf8)?;
     let n: Notification = serde_json::from_str(text).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => RecordError::NotNotification { reason: shape_reason(&e) },
-        _ => RecordError::NotJson { line: e.line(), column: e.column() },
+        serde_json::error::Category::Data => RecordError::NotNotification {
+            reason: shape_reason(&e),
+        },
+        _ => RecordError::NotJson {
+            line: e.line(),
+            column: e.column(),
+        },
     })?;
     if !valid_symbol(&n.symbol) {
         return Err(RecordError::BadSymbol);
@@ -133,7 +179,8 @@ pub fn decode(value: Option<&[u8]>, partition: i32, offset: i64, max_bytes: usiz
         return Err(RecordError::NonPositivePrice);
     }
     let seq = i64::try_from(n.seq).map_err(|_| RecordError::SeqOutOfRange)?;
-    let tick_ts = OffsetDateTime::parse(&n.tick_ts, &Rfc3339).map_err(|_| RecordError::BadTimestamp)?;
+    let tick_ts =
+        OffsetDateTime::parse(&n.tick_ts, &Rfc3339).map_err(|_| RecordError::BadTimestamp)?;
     if n.source.topic.is_empty() || n.source.partition < 0 || n.source.offset < 0 {
         return Err(RecordError::BadSource);
     }
@@ -163,7 +210,11 @@ fn shape_reason(e: &serde_json::Error) -> String {
             return format!("missing field `{field}`");
         }
     }
-    format!("a field has the wrong type or value (line {} column {})", e.line(), e.column())
+    format!(
+        "a field has the wrong type or value (line {} column {})",
+        e.line(),
+        e.column()
+    )
 }
 
 /// A record as it came, kept until its batch is stored: a row the database refuses becomes a dead
@@ -183,7 +234,12 @@ impl RawRecord {
             .headers()
             .map(|h| {
                 h.iter()
-                    .map(|h| serde_json::json!([h.key, h.value.map(|v| String::from_utf8_lossy(v).into_owned())]))
+                    .map(|h| {
+                        serde_json::json!([
+                            h.key,
+                            h.value.map(|v| String::from_utf8_lossy(v).into_owned())
+                        ])
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -191,10 +247,9 @@ impl RawRecord {
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec),
             headers: serde_json::Value::Array(headers),
-            timestamp: m
-                .timestamp()
-                .to_millis()
-                .and_then(|ms| OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()),
+            timestamp: m.timestamp().to_millis().and_then(|ms| {
+                OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+            }),
         }
     }
 }
@@ -212,7 +267,13 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     pub fn new(partition: i32, offset: i64, raw: RawRecord, error: &RecordError) -> Self {
-        DeadLetter { partition, offset, class: error.class(), message: crate::dlq::sanitize(&error.to_string()), raw }
+        DeadLetter {
+            partition,
+            offset,
+            class: error.class(),
+            message: crate::dlq::sanitize(&error.to_string()),
+            raw,
+        }
     }
 }
 
@@ -255,9 +316,16 @@ mod tests {
     fn a_notification_of_the_design_decodes_with_exact_decimals() {
         let r = dec(GOOD).unwrap();
         assert_eq!(r.id, "BBCA:1042:10000:up");
-        assert_eq!(r.price.to_string(), "10000.50", "scale kept: numeric stores what was sent");
+        assert_eq!(
+            r.price.to_string(),
+            "10000.50",
+            "scale kept: numeric stores what was sent"
+        );
         assert_eq!(r.previous_price.to_string(), "9990.00");
-        assert_eq!((r.source_partition, r.source_offset, r.partition, r.offset), (3, 5521, 1, 7));
+        assert_eq!(
+            (r.source_partition, r.source_offset, r.partition, r.offset),
+            (3, 5521, 1, 7)
+        );
         assert_eq!(r.tick_ts.unix_timestamp(), 1_796_030_100);
     }
 
@@ -268,37 +336,74 @@ mod tests {
             (None, "permanent.empty"),
             (Some(vec![0xff, 0xfe]), "permanent.not_utf8"),
             (Some(b"SECRET not json".to_vec()), "permanent.not_json"),
-            (Some(br#"{"id":"SECRET"}"#.to_vec()), "permanent.not_notification"),
-            (Some(with("\"seq\":1042", "\"seq\":\"SECRET\"").into_bytes()), "permanent.not_notification"),
-            (Some(with("\"direction\":\"up\"", "\"direction\":\"SECRET\"").into_bytes()), "permanent.not_notification"),
-            (Some(with("BBCA:1042", "BBCA:1043").into_bytes()), "permanent.id_mismatch"),
-            (Some(with("\"symbol\":\"BBCA\"", "\"symbol\":\"bbca\"").into_bytes()), "permanent.bad_symbol"),
-            (Some(with("\"10000.50\"", "\"-1\"").into_bytes()), "permanent.non_positive_price"),
+            (
+                Some(br#"{"id":"SECRET"}"#.to_vec()),
+                "permanent.not_notification",
+            ),
+            (
+                Some(with("\"seq\":1042", "\"seq\":\"SECRET\"").into_bytes()),
+                "permanent.not_notification",
+            ),
+            (
+                Some(with("\"direction\":\"up\"", "\"direction\":\"SECRET\"").into_bytes()),
+                "permanent.not_notification",
+            ),
+            (
+                Some(with("BBCA:1042", "BBCA:1043").into_bytes()),
+                "permanent.id_mismatch",
+            ),
+            (
+                Some(with("\"symbol\":\"BBCA\"", "\"symbol\":\"bbca\"").into_bytes()),
+                "permanent.bad_symbol",
+            ),
+            (
+                Some(with("\"10000.50\"", "\"-1\"").into_bytes()),
+                "permanent.non_positive_price",
+            ),
             (
                 Some(with("1042", "18446744073709551615").into_bytes()),
                 "permanent.seq_out_of_range",
             ),
-            (Some(with("2026-11-30T09:15:00.123Z", "SECRET").into_bytes()), "permanent.bad_timestamp"),
-            (Some(with("\"partition\":3", "\"partition\":-3").into_bytes()), "permanent.bad_source"),
+            (
+                Some(with("2026-11-30T09:15:00.123Z", "SECRET").into_bytes()),
+                "permanent.bad_timestamp",
+            ),
+            (
+                Some(with("\"partition\":3", "\"partition\":-3").into_bytes()),
+                "permanent.bad_source",
+            ),
             (Some(vec![b' '; 100]), "permanent.oversize"),
         ];
         for (value, class) in cases {
-            let max = if class == "permanent.oversize" { 50 } else { DEFAULT_MAX_RECORD_BYTES };
+            let max = if class == "permanent.oversize" {
+                50
+            } else {
+                DEFAULT_MAX_RECORD_BYTES
+            };
             let err = decode(value.as_deref(), 0, 0, max).unwrap_err();
             assert_eq!(err.class(), class, "{value:?}: {err}");
-            assert!(!err.to_string().contains("SECRET"), "message quotes the payload: {err}");
+            assert!(
+                !err.to_string().contains("SECRET"),
+                "message quotes the payload: {err}"
+            );
         }
     }
 
     #[test]
     fn missing_field_is_named() {
         let err = dec(r#"{"id":"x"}"#).unwrap_err();
-        assert_eq!(err.to_string(), "value is not a notification: missing field `symbol`");
+        assert_eq!(
+            err.to_string(),
+            "value is not a notification: missing field `symbol`"
+        );
     }
 
     #[test]
     fn database_refusals_are_classed_by_sqlstate() {
-        let e = |s: &str| RecordError::Rejected { sqlstate: s.into(), reason: "r".into() };
+        let e = |s: &str| RecordError::Rejected {
+            sqlstate: s.into(),
+            reason: "r".into(),
+        };
         assert_eq!(e("23514").class(), "permanent.constraint");
         assert_eq!(e("22021").class(), "permanent.invalid_data");
     }

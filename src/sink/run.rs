@@ -17,13 +17,13 @@
 //! the next owner), leaves the group and returns; past the shutdown timeout [`run`] returns an error.
 
 use super::db;
-use crate::health::Health;
-use crate::kafka::access::{self, Needs};
 use super::metrics as m;
 use super::options::SinkOptions;
 use super::partitions::{Shared, SinkContext, SinkStats};
 use super::record::Entry;
 use super::store::Store;
+use crate::health::Health;
+use crate::kafka::access::{self, Needs};
 use anyhow::{bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::future::Future;
@@ -37,19 +37,34 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 
 /// Runs the sink until `shutdown` resolves (or it idles out, or fails), reporting its liveness and
 /// readiness to `health`.
-pub async fn run(opts: SinkOptions, health: Health, shutdown: impl Future<Output = ()>) -> anyhow::Result<SinkStats> {
+pub async fn run(
+    opts: SinkOptions,
+    health: Health,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<SinkStats> {
     tokio::pin!(shutdown);
     m::ready(false);
     health.not_ready("connecting to the database");
     info!(db = %db::describe(&opts.db), topic = %opts.topic, group = %opts.group_id, "alert-sink starting");
-    let (kafka, needs) = (opts.kafka.clone(), Needs { read: vec![opts.topic.clone()], write: vec![], group: Some(opts.group_id.clone()) });
-    tokio::task::spawn_blocking(move || access::check(&kafka, &needs)).await.context("the access check panicked")??;
+    let (kafka, needs) = (
+        opts.kafka.clone(),
+        Needs {
+            read: vec![opts.topic.clone()],
+            write: vec![],
+            group: Some(opts.group_id.clone()),
+        },
+    );
+    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
+        .await
+        .context("the access check panicked")??;
     let Some(mut client) = db::connect_waiting(&opts.db, opts.backoff, &mut shutdown).await? else {
         info!("shutdown requested while waiting for the database");
         return Ok(SinkStats::default());
     };
     db::migrate(&mut client).await?;
-    let store = Store::new(client).await.context("preparing the statements")?;
+    let store = Store::new(client)
+        .await
+        .context("preparing the statements")?;
     let stop = Arc::new(AtomicBool::new(false));
     let shutdown_timeout = opts.shutdown_timeout;
     let worker = {
@@ -74,7 +89,9 @@ pub async fn run(opts: SinkOptions, health: Health, shutdown: impl Future<Output
 
 /// Applies the migrations and returns the versions applied now (`alert-sink migrate`).
 pub async fn migrate_only(opts: &super::options::DbOptions) -> anyhow::Result<Vec<String>> {
-    let mut client = db::connect(opts).await.with_context(|| format!("connecting to {}", db::describe(opts)))?;
+    let mut client = db::connect(opts)
+        .await
+        .with_context(|| format!("connecting to {}", db::describe(opts)))?;
     db::migrate(&mut client).await
 }
 
@@ -86,7 +103,9 @@ fn run_blocking(
     health: Health,
     stop: &AtomicBool,
 ) -> anyhow::Result<SinkStats> {
-    let mut cfg = opts.kafka.group_consumer(&opts.group_id, opts.group_instance_id.as_deref());
+    let mut cfg = opts
+        .kafka
+        .group_consumer(&opts.group_id, opts.group_instance_id.as_deref());
     if cfg.get("fetch.wait.max.ms").is_none() {
         // Notifications become visible in bursts, when a pipeline transaction commits; a fetch
         // that waits for more data delays the burst's delivery by up to this bound (librdkafka's
@@ -94,30 +113,49 @@ fn run_blocking(
         cfg.set("fetch.wait.max.ms", "20");
     }
     let shared = Shared::new(opts, rt, store, health);
-    let consumer: BaseConsumer<SinkContext> =
-        cfg.create_with_context(shared.context()).context("creating the sink's consumer")?;
-    consumer.subscribe(&[&shared.opts.topic]).context("subscribing to the notifications topic")?;
+    let consumer: BaseConsumer<SinkContext> = cfg
+        .create_with_context(shared.context())
+        .context("creating the sink's consumer")?;
+    consumer
+        .subscribe(&[&shared.opts.topic])
+        .context("subscribing to the notifications topic")?;
     m::ready(true);
     shared.health.ready();
     let result = consume_until_stopped(&shared, &consumer, stop);
     m::ready(false);
-    shared.health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
+    shared
+        .health
+        .not_ready(if result.is_ok() { "stopping" } else { "failed" });
     let stats = shared.stats(&*shared.lock()?);
     match result {
         Ok(()) => {
             close(&shared, &consumer)?;
             let stats = shared.stats(&*shared.lock()?);
-            info!(records = stats.records, inserted = stats.rows_inserted, dead_letters = stats.dead_letters, outages = stats.outages, "alert-sink stopped");
+            info!(
+                records = stats.records,
+                inserted = stats.rows_inserted,
+                dead_letters = stats.dead_letters,
+                outages = stats.outages,
+                "alert-sink stopped"
+            );
             Ok(stats)
         }
         Err(e) => {
-            warn!(error = format!("{e:#}"), records = stats.records, "alert-sink failed");
+            warn!(
+                error = format!("{e:#}"),
+                records = stats.records,
+                "alert-sink failed"
+            );
             Err(e)
         }
     }
 }
 
-fn consume_until_stopped(shared: &Shared, consumer: &BaseConsumer<SinkContext>, stop: &AtomicBool) -> anyhow::Result<()> {
+fn consume_until_stopped(
+    shared: &Shared,
+    consumer: &BaseConsumer<SinkContext>,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
     let max_bytes = shared.opts.max_record_bytes;
     let mut quiet = false;
     while !stop.load(Ordering::Relaxed) {
@@ -131,7 +169,11 @@ fn consume_until_stopped(shared: &Shared, consumer: &BaseConsumer<SinkContext>, 
             if shared.batch_due(&st, quiet) {
                 shared.flush(&mut st, consumer)?;
             }
-            if shared.opts.exit_when_idle.is_some_and(|idle| shared.idle(&st, idle)) {
+            if shared
+                .opts
+                .exit_when_idle
+                .is_some_and(|idle| shared.idle(&st, idle))
+            {
                 info!("idle; stopping");
                 break;
             }

@@ -121,12 +121,22 @@ impl Store {
             client.prepare(SELECT_OFFSETS),
         )
         .map_err(err)?;
-        Ok(Store { client, insert_alerts: a, insert_dead_letters: d, upsert_offsets: u, select_offsets: s })
+        Ok(Store {
+            client,
+            insert_alerts: a,
+            insert_dead_letters: d,
+            upsert_offsets: u,
+            select_offsets: s,
+        })
     }
 
     /// The stored next offsets of `group` on `topic`, by partition.
     pub async fn offsets(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>, DbError> {
-        let rows = self.client.query(&self.select_offsets, &[&group, &topic]).await.map_err(err)?;
+        let rows = self
+            .client
+            .query(&self.select_offsets, &[&group, &topic])
+            .await
+            .map_err(err)?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
@@ -144,7 +154,9 @@ impl Store {
         loop {
             attempt += 1;
             match self.write_once(group, topic, batch, hold).await {
-                Err(DbError::Retry(e)) if attempt <= RETRIES => warn!(attempt, error = %e, "batch conflicted; writing it again"),
+                Err(DbError::Retry(e)) if attempt <= RETRIES => {
+                    warn!(attempt, error = %e, "batch conflicted; writing it again")
+                }
                 Err(DbError::Rejected { sqlstate, message }) => {
                     warn!(%sqlstate, error = %message, "the database refused rows of the batch; finding them one by one");
                     return self.write_row_by_row(group, topic, batch, hold).await;
@@ -176,13 +188,27 @@ impl Store {
         let source_offsets: Vec<i64> = rows.iter().map(|r| r.source_offset).collect();
         let partitions: Vec<i32> = rows.iter().map(|r| r.partition).collect();
         let offsets: Vec<i64> = rows.iter().map(|r| r.offset).collect();
-        let (off_p, off_o): (Vec<i32>, Vec<i64>) = batch.next_offsets.iter().map(|(p, o)| (*p, *o)).unzip();
+        let (off_p, off_o): (Vec<i32>, Vec<i64>) =
+            batch.next_offsets.iter().map(|(p, o)| (*p, *o)).unzip();
         let d = DeadLetterColumns::of(&batch.dead);
         let alert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
-            &ids, &symbols, &thresholds, &directions, &prices, &previous, &seqs, &tick_ts, &source_topics,
-            &source_partitions, &source_offsets, &topic, &partitions, &offsets,
+            &ids,
+            &symbols,
+            &thresholds,
+            &directions,
+            &prices,
+            &previous,
+            &seqs,
+            &tick_ts,
+            &source_topics,
+            &source_partitions,
+            &source_offsets,
+            &topic,
+            &partitions,
+            &offsets,
         ];
-        let offset_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&group, &topic, &off_p, &off_o];
+        let offset_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&group, &topic, &off_p, &off_o];
         // Pipelined: the three statements go out together and run in this order. Every answer is
         // awaited and the first failing statement's error is the one reported: after a refused row
         // the later statements fail only with "transaction aborted" (25P02), which says nothing,
@@ -197,7 +223,11 @@ impl Store {
         offsets.map_err(err)?;
         hold_if(hold, HoldAt::InDbTxn, batch);
         txn.commit().await.map_err(err)?;
-        let mut written = Written { inserted, conflicted: rows.len() as u64 - inserted, ..Written::default() };
+        let mut written = Written {
+            inserted,
+            conflicted: rows.len() as u64 - inserted,
+            ..Written::default()
+        };
         for dl in &batch.dead {
             *written.dead_letters.entry(dl.class).or_default() += 1;
         }
@@ -250,7 +280,10 @@ impl Store {
                 Err(e) => match classify(&e) {
                     DbError::Rejected { sqlstate, message } => {
                         sp.rollback().await.map_err(err)?;
-                        let why = RecordError::Rejected { sqlstate, reason: message };
+                        let why = RecordError::Rejected {
+                            sqlstate,
+                            reason: message,
+                        };
                         warn!(partition = r.partition, offset = r.offset, class = why.class(), error = %why, "notification dead-lettered");
                         dead.push(DeadLetter::new(r.partition, r.offset, raw.clone(), &why));
                         refused.push(i);
@@ -261,9 +294,14 @@ impl Store {
         }
         dead.sort_by_key(|d| (d.partition, d.offset));
         let d = DeadLetterColumns::of(&dead);
-        let (off_p, off_o): (Vec<i32>, Vec<i64>) = batch.next_offsets.iter().map(|(p, o)| (*p, *o)).unzip();
-        d.insert(&txn, &self.insert_dead_letters, topic, group).await.map_err(err)?;
-        txn.execute(&self.upsert_offsets, &[&group, &topic, &off_p, &off_o]).await.map_err(err)?;
+        let (off_p, off_o): (Vec<i32>, Vec<i64>) =
+            batch.next_offsets.iter().map(|(p, o)| (*p, *o)).unzip();
+        d.insert(&txn, &self.insert_dead_letters, topic, group)
+            .await
+            .map_err(err)?;
+        txn.execute(&self.upsert_offsets, &[&group, &topic, &off_p, &off_o])
+            .await
+            .map_err(err)?;
         hold_if(hold, HoldAt::InDbTxn, batch);
         txn.commit().await.map_err(err)?;
         for dl in &dead {
@@ -341,10 +379,17 @@ pub fn hold_if(hold: Option<(&TestHold, u64)>, at: HoldAt, batch: &Batch) {
     if h.at != at || h.batch != n {
         return;
     }
-    let offsets: BTreeMap<String, i64> = batch.next_offsets.iter().map(|(p, o)| (p.to_string(), *o)).collect();
+    let offsets: BTreeMap<String, i64> = batch
+        .next_offsets
+        .iter()
+        .map(|(p, o)| (p.to_string(), *o))
+        .collect();
     let tmp = h.file.with_extension("tmp");
     let body = serde_json::json!({ "at": format!("{at:?}"), "batch": n, "next_offsets": offsets });
-    if std::fs::write(&tmp, body.to_string()).and_then(|()| std::fs::rename(&tmp, &h.file)).is_err() {
+    if std::fs::write(&tmp, body.to_string())
+        .and_then(|()| std::fs::rename(&tmp, &h.file))
+        .is_err()
+    {
         tracing::error!(file = %h.file.display(), "test hold: cannot write the hold file");
     }
     tracing::error!(?at, batch = n, "test hold: stopped here until killed");

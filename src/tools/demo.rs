@@ -95,7 +95,10 @@ fn offsets_text(o: &BTreeMap<i32, i64>) -> String {
     if o.is_empty() {
         return "-".into();
     }
-    o.iter().map(|(p, v)| format!("p{p}={v}")).collect::<Vec<_>>().join(" ")
+    o.iter()
+        .map(|(p, v)| format!("p{p}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 impl fmt::Display for Report {
@@ -130,7 +133,16 @@ impl fmt::Display for Report {
                 check
             )?;
         }
-        write!(f, "{} in {:.1}s", if self.ok() { "ALL FIGURES AS EXPECTED" } else { "FIGURES DIFFER" }, self.elapsed.as_secs_f64())
+        write!(
+            f,
+            "{} in {:.1}s",
+            if self.ok() {
+                "ALL FIGURES AS EXPECTED"
+            } else {
+                "FIGURES DIFFER"
+            },
+            self.elapsed.as_secs_f64()
+        )
     }
 }
 
@@ -139,7 +151,14 @@ fn symbol(i: usize) -> String {
 }
 
 fn ticks(range: std::ops::Range<usize>, price: i64, seq: u64) -> Vec<Tick> {
-    range.map(|i| Tick { symbol: symbol(i), price: Decimal::from(price), seq, ts: None }).collect()
+    range
+        .map(|i| Tick {
+            symbol: symbol(i),
+            price: Decimal::from(price),
+            seq,
+            ts: None,
+        })
+        .collect()
 }
 
 /// Runs the experiment. Blocking.
@@ -162,12 +181,21 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     let half = SYMBOLS / 2;
     let mut phases = Vec::new();
     let mut landed_all = Vec::new();
-    let mut observe = |name, action, rc, ru, expected_offsets: BTreeMap<i32, i64>| -> anyhow::Result<()> {
+    let mut observe = |name,
+                       action,
+                       rc,
+                       ru,
+                       expected_offsets: BTreeMap<i32, i64>|
+     -> anyhow::Result<()> {
         let phase = Phase {
             name,
             action,
             read_committed: count_records(kafka, &topics.notifications, Isolation::ReadCommitted)?,
-            read_uncommitted: count_records(kafka, &topics.notifications, Isolation::ReadUncommitted)?,
+            read_uncommitted: count_records(
+                kafka,
+                &topics.notifications,
+                Isolation::ReadUncommitted,
+            )?,
             committed: committed_offsets(kafka, &group, &topics.input)?
                 .into_iter()
                 .enumerate()
@@ -201,7 +229,13 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     engine.process_records(half as u64, PHASE_TIMEOUT)?;
     engine.commit()?;
     let after_a = next_offsets(&landed_all);
-    observe("batch A", "commit", half as u64, half as u64, after_a.clone())?;
+    observe(
+        "batch A",
+        "commit",
+        half as u64,
+        half as u64,
+        after_a.clone(),
+    )?;
 
     let landed = produce_ticks(kafka, &topics.input, &ticks(half..SYMBOLS, 110, 2))?;
     landed_all.extend(landed.iter().copied());
@@ -216,11 +250,21 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<Report> {
     let engine = Engine::start(settings).context("restarting the demo engine")?;
     engine.process_records((SYMBOLS - half) as u64, PHASE_TIMEOUT)?;
     engine.commit()?;
-    observe("restart", "commit", SYMBOLS as u64, (SYMBOLS + half) as u64, next_offsets(&landed_all))?;
+    observe(
+        "restart",
+        "commit",
+        SYMBOLS as u64,
+        (SYMBOLS + half) as u64,
+        next_offsets(&landed_all),
+    )?;
     engine.close()?;
 
     if opts.cleanup {
         futures::executor::block_on(topics::delete_topics(kafka, &topics.names()))?;
     }
-    Ok(Report { topics, phases, elapsed: started.elapsed() })
+    Ok(Report {
+        topics,
+        phases,
+        elapsed: started.elapsed(),
+    })
 }

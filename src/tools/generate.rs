@@ -54,7 +54,12 @@ pub fn generate(opts: &GenOptions) -> (Rules, Vec<Tick>) {
             .max(Decimal::new(1, 2));
         prices[i] = next;
         seqs[i] += 1;
-        let tick = Tick { symbol: symbol(i), price: next, seq: seqs[i], ts: None };
+        let tick = Tick {
+            symbol: symbol(i),
+            price: next,
+            seq: seqs[i],
+            ts: None,
+        };
         ticks.push(tick.clone());
         if opts.stale_every > 0 && ticks.len() % opts.stale_every == 0 && ticks.len() < opts.ticks {
             if let Some(old) = last.get(&i) {
@@ -74,7 +79,12 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream_and_crossings_happen() {
-        let opts = GenOptions { symbols: 5, ticks: 2000, seed: 7, stale_every: 50 };
+        let opts = GenOptions {
+            symbols: 5,
+            ticks: 2000,
+            seed: 7,
+            stale_every: 50,
+        };
         let (rules, ticks) = generate(&opts);
         assert_eq!(generate(&opts).1, ticks);
         assert_eq!(ticks.len(), 2000);

@@ -69,7 +69,15 @@ impl fmt::Display for VerifyReport {
         for id in self.unexpected.iter().take(10) {
             writeln!(f, "  unexpected {id}")?;
         }
-        write!(f, "{}", if self.ok() { "VERDICT: exactly once" } else { "VERDICT: DIFFERENCES FOUND" })
+        write!(
+            f,
+            "{}",
+            if self.ok() {
+                "VERDICT: exactly once"
+            } else {
+                "VERDICT: DIFFERENCES FOUND"
+            }
+        )
     }
 }
 
@@ -84,30 +92,49 @@ pub fn expected_from_input(
 ) -> anyhow::Result<Vec<String>> {
     let mut state: BTreeMap<i32, HashMap<String, Option<SymbolState>>> = BTreeMap::new();
     let mut expected = Vec::new();
-    report.input_records = read_topic_to_end(kafka, input, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
-        let Ok(t) = tick::decode(m.payload(), max_tick_bytes) else {
-            report.bad_ticks += 1;
-            return Ok(());
-        };
-        if faults.is_poison(t.seq) {
-            // Dead-lettered by the processor after its retry budget: no state change, no alert.
-            report.poison_ticks += 1;
-            return Ok(());
-        }
-        let s = state.entry(m.partition()).or_default().entry(t.symbol.clone()).or_insert(None);
-        match apply_rules(rules, s, &t) {
-            Outcome::Accepted { crossings } => {
-                expected.extend(crossings.iter().map(|c| Notification::id_of(&t.symbol, t.seq, c.threshold, c.direction)))
+    report.input_records = read_topic_to_end(
+        kafka,
+        input,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            let Ok(t) = tick::decode(m.payload(), max_tick_bytes) else {
+                report.bad_ticks += 1;
+                return Ok(());
+            };
+            if faults.is_poison(t.seq) {
+                // Dead-lettered by the processor after its retry budget: no state change, no alert.
+                report.poison_ticks += 1;
+                return Ok(());
             }
-            Outcome::Stale { .. } => report.stale_ticks += 1,
-            Outcome::Unwatched => {}
-        }
-        Ok(())
-    })
+            let s = state
+                .entry(m.partition())
+                .or_default()
+                .entry(t.symbol.clone())
+                .or_insert(None);
+            match apply_rules(rules, s, &t) {
+                Outcome::Accepted { crossings } => expected.extend(
+                    crossings
+                        .iter()
+                        .map(|c| Notification::id_of(&t.symbol, t.seq, c.threshold, c.direction)),
+                ),
+                Outcome::Stale { .. } => report.stale_ticks += 1,
+                Outcome::Unwatched => {}
+            }
+            Ok(())
+        },
+    )
     .with_context(|| format!("reading input {input}"))?;
     report.final_state = state
         .into_iter()
-        .map(|(p, m)| (p, m.into_iter().filter_map(|(s, st)| st.map(|st| (s, st))).collect()))
+        .map(|(p, m)| {
+            (
+                p,
+                m.into_iter()
+                    .filter_map(|(s, st)| st.map(|st| (s, st)))
+                    .collect(),
+            )
+        })
         .collect();
     Ok(expected)
 }
@@ -124,12 +151,24 @@ pub fn verify(
     let mut report = VerifyReport::default();
     let expected = expected_from_input(kafka, input, rules, max_tick_bytes, faults, &mut report)?;
     let mut found: HashMap<String, u64> = HashMap::new();
-    report.found = read_topic_to_end(kafka, notifications, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
-        let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())
-            .with_context(|| format!("{notifications}/{} offset {} is not a notification", m.partition(), m.offset()))?;
-        *found.entry(n.id).or_default() += 1;
-        Ok(())
-    })
+    report.found = read_topic_to_end(
+        kafka,
+        notifications,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())
+                .with_context(|| {
+                    format!(
+                        "{notifications}/{} offset {} is not a notification",
+                        m.partition(),
+                        m.offset()
+                    )
+                })?;
+            *found.entry(n.id).or_default() += 1;
+            Ok(())
+        },
+    )
     .with_context(|| format!("reading notifications {notifications}"))?;
     compare(&mut report, &expected, &found);
     Ok(report)

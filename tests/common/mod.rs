@@ -4,16 +4,18 @@
 pub mod postgres;
 
 use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use price_alerts::kafka::topics::{self, Topics};
 use price_alerts::pipeline::EngineSettings;
 use price_alerts::rules::Rules;
 use price_alerts::tick::DEFAULT_MAX_TICK_BYTES;
-use price_alerts::kafka::topics::{self, Topics};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The broker under test: `KAFKA_BOOTSTRAP`, or the local one of scripts/kafka.sh.
 pub fn kafka() -> KafkaConfig {
-    KafkaConfig::new(std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| DEFAULT_BOOTSTRAP.to_owned()))
+    KafkaConfig::new(
+        std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| DEFAULT_BOOTSTRAP.to_owned()),
+    )
 }
 
 /// A fresh prefix, so tests never share topics, groups or transactional ids.
@@ -24,13 +26,18 @@ pub fn prefix(test: &str) -> String {
 /// Settings of one engine instance on fresh topics.
 pub fn settings(prefix: &str, rules: Rules) -> EngineSettings {
     let app_id = format!("{prefix}app");
-    let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
+    let topics = Topics::with(
+        format!("{prefix}market-updates"),
+        format!("{prefix}notifications"),
+        &app_id,
+    );
     EngineSettings::new(kafka(), &app_id, "0", topics, Arc::new(rules))
 }
 
 /// Creates the topics of `s` with `partitions` input partitions.
 pub fn create_topics(s: &EngineSettings, partitions: i32) {
-    futures::executor::block_on(topics::ensure(&s.kafka, &s.topics, Some(partitions))).expect("creating topics");
+    futures::executor::block_on(topics::ensure(&s.kafka, &s.topics, Some(partitions)))
+        .expect("creating topics");
 }
 
 /// Loads raw (key, value) records in `chunks` slices spread over about `spread`, from a thread of
@@ -109,13 +116,20 @@ impl Run {
 
     /// Creates the input topic and the processor's topics.
     pub fn create_topics(&self, partitions: i32) {
-        futures::executor::block_on(topics::ensure(&kafka(), &self.topics(), Some(partitions))).expect("topics");
+        futures::executor::block_on(topics::ensure(&kafka(), &self.topics(), Some(partitions)))
+            .expect("topics");
     }
 
     /// Starts instance `instance` of the pipeline as a child process.
     pub fn spawn(&self, instance: &str) -> Pipeline {
-        let child = self.command(instance).spawn().expect("starting alert-pipeline");
-        Pipeline { child, instance: instance.to_owned() }
+        let child = self
+            .command(instance)
+            .spawn()
+            .expect("starting alert-pipeline");
+        Pipeline {
+            child,
+            instance: instance.to_owned(),
+        }
     }
 
     /// The command line of instance `instance`, for a test that wants to change how it runs
@@ -131,7 +145,10 @@ impl Run {
             .args(self.faults.enabled.then_some("--inject-faults"))
             .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
             .args(["--transaction-timeout", self.transaction_timeout])
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
+            )
             .stdin(std::process::Stdio::null());
         command
     }
@@ -155,27 +172,47 @@ impl Run {
     pub fn wait_committed(&self, target: &std::collections::BTreeMap<i32, i64>, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let committed = price_alerts::kafka::offsets::committed_offsets(&kafka(), &self.app_id, &self.input)
-                .expect("committed offsets");
-            if target.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) {
+            let committed = price_alerts::kafka::offsets::committed_offsets(
+                &kafka(),
+                &self.app_id,
+                &self.input,
+            )
+            .expect("committed offsets");
+            if target
+                .iter()
+                .all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o))
+            {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "committed {committed:?} never reached {target:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "committed {committed:?} never reached {target:?}"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
 
     /// The verifier's report for this run.
     pub fn verify(&self) -> price_alerts::tools::verify::VerifyReport {
-        price_alerts::tools::verify::verify(&kafka(), &self.input, &self.output, &self.rules, self.max_tick_bytes, self.faults)
-            .expect("verifier runs")
+        price_alerts::tools::verify::verify(
+            &kafka(),
+            &self.input,
+            &self.output,
+            &self.rules,
+            self.max_tick_bytes,
+            self.faults,
+        )
+        .expect("verifier runs")
     }
 }
 
 impl Pipeline {
     /// A pipeline started from [`Run::command`].
     pub fn from(child: std::process::Child, instance: &str) -> Self {
-        Pipeline { child, instance: instance.to_owned() }
+        Pipeline {
+            child,
+            instance: instance.to_owned(),
+        }
     }
 
     /// Sends a signal (SIGKILL, SIGTERM) to the child.
@@ -220,36 +257,66 @@ impl Drop for Pipeline {
 
 /// A free port on 127.0.0.1 for an instance's HTTP endpoint.
 pub fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port();
     format!("127.0.0.1:{port}")
 }
 
 /// `GET path` on `addr`: the status code and the body (status 0 while nothing answers).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return (0, String::new()) };
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).is_err() {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .is_err()
+    {
         return (0, String::new());
     }
     let mut response = String::new();
     let _ = s.read_to_string(&mut response);
-    let status = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     (status, body)
 }
 
 /// Produces one record with `headers` to `topic` and waits for it; returns where it landed.
-pub fn produce_with_headers(topic: &str, key: &str, value: &[u8], headers: &[(&str, &str)]) -> price_alerts::kafka::feed::Landed {
+pub fn produce_with_headers(
+    topic: &str,
+    key: &str,
+    value: &[u8],
+    headers: &[(&str, &str)],
+) -> price_alerts::kafka::feed::Landed {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let producer: FutureProducer = kafka().idempotent_producer().create().expect("producer");
     let mut owned = OwnedHeaders::new();
     for (k, v) in headers {
-        owned = owned.insert(Header { key: k, value: Some(*v) });
+        owned = owned.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
     }
-    let record = FutureRecord::to(topic).key(key).payload(value).headers(owned);
-    let d = futures::executor::block_on(producer.send(record, Duration::from_secs(30))).expect("delivered");
-    price_alerts::kafka::feed::Landed { partition: d.partition, offset: d.offset }
+    let record = FutureRecord::to(topic)
+        .key(key)
+        .payload(value)
+        .headers(owned);
+    let d = futures::executor::block_on(producer.send(record, Duration::from_secs(30)))
+        .expect("delivered");
+    price_alerts::kafka::feed::Landed {
+        partition: d.partition,
+        offset: d.offset,
+    }
 }
 
 /// A record as read back.
@@ -267,16 +334,29 @@ pub fn records_with_headers(topic: &str) -> Vec<ReadRecord> {
     use rdkafka::message::Headers;
     use rdkafka::Message;
     let mut out = Vec::new();
-    read_topic_to_end(&kafka(), topic, price_alerts::kafka::Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
-        let mut headers = std::collections::BTreeMap::new();
-        if let Some(h) = m.headers() {
-            for h in h.iter() {
-                headers.insert(h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
+    read_topic_to_end(
+        &kafka(),
+        topic,
+        price_alerts::kafka::Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            let mut headers = std::collections::BTreeMap::new();
+            if let Some(h) = m.headers() {
+                for h in h.iter() {
+                    headers.insert(
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    );
+                }
             }
-        }
-        out.push(ReadRecord { key: m.key().map(<[u8]>::to_vec), value: m.payload().map(<[u8]>::to_vec), headers });
-        Ok(())
-    })
+            out.push(ReadRecord {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers,
+            });
+            Ok(())
+        },
+    )
     .expect("reading the topic");
     out
 }

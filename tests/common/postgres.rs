@@ -20,12 +20,16 @@ pub fn admin_url() -> String {
     }
     std::fs::read_to_string(state_dir().join("url"))
         .map(|s| s.trim().to_owned())
-        .expect("no DATABASE_URL and no .postgres/url: run scripts/postgres.sh up (or scripts/test.sh)")
+        .expect(
+            "no DATABASE_URL and no .postgres/url: run scripts/postgres.sh up (or scripts/test.sh)",
+        )
 }
 
 /// `url` with its database replaced by `name`.
 fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
     let base = match base.split_once("://").and_then(|(_, rest)| rest.find('/')) {
         Some(_) => base.rsplit_once('/').map_or(base, |(b, _)| b),
         None => base,
@@ -46,14 +50,21 @@ pub fn options(url: &str) -> DbOptions {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// Runs one statement on the server's admin database.
 fn admin(sql: &str) {
     runtime().block_on(async {
-        let c = db::connect(&options(&admin_url())).await.expect("connecting to the test cluster");
-        c.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let c = db::connect(&options(&admin_url()))
+            .await
+            .expect("connecting to the test cluster");
+        c.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     })
 }
 
@@ -82,8 +93,17 @@ impl TestDb {
     pub fn create(test: &str) -> Self {
         let name = format!("t_{test}_{}", price_alerts::kafka::topics::unique_suffix());
         admin(&format!("CREATE DATABASE {name}"));
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-        TestDb { url: with_database(&admin_url(), &name), name, conn: std::sync::Mutex::new(None), rt }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        TestDb {
+            url: with_database(&admin_url(), &name),
+            name,
+            conn: std::sync::Mutex::new(None),
+            rt,
+        }
     }
 
     pub fn options(&self) -> DbOptions {
@@ -91,11 +111,18 @@ impl TestDb {
     }
 
     /// Runs `f` with the test's connection to this database (connecting when there is none).
-    pub fn with<T>(&self, f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, tokio_postgres::Error>) -> Result<T, String> {
+    pub fn with<T>(
+        &self,
+        f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, String> {
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         self.rt.block_on(async {
             if conn.as_ref().is_none_or(|c| c.is_closed()) {
-                *conn = Some(db::connect(&self.options()).await.map_err(|e| e.to_string())?);
+                *conn = Some(
+                    db::connect(&self.options())
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
             }
             let c = conn.as_ref().expect("connected just above");
             let result = f(c).await.map_err(|e| e.to_string());
@@ -108,15 +135,25 @@ impl TestDb {
 
     pub fn ids(&self) -> Vec<String> {
         let mut ids = self
-            .with(async |c| Ok(c.query("SELECT id FROM alerts", &[]).await?.iter().map(|r| r.get(0)).collect::<Vec<String>>()))
+            .with(async |c| {
+                Ok(c.query("SELECT id FROM alerts", &[])
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect::<Vec<String>>())
+            })
             .expect("reading ids");
         ids.sort();
         ids
     }
 
     pub fn count(&self, table: &str) -> i64 {
-        self.with(async |c| Ok(c.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await?.get(0)))
-            .expect("counting")
+        self.with(async |c| {
+            Ok(c.query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                .await?
+                .get(0))
+        })
+        .expect("counting")
     }
 
     /// The stored offsets of `group` on `topic`, or an error while the database does not answer.
@@ -130,18 +167,28 @@ impl TestDb {
     }
 
     pub fn offsets(&self, group: &str, topic: &str) -> BTreeMap<i32, i64> {
-        self.try_offsets(group, topic).expect("reading stored offsets")
+        self.try_offsets(group, topic)
+            .expect("reading stored offsets")
     }
 
     /// Waits until the stored offsets of `group` reach `target` on every partition.
-    pub fn wait_stored(&self, group: &str, topic: &str, target: &BTreeMap<i32, i64>, timeout: Duration) {
+    pub fn wait_stored(
+        &self,
+        group: &str,
+        topic: &str,
+        target: &BTreeMap<i32, i64>,
+        timeout: Duration,
+    ) {
         let deadline = Instant::now() + timeout;
         loop {
             let now = self.try_offsets(group, topic).unwrap_or_default();
             if target.iter().all(|(p, o)| now.get(p) == Some(o)) {
                 return;
             }
-            assert!(Instant::now() < deadline, "stored offsets {now:?} never reached {target:?}");
+            assert!(
+                Instant::now() < deadline,
+                "stored offsets {now:?} never reached {target:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -175,13 +222,19 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
         let name = self.name.clone();
-        let _ = std::panic::catch_unwind(|| admin(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")));
+        let _ = std::panic::catch_unwind(|| {
+            admin(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        });
     }
 }
 
 /// A free TCP port on 127.0.0.1 (for a metrics endpoint).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// Where one sink reads and writes.
@@ -206,20 +259,36 @@ impl SinkRun {
     /// The command line of instance `instance` (the database URL goes in the environment).
     pub fn command(&self, instance: &str, more: &[String]) -> std::process::Command {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_alert-sink"));
-        c.args(["--bootstrap", &kafka().bootstrap, "--topic", &self.topic, "--group", &self.group])
-            .args(["--instance-id", instance])
-            .args(&self.extra)
-            .args(more)
-            .env("DATABASE_URL", &self.db.url)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
-            .stdin(std::process::Stdio::null());
+        c.args([
+            "--bootstrap",
+            &kafka().bootstrap,
+            "--topic",
+            &self.topic,
+            "--group",
+            &self.group,
+        ])
+        .args(["--instance-id", instance])
+        .args(&self.extra)
+        .args(more)
+        .env("DATABASE_URL", &self.db.url)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
+        )
+        .stdin(std::process::Stdio::null());
         c
     }
 
     /// Starts instance `instance` as a child process.
     pub fn spawn(&self, instance: &str, more: &[String]) -> Pipeline {
-        let child = self.command(instance, more).spawn().expect("starting alert-sink");
-        Pipeline { child, instance: instance.to_owned() }
+        let child = self
+            .command(instance, more)
+            .spawn()
+            .expect("starting alert-sink");
+        Pipeline {
+            child,
+            instance: instance.to_owned(),
+        }
     }
 
     pub fn stored(&self) -> BTreeMap<i32, i64> {
@@ -227,18 +296,27 @@ impl SinkRun {
     }
 
     pub fn wait_stored(&self, target: &BTreeMap<i32, i64>, timeout: Duration) {
-        self.db.wait_stored(&self.group, &self.topic, target, timeout)
+        self.db
+            .wait_stored(&self.group, &self.topic, target, timeout)
     }
 
     /// Waits until the stored offsets sum to at least `at_least`.
     pub fn wait_progress(&self, at_least: i64, timeout: Duration) -> i64 {
         let deadline = Instant::now() + timeout;
         loop {
-            let sum: i64 = self.db.try_offsets(&self.group, &self.topic).unwrap_or_default().values().sum();
+            let sum: i64 = self
+                .db
+                .try_offsets(&self.group, &self.topic)
+                .unwrap_or_default()
+                .values()
+                .sum();
             if sum >= at_least {
                 return sum;
             }
-            assert!(Instant::now() < deadline, "stored offsets stuck at {sum} (wanted {at_least})");
+            assert!(
+                Instant::now() < deadline,
+                "stored offsets stuck at {sum} (wanted {at_least})"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }

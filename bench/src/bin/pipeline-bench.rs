@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "pipeline-bench", version, about = "What exactly-once costs the pipeline, by commit interval")]
+#[command(
+    name = "pipeline-bench",
+    version,
+    about = "What exactly-once costs the pipeline, by commit interval"
+)]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
@@ -45,7 +49,10 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let binary = std::env::current_exe()?.parent().context("locating the binaries folder")?.join("alert-pipeline");
+    let binary = std::env::current_exe()?
+        .parent()
+        .context("locating the binaries folder")?
+        .join("alert-pipeline");
     let intervals_ms: Vec<u64> = cli.intervals.iter().map(|d| d.as_millis() as u64).collect();
     let configs = Config::list(&intervals_ms, cli.at_least_once);
     let opts = Options {
@@ -60,6 +67,9 @@ fn run() -> anyhow::Result<()> {
         partitions: cli.partitions,
     };
     let results = pipeline_bench::run(&opts, |r| price_alerts::errln!("pipeline-bench: {r}"))?;
-    price_alerts::outln!("{}", pipeline_bench::write_outputs(&cli.out, &configs, &results)?);
+    price_alerts::outln!(
+        "{}",
+        pipeline_bench::write_outputs(&cli.out, &configs, &results)?
+    );
     Ok(())
 }

@@ -6,8 +6,8 @@
 //! interrupted) and the topics deleted. A second Ctrl-C exits at once.
 
 use clap::Parser;
-use price_alerts_bench::producer::{self as bench, options::BenchCli};
 use price_alerts::cli::main_of;
+use price_alerts_bench::producer::{self as bench, options::BenchCli};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,24 +34,37 @@ fn run() -> anyhow::Result<ExitCode> {
             price_alerts::errln!("wrote {}", path.display());
         }
     }
-    Ok(if report.interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS })
+    Ok(if report.interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Sets `stop` on the first Ctrl-C and exits on the second, from a small thread of its own (the
 /// benchmark itself is blocking code).
 fn watch_ctrl_c(stop: Arc<AtomicBool>) {
-    let spawned = std::thread::Builder::new().name("ctrl-c".into()).spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_io().build() else { return };
-        rt.block_on(async {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                price_alerts::errln!("producer-bench: stopping after the current run (Ctrl-C again to quit now)");
-                stop.store(true, Ordering::Relaxed);
+    let spawned = std::thread::Builder::new()
+        .name("ctrl-c".into())
+        .spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
                 if tokio::signal::ctrl_c().await.is_ok() {
-                    std::process::exit(130);
+                    price_alerts::errln!(
+                        "producer-bench: stopping after the current run (Ctrl-C again to quit now)"
+                    );
+                    stop.store(true, Ordering::Relaxed);
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        std::process::exit(130);
+                    }
                 }
-            }
+            });
         });
-    });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no Ctrl-C handler: Ctrl-C will end the benchmark without cleanup");
     }

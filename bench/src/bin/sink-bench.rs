@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(version, about = "alert-sink: rows/s batched vs naive, and tick-to-row latency")]
+#[command(
+    version,
+    about = "alert-sink: rows/s batched vs naive, and tick-to-row latency"
+)]
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
@@ -45,7 +48,10 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let bin_dir = std::env::current_exe()?.parent().context("locating the binaries folder")?.to_path_buf();
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .context("locating the binaries folder")?
+        .to_path_buf();
     let opts = Options {
         kafka: cli.kafka.config()?,
         admin_url: cli.database_url,
@@ -60,14 +66,24 @@ fn run() -> anyhow::Result<()> {
     };
     let results = sink_bench::run(&opts, |r| {
         eprintln!(
-            "sink-bench #{}: batched {:.0} rows/s, naive {:.0} rows/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples)",
-            r.repeat, r.batched_rows_per_sec, r.naive_rows_per_sec, r.latency_p50_ms, r.latency_p99_ms, r.latency_samples
+            "sink-bench #{}: batched {:.0} rows/s, naive {:.0} rows/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples), sink's share p50 {:.0} ms p99 {:.0} ms",
+            r.repeat,
+            r.batched_rows_per_sec,
+            r.naive_rows_per_sec,
+            r.latency_p50_ms,
+            r.latency_p99_ms,
+            r.latency_samples,
+            r.sink_share_p50_ms,
+            r.sink_share_p99_ms
         )
     })?;
     let summary = sink_bench::summarize(&results);
     let table = sink_bench::table(&summary, &opts);
     std::fs::create_dir_all(&cli.out)?;
-    std::fs::write(cli.out.join("results.json"), serde_json::to_vec_pretty(&(&summary, &results))?)?;
+    std::fs::write(
+        cli.out.join("results.json"),
+        serde_json::to_vec_pretty(&(&summary, &results))?,
+    )?;
     std::fs::write(cli.out.join("results.md"), &table)?;
     println!("{table}");
     Ok(())

@@ -40,12 +40,12 @@ pub mod plot;
 pub mod report;
 pub mod runner;
 
-use price_alerts::kafka::topics::{create_topics, delete_topics, TopicSpec};
-use price_alerts::kafka::{connect, KafkaConfig};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use mode::Mode;
 use options::{BenchOptions, Workload};
+use price_alerts::kafka::topics::{create_topics, delete_topics, TopicSpec};
+use price_alerts::kafka::{connect, KafkaConfig};
 use report::{summarize, BenchReport, Machine, Settings};
 use runner::{run_once, RunResult, RunSpec};
 use std::collections::BTreeMap;
@@ -95,7 +95,8 @@ pub fn schedule(modes: &[Mode], sizes: &[usize], repeats: u32, prefix: &str) -> 
 
 /// Fails with a clear message unless a broker answers a metadata request at the bootstrap address.
 pub fn check_broker(kafka: &KafkaConfig) -> anyhow::Result<()> {
-    connect::check(kafka, BROKER_CHECK_TIMEOUT).context("no Kafka broker to benchmark (start one with scripts/kafka.sh up)")
+    connect::check(kafka, BROKER_CHECK_TIMEOUT)
+        .context("no Kafka broker to benchmark (start one with scripts/kafka.sh up)")
 }
 
 /// Runs the whole benchmark. `stop` (set by Ctrl-C in the binary) ends it after the current run's
@@ -106,16 +107,23 @@ pub fn run(opts: &BenchOptions, stop: &AtomicBool) -> anyhow::Result<BenchReport
     let settings = settings(opts, &producers)?;
     // Formatting the current UTC time as RFC 3339 cannot fail for years 0-9999; a blank stamp
     // would still leave a valid report.
-    let started_at =
-        time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    let started_at = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
     let plan = schedule(&opts.modes, &opts.sizes, opts.repeats, &opts.prefix);
     let specs: Vec<TopicSpec> = plan
         .iter()
-        .map(|r| TopicSpec { name: r.topic.clone(), partitions: opts.partitions, compacted: false, retention: None })
+        .map(|r| TopicSpec {
+            name: r.topic.clone(),
+            partitions: opts.partitions,
+            compacted: false,
+            retention: None,
+        })
         .collect();
     // All topics up front: topic creation is controller work that would otherwise land between
     // (or inside) runs.
-    futures::executor::block_on(create_topics(&opts.kafka, &specs)).context("creating the benchmark topics")?;
+    futures::executor::block_on(create_topics(&opts.kafka, &specs))
+        .context("creating the benchmark topics")?;
     info!(topics = plan.len(), prefix = %opts.prefix, "benchmark topics created");
 
     let outcome = run_plan(opts, &producers, &plan, stop);
@@ -147,7 +155,9 @@ fn run_plan(
     let bar = if opts.progress && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(plan.len() as u64);
         // The template is a constant; if indicatif ever refused it, the default style is fine.
-        if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}") {
+        if let Ok(style) =
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}")
+        {
             bar.set_style(style.progress_chars("=> "));
         }
         bar
@@ -170,8 +180,15 @@ fn run_plan(
             repeat: p.repeat,
             sequence: p.sequence,
         };
-        let r = run_once(producers, &spec, stop)
-            .with_context(|| format!("run {} of {} ({} B, {})", p.sequence + 1, plan.len(), p.size, p.mode))?;
+        let r = run_once(producers, &spec, stop).with_context(|| {
+            format!(
+                "run {} of {} ({} B, {})",
+                p.sequence + 1,
+                plan.len(),
+                p.size,
+                p.mode
+            )
+        })?;
         if bar.is_hidden() {
             info!(mode = %p.mode, size = p.size, repeat = p.repeat, records = r.records,
                 records_per_s = r.records_per_s.round(), "run done");
@@ -200,7 +217,16 @@ fn settings(opts: &BenchOptions, producers: &KafkaConfig) -> anyhow::Result<Sett
             .config_map()
             .into_iter()
             .filter(|(k, _)| !matches!(*k, "bootstrap.servers" | "transactional.id"))
-            .map(|(k, v)| (k.to_owned(), if is_secret(k) { "[redacted]".to_owned() } else { v.to_owned() }))
+            .map(|(k, v)| {
+                (
+                    k.to_owned(),
+                    if is_secret(k) {
+                        "[redacted]".to_owned()
+                    } else {
+                        v.to_owned()
+                    },
+                )
+            })
             .collect();
         producer_properties.insert(m.label(), props);
     }
@@ -224,7 +250,11 @@ fn settings(opts: &BenchOptions, producers: &KafkaConfig) -> anyhow::Result<Sett
 
 /// Properties whose values must not end up in a results file.
 fn is_secret(key: &str) -> bool {
-    ["password", "secret", "jaas", "token", "key.pem", "keystore", "ssl.key"].iter().any(|s| key.contains(s))
+    [
+        "password", "secret", "jaas", "token", "key.pem", "keystore", "ssl.key",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
 }
 
 /// Writes results.json, summary.csv, runs.csv and throughput.png into `dir` (created if
@@ -253,7 +283,8 @@ pub fn write_outputs(report: &BenchReport, dir: &Path) -> anyhow::Result<Vec<Pat
 
 /// Redraws throughput.png and rewrites the CSV files from a results.json, into its folder.
 pub fn replot(results_json: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let bytes = std::fs::read(results_json).with_context(|| format!("reading {}", results_json.display()))?;
+    let bytes = std::fs::read(results_json)
+        .with_context(|| format!("reading {}", results_json.display()))?;
     let report: BenchReport = serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not a producer-bench report", results_json.display()))?;
     let dir = results_json.parent().unwrap_or_else(|| Path::new("."));
@@ -266,10 +297,13 @@ mod tests {
 
     #[test]
     fn schedule_interleaves_modes_within_each_repeat() {
-        let txn = Mode::Transactional { commit_interval: Duration::from_millis(100) };
+        let txn = Mode::Transactional {
+            commit_interval: Duration::from_millis(100),
+        };
         let plan = schedule(&[Mode::Plain, Mode::Idempotent, txn], &[100, 1024], 2, "p-");
         assert_eq!(plan.len(), 12);
-        let order: Vec<(u32, usize, Mode)> = plan.iter().map(|r| (r.repeat, r.size, r.mode)).collect();
+        let order: Vec<(u32, usize, Mode)> =
+            plan.iter().map(|r| (r.repeat, r.size, r.mode)).collect();
         assert_eq!(
             &order[..6],
             &[

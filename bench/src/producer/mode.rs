@@ -44,7 +44,9 @@ pub const QUEUE_KBYTES: u32 = 32_768;
 pub const TRANSACTION_TIMEOUT: Duration = DEFAULT_TRANSACTION_TIMEOUT;
 
 /// The kind of mode, as selected on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, serde::Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ModeKind {
     Plain,
@@ -88,18 +90,26 @@ impl Mode {
         match self {
             Mode::Plain => "plain".into(),
             Mode::Idempotent => "idempotent".into(),
-            Mode::Transactional { commit_interval } => format!("txn-{}ms", commit_interval.as_millis()),
+            Mode::Transactional { commit_interval } => {
+                format!("txn-{}ms", commit_interval.as_millis())
+            }
         }
     }
 
     /// The producer configuration of this mode. `transactional_id` is used by the transactional
     /// mode only.
-    pub fn producer_config(self, kafka: &KafkaConfig, transactional_id: &str) -> anyhow::Result<ClientConfig> {
+    pub fn producer_config(
+        self,
+        kafka: &KafkaConfig,
+        transactional_id: &str,
+    ) -> anyhow::Result<ClientConfig> {
         Ok(match self {
             // acks=1: the leader's acknowledgement only, the classic at-most-once-ish baseline.
             Mode::Plain => kafka.plain_producer("1"),
             Mode::Idempotent => kafka.idempotent_producer(),
-            Mode::Transactional { .. } => kafka.transactional_producer(transactional_id, TRANSACTION_TIMEOUT)?,
+            Mode::Transactional { .. } => {
+                kafka.transactional_producer(transactional_id, TRANSACTION_TIMEOUT)?
+            }
         })
     }
 }
@@ -134,10 +144,26 @@ pub fn expand(kinds: &[ModeKind], commit_intervals: &[Duration]) -> Vec<Mode> {
 
 /// The batching settings of every producer of the benchmark, each with why.
 pub const PRODUCER_SETTINGS: &[(&str, u32, &str)] = &[
-    ("linger.ms", LINGER_MS, "Java's and librdkafka's default; equal in every mode and in compare.sh"),
-    ("batch.size", BATCH_SIZE, "256 KiB: above Java's 16 KiB, below both clients' largest batch"),
-    ("max.in.flight.requests.per.connection", MAX_IN_FLIGHT, "Java's default and idempotence's cap"),
-    ("queue.buffering.max.kbytes", QUEUE_KBYTES, "Java's buffer.memory (32 MiB): same unsent-data bound"),
+    (
+        "linger.ms",
+        LINGER_MS,
+        "Java's and librdkafka's default; equal in every mode and in compare.sh",
+    ),
+    (
+        "batch.size",
+        BATCH_SIZE,
+        "256 KiB: above Java's 16 KiB, below both clients' largest batch",
+    ),
+    (
+        "max.in.flight.requests.per.connection",
+        MAX_IN_FLIGHT,
+        "Java's default and idempotence's cap",
+    ),
+    (
+        "queue.buffering.max.kbytes",
+        QUEUE_KBYTES,
+        "Java's buffer.memory (32 MiB): same unsent-data bound",
+    ),
 ];
 
 /// The user's connection settings plus the benchmark's batching settings, for the producers only
@@ -161,21 +187,37 @@ mod tests {
     fn labels() {
         assert_eq!(Mode::Plain.label(), "plain");
         assert_eq!(Mode::Idempotent.label(), "idempotent");
-        assert_eq!(Mode::Transactional { commit_interval: Duration::from_millis(100) }.label(), "txn-100ms");
+        assert_eq!(
+            Mode::Transactional {
+                commit_interval: Duration::from_millis(100)
+            }
+            .label(),
+            "txn-100ms"
+        );
     }
 
     #[test]
     fn expansion_orders_modes_and_drops_duplicates() {
         let ms = |v| Duration::from_millis(v);
-        let modes =
-            expand(&[ModeKind::Transactional, ModeKind::Plain, ModeKind::Idempotent], &[ms(10), ms(100), ms(10)]);
+        let modes = expand(
+            &[
+                ModeKind::Transactional,
+                ModeKind::Plain,
+                ModeKind::Idempotent,
+            ],
+            &[ms(10), ms(100), ms(10)],
+        );
         assert_eq!(
             modes,
             vec![
                 Mode::Plain,
                 Mode::Idempotent,
-                Mode::Transactional { commit_interval: ms(10) },
-                Mode::Transactional { commit_interval: ms(100) },
+                Mode::Transactional {
+                    commit_interval: ms(10)
+                },
+                Mode::Transactional {
+                    commit_interval: ms(100)
+                },
             ]
         );
         assert_eq!(expand(&[ModeKind::Plain], &[ms(10)]), vec![Mode::Plain]);
@@ -184,25 +226,43 @@ mod tests {
     #[test]
     fn every_mode_gets_the_same_batching_and_its_own_guarantees() {
         let k = producer_kafka(&KafkaConfig::new("h:1")).unwrap();
-        let modes = [Mode::Plain, Mode::Idempotent, Mode::Transactional { commit_interval: Duration::from_millis(10) }];
+        let modes = [
+            Mode::Plain,
+            Mode::Idempotent,
+            Mode::Transactional {
+                commit_interval: Duration::from_millis(10),
+            },
+        ];
         for m in modes {
             let c = m.producer_config(&k, "tid").unwrap();
             assert_eq!(c.get("linger.ms"), Some("5"), "{m}");
             assert_eq!(c.get("batch.size"), Some("262144"), "{m}");
-            assert_eq!(c.get("max.in.flight.requests.per.connection"), Some("5"), "{m}");
+            assert_eq!(
+                c.get("max.in.flight.requests.per.connection"),
+                Some("5"),
+                "{m}"
+            );
             assert_eq!(c.get("queue.buffering.max.kbytes"), Some("32768"), "{m}");
         }
         let plain = Mode::Plain.producer_config(&k, "tid").unwrap();
-        assert_eq!((plain.get("acks"), plain.get("enable.idempotence")), (Some("1"), Some("false")));
+        assert_eq!(
+            (plain.get("acks"), plain.get("enable.idempotence")),
+            (Some("1"), Some("false"))
+        );
         let idem = Mode::Idempotent.producer_config(&k, "tid").unwrap();
-        assert_eq!((idem.get("acks"), idem.get("enable.idempotence")), (Some("all"), Some("true")));
+        assert_eq!(
+            (idem.get("acks"), idem.get("enable.idempotence")),
+            (Some("all"), Some("true"))
+        );
         let txn = modes[2].producer_config(&k, "tid").unwrap();
         assert_eq!(txn.get("transactional.id"), Some("tid"));
     }
 
     #[test]
     fn user_overrides_win_over_bench_settings() {
-        let user = KafkaConfig::new("h:1").with_overrides(&["linger.ms=20"]).unwrap();
+        let user = KafkaConfig::new("h:1")
+            .with_overrides(&["linger.ms=20"])
+            .unwrap();
         let k = producer_kafka(&user).unwrap();
         let c = Mode::Idempotent.producer_config(&k, "t").unwrap();
         assert_eq!(c.get("linger.ms"), Some("20"));

@@ -6,11 +6,11 @@
 //! [`BenchCli::options`], with a message naming the flag.
 
 use super::mode::{expand, Mode, ModeKind};
+use anyhow::bail;
+use clap::Parser;
 use price_alerts::cli::KafkaArgs;
 use price_alerts::kafka::topics::unique_suffix;
 use price_alerts::kafka::KafkaConfig;
-use anyhow::bail;
-use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,7 +47,11 @@ pub struct BenchCli {
     #[arg(long, default_value_t = 3)]
     pub repeats: u32,
     /// Modes to run, comma-separated; `transactional` runs once per commit interval.
-    #[arg(long, value_delimiter = ',', default_value = "plain,idempotent,transactional")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "plain,idempotent,transactional"
+    )]
     pub modes: Vec<ModeKind>,
     /// Commit intervals of the transactional mode, comma-separated durations (10ms,100ms,1s).
     #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "10ms,100ms,1s")]
@@ -120,9 +124,13 @@ impl BenchOptions {
     pub fn limit(&self, size_index: usize) -> Limit {
         match &self.workload {
             // `options()` guarantees one count per size; a shorter list repeats its last count.
-            Workload::Records(counts) => {
-                Limit::Records(counts.get(size_index).or(counts.last()).copied().unwrap_or(DEFAULT_RECORDS))
-            }
+            Workload::Records(counts) => Limit::Records(
+                counts
+                    .get(size_index)
+                    .or(counts.last())
+                    .copied()
+                    .unwrap_or(DEFAULT_RECORDS),
+            ),
             Workload::Duration(d) => Limit::Duration(*d),
         }
     }
@@ -186,15 +194,26 @@ impl BenchCli {
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
-    let (digits, factor) = if let Some(d) = lower.strip_suffix("kib").or_else(|| lower.strip_suffix('k')) {
+    let (digits, factor) = if let Some(d) = lower
+        .strip_suffix("kib")
+        .or_else(|| lower.strip_suffix('k'))
+    {
         (d, 1024)
-    } else if let Some(d) = lower.strip_suffix("mib").or_else(|| lower.strip_suffix('m')) {
+    } else if let Some(d) = lower
+        .strip_suffix("mib")
+        .or_else(|| lower.strip_suffix('m'))
+    {
         (d, 1024 * 1024)
     } else {
         (lower.strip_suffix('b').unwrap_or(&lower), 1)
     };
-    let n: usize = digits.trim().parse().map_err(|_| format!("{t:?} is not a size (e.g. 100, 1k, 1KiB)"))?;
-    let size = n.checked_mul(factor).ok_or_else(|| format!("{t:?} is too large"))?;
+    let n: usize = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{t:?} is not a size (e.g. 100, 1k, 1KiB)"))?;
+    let size = n
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{t:?} is too large"))?;
     if size == 0 {
         return Err("a record size must be above zero".into());
     }
@@ -221,26 +240,43 @@ mod tests {
         assert_eq!(cli.commit_intervals, vec![ms(10), ms(100), ms(1000)]);
         assert_eq!(cli.out_dir, PathBuf::from("bench/out"));
         let o = cli.options().unwrap();
-        assert_eq!(o.workload, Workload::Records(vec![DEFAULT_RECORDS, DEFAULT_RECORDS]));
+        assert_eq!(
+            o.workload,
+            Workload::Records(vec![DEFAULT_RECORDS, DEFAULT_RECORDS])
+        );
         assert_eq!(o.modes.len(), 5);
         assert_eq!(o.modes[0], Mode::Plain);
-        assert_eq!(o.modes[4], Mode::Transactional { commit_interval: ms(1000) });
+        assert_eq!(
+            o.modes[4],
+            Mode::Transactional {
+                commit_interval: ms(1000)
+            }
+        );
         assert!(o.prefix.starts_with("producer-bench-"));
         assert!(o.cleanup);
         assert_eq!(o.out_dir, Some(PathBuf::from("bench/out")));
         assert_eq!(cli.replot, None);
-        assert_eq!(parse(&["--replot", "x/results.json"]).unwrap().replot, Some(PathBuf::from("x/results.json")));
+        assert_eq!(
+            parse(&["--replot", "x/results.json"]).unwrap().replot,
+            Some(PathBuf::from("x/results.json"))
+        );
     }
 
     #[test]
     fn one_record_count_per_size_or_one_for_all() {
-        let o = parse(&["--sizes", "100,1k", "--records", "200000,50000"]).unwrap().options().unwrap();
+        let o = parse(&["--sizes", "100,1k", "--records", "200000,50000"])
+            .unwrap()
+            .options()
+            .unwrap();
         assert_eq!(o.sizes, vec![100, 1024]);
         assert_eq!(o.limit(0), Limit::Records(200_000));
         assert_eq!(o.limit(1), Limit::Records(50_000));
         let o = parse(&["--records", "7"]).unwrap().options().unwrap();
         assert_eq!(o.workload, Workload::Records(vec![7, 7]));
-        let err = parse(&["--sizes", "100", "--records", "1,2"]).unwrap().options().unwrap_err();
+        let err = parse(&["--sizes", "100", "--records", "1,2"])
+            .unwrap()
+            .options()
+            .unwrap_err();
         assert!(err.to_string().contains("one per size"), "{err}");
         assert!(parse(&["--records", "0"]).unwrap().options().is_err());
     }
@@ -254,13 +290,25 @@ mod tests {
 
     #[test]
     fn modes_and_intervals() {
-        let o = parse(&["--modes", "txn,idempotent", "--commit-intervals", "100ms,1s"]).unwrap().options().unwrap();
+        let o = parse(&[
+            "--modes",
+            "txn,idempotent",
+            "--commit-intervals",
+            "100ms,1s",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
         assert_eq!(
             o.modes,
             vec![
                 Mode::Idempotent,
-                Mode::Transactional { commit_interval: ms(100) },
-                Mode::Transactional { commit_interval: ms(1000) },
+                Mode::Transactional {
+                    commit_interval: ms(100)
+                },
+                Mode::Transactional {
+                    commit_interval: ms(1000)
+                },
             ]
         );
         assert!(parse(&["--modes", "exactly-twice"]).is_err());
@@ -270,7 +318,10 @@ mod tests {
 
     #[test]
     fn outputs_and_topics() {
-        let o = parse(&["--no-output", "--keep-topics", "--topic-prefix", "t-"]).unwrap().options().unwrap();
+        let o = parse(&["--no-output", "--keep-topics", "--topic-prefix", "t-"])
+            .unwrap()
+            .options()
+            .unwrap();
         assert_eq!(o.out_dir, None);
         assert!(!o.cleanup);
         assert_eq!(o.prefix, "t-");
@@ -281,10 +332,19 @@ mod tests {
 
     #[test]
     fn pass_through_properties_are_checked() {
-        let o = parse(&["-X", "linger.ms=20", "--bootstrap", "h:9"]).unwrap().options().unwrap();
+        let o = parse(&["-X", "linger.ms=20", "--bootstrap", "h:9"])
+            .unwrap()
+            .options()
+            .unwrap();
         assert_eq!(o.kafka.bootstrap, "h:9");
-        assert_eq!(o.kafka.properties.get("linger.ms").map(String::as_str), Some("20"));
-        assert!(parse(&["-X", "transactional.id=x"]).unwrap().options().is_err());
+        assert_eq!(
+            o.kafka.properties.get("linger.ms").map(String::as_str),
+            Some("20")
+        );
+        assert!(parse(&["-X", "transactional.id=x"])
+            .unwrap()
+            .options()
+            .is_err());
     }
 
     #[test]

@@ -46,13 +46,18 @@ fn register_fonts() -> anyhow::Result<()> {
 /// Draws the plot into `path`. Returns `false` (and writes nothing) when the report has no
 /// transactional result to plot.
 pub fn write_png(report: &BenchReport, path: &Path) -> anyhow::Result<bool> {
-    let txn: Vec<&Summary> =
-        report.summaries.iter().filter(|s| s.commit_interval_ms.is_some() && s.mb_per_s.is_some()).collect();
+    let txn: Vec<&Summary> = report
+        .summaries
+        .iter()
+        .filter(|s| s.commit_interval_ms.is_some() && s.mb_per_s.is_some())
+        .collect();
     if txn.is_empty() {
         return Ok(false);
     }
     register_fonts()?;
-    draw(report, &txn, path).map_err(|e| anyhow!("{e}")).with_context(|| format!("drawing {}", path.display()))?;
+    draw(report, &txn, path)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("drawing {}", path.display()))?;
     Ok(true)
 }
 
@@ -64,8 +69,16 @@ fn label_if_measured(v: f64, intervals: &[f64]) -> String {
     }
 }
 
-fn draw(report: &BenchReport, txn: &[&Summary], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let intervals: Vec<f64> = txn.iter().filter_map(|s| s.commit_interval_ms).map(|v| v as f64).collect();
+fn draw(
+    report: &BenchReport,
+    txn: &[&Summary],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let intervals: Vec<f64> = txn
+        .iter()
+        .filter_map(|s| s.commit_interval_ms)
+        .map(|v| v as f64)
+        .collect();
     let lo = intervals.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = intervals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     // A factor of two of room on each side, so the end points do not sit on the frame.
@@ -117,16 +130,30 @@ fn draw(report: &BenchReport, txn: &[&Summary], path: &Path) -> Result<(), Box<d
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         if !points.is_empty() {
             chart
-                .draw_series(LineSeries::new(points.iter().map(|p| (p.0, p.1)), color.stroke_width(3)))?
+                .draw_series(LineSeries::new(
+                    points.iter().map(|p| (p.0, p.1)),
+                    color.stroke_width(3),
+                ))?
                 .label(format!("{size} B transactional (median, bar = min-max)"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
-            chart.draw_series(points.iter().map(|p| Circle::new((p.0, p.1), 5, color.filled())))?;
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                });
             chart.draw_series(
-                points.iter().map(|p| PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(2))),
+                points
+                    .iter()
+                    .map(|p| Circle::new((p.0, p.1), 5, color.filled())),
+            )?;
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|p| PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(2))),
             )?;
         }
         let idem = report.summary("idempotent", size);
-        if let (Some(mb), Some(rps)) = (idem.and_then(|m| m.mb_per_s), idem.and_then(|m| m.records_per_s)) {
+        if let (Some(mb), Some(rps)) = (
+            idem.and_then(|m| m.mb_per_s),
+            idem.and_then(|m| m.records_per_s),
+        ) {
             chart
                 .draw_series(DashedLineSeries::new(
                     vec![(x_lo, mb.median), (x_hi, mb.median)],
@@ -139,7 +166,9 @@ fn draw(report: &BenchReport, txn: &[&Summary], path: &Path) -> Result<(), Box<d
                     mb.median,
                     thousands(rps.median)
                 ))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 10, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 10, y)], color.stroke_width(2))
+                });
         }
     }
     chart

@@ -38,6 +38,45 @@ pub struct Summary {
     pub commits: u64,
     pub aborted_transactions: u64,
     pub failed_deliveries: u64,
+    /// Where the committed transactions' time went (transactional modes), pooled over the repeats.
+    #[serde(default)]
+    pub timeline: Option<Timeline>,
+}
+
+/// Percentiles of [`TxnTimes`](super::runner::TxnTimes) over a configuration's transactions.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Timeline {
+    pub transactions: usize,
+    pub open_p50_ms: f64,
+    pub records_p50: f64,
+    pub drain_p50_ms: f64,
+    pub drain_p99_ms: f64,
+    pub end_p50_ms: f64,
+    pub end_p99_ms: f64,
+}
+
+impl Timeline {
+    fn of(runs: &[&RunResult]) -> Option<Timeline> {
+        let txns: Vec<_> = runs.iter().flat_map(|r| r.transactions.iter()).collect();
+        let pick = |f: fn(&super::runner::TxnTimes) -> f64| {
+            txns.iter().map(|t| f(t)).collect::<Vec<f64>>()
+        };
+        let (open, records, drain, end) = (
+            pick(|t| t.open_ms),
+            pick(|t| t.records as f64),
+            pick(|t| t.drain_ms),
+            pick(|t| t.end_ms),
+        );
+        Some(Timeline {
+            transactions: txns.len(),
+            open_p50_ms: percentile(&open, 50.0)?,
+            records_p50: percentile(&records, 50.0)?,
+            drain_p50_ms: percentile(&drain, 50.0)?,
+            drain_p99_ms: percentile(&drain, 99.0)?,
+            end_p50_ms: percentile(&end, 50.0)?,
+            end_p99_ms: percentile(&end, 99.0)?,
+        })
+    }
 }
 
 /// Summaries in the order sizes x modes; interrupted runs are left out (they measured less).
@@ -46,17 +85,23 @@ pub fn summarize(runs: &[RunResult], modes: &[Mode], sizes: &[usize]) -> Vec<Sum
     for &size in sizes {
         let idem_label = Mode::Idempotent.label();
         let idem_median = median_of(runs, &idem_label, size);
-        let idem_by_repeat: BTreeMap<u32, f64> =
-            complete(runs, &idem_label, size).map(|r| (r.repeat, r.records_per_s)).collect();
+        let idem_by_repeat: BTreeMap<u32, f64> = complete(runs, &idem_label, size)
+            .map(|r| (r.repeat, r.records_per_s))
+            .collect();
         for mode in modes {
             let label = mode.label();
             let mine: Vec<&RunResult> = complete(runs, &label, size).collect();
             let rps: Vec<f64> = mine.iter().map(|r| r.records_per_s).collect();
             let mbps: Vec<f64> = mine.iter().map(|r| r.mb_per_s).collect();
-            let latencies: Vec<f64> = mine.iter().flat_map(|r| r.commit_latencies_ms.iter().copied()).collect();
+            let latencies: Vec<f64> = mine
+                .iter()
+                .flat_map(|r| r.commit_latencies_ms.iter().copied())
+                .collect();
             let records_per_s = Spread::of(&rps);
-            let paired: Vec<f64> =
-                mine.iter().filter_map(|r| ratio(r.records_per_s, *idem_by_repeat.get(&r.repeat)?)).collect();
+            let paired: Vec<f64> = mine
+                .iter()
+                .filter_map(|r| ratio(r.records_per_s, *idem_by_repeat.get(&r.repeat)?))
+                .collect();
             out.push(Summary {
                 mode: label.clone(),
                 commit_interval_ms: mode.commit_interval().map(|d| d.as_millis() as u64),
@@ -74,18 +119,26 @@ pub fn summarize(runs: &[RunResult], modes: &[Mode], sizes: &[usize]) -> Vec<Sum
                 commits: mine.iter().map(|r| r.commits).sum(),
                 aborted_transactions: mine.iter().map(|r| r.aborted_transactions).sum(),
                 failed_deliveries: mine.iter().map(|r| r.failed_deliveries).sum(),
+                timeline: Timeline::of(&mine),
             });
         }
     }
     out
 }
 
-fn complete<'a>(runs: &'a [RunResult], label: &'a str, size: usize) -> impl Iterator<Item = &'a RunResult> + 'a {
-    runs.iter().filter(move |r| r.mode == label && r.record_size == size && !r.interrupted)
+fn complete<'a>(
+    runs: &'a [RunResult],
+    label: &'a str,
+    size: usize,
+) -> impl Iterator<Item = &'a RunResult> + 'a {
+    runs.iter()
+        .filter(move |r| r.mode == label && r.record_size == size && !r.interrupted)
 }
 
 fn median_of(runs: &[RunResult], label: &str, size: usize) -> Option<f64> {
-    let v: Vec<f64> = complete(runs, label, size).map(|r| r.records_per_s).collect();
+    let v: Vec<f64> = complete(runs, label, size)
+        .map(|r| r.records_per_s)
+        .collect();
     Spread::of(&v).map(|s| s.median)
 }
 
@@ -121,7 +174,9 @@ impl Machine {
     pub fn this() -> Machine {
         Machine {
             cpus: std::thread::available_parallelism().ok().map(|n| n.get()),
-            memory_total_bytes: std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m)),
+            memory_total_bytes: std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| mem_total(&m)),
             os: std::env::consts::OS.into(),
             arch: std::env::consts::ARCH.into(),
         }
@@ -152,7 +207,9 @@ pub struct BenchReport {
 impl BenchReport {
     /// The summary of a mode label and size.
     pub fn summary(&self, mode: &str, size: usize) -> Option<&Summary> {
-        self.summaries.iter().find(|s| s.mode == mode && s.record_size == size)
+        self.summaries
+            .iter()
+            .find(|s| s.mode == mode && s.record_size == size)
     }
 
     /// One row per configuration.
@@ -256,7 +313,13 @@ impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.settings;
         let workload = match (&s.records, s.duration_s) {
-            (Some(r), _) => format!("records/run {}", r.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("/")),
+            (Some(r), _) => format!(
+                "records/run {}",
+                r.iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ),
             (None, Some(d)) => format!("{d} s/run"),
             (None, None) => String::new(),
         };
@@ -284,13 +347,23 @@ impl fmt::Display for BenchReport {
         for m in &self.summaries {
             let rps = m
                 .records_per_s
-                .map(|x| format!("{} ({}-{})", thousands(x.median), thousands(x.min), thousands(x.max)))
+                .map(|x| {
+                    format!(
+                        "{} ({}-{})",
+                        thousands(x.median),
+                        thousands(x.min),
+                        thousands(x.max)
+                    )
+                })
                 .unwrap_or_else(|| "-".into());
             let mbps = m
                 .mb_per_s
                 .map(|x| format!("{:.2} ({:.2}-{:.2})", x.median, x.min, x.max))
                 .unwrap_or_else(|| "-".into());
-            let r = m.ratio_to_idempotent.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
+            let r = m
+                .ratio_to_idempotent
+                .map(|v| format!("{v:.3}"))
+                .unwrap_or_else(|| "-".into());
             let paired = m
                 .paired_ratio_to_idempotent
                 .map(|x| format!("{:.3} ({:.3}-{:.3})", x.median, x.min, x.max))
@@ -311,6 +384,35 @@ impl fmt::Display for BenchReport {
                     f,
                     "        (aborted transactions {}, failed deliveries {}: not counted)",
                     m.aborted_transactions, m.failed_deliveries
+                )?;
+            }
+        }
+        let timelines: Vec<_> = self
+            .summaries
+            .iter()
+            .filter_map(|m| Some((m, m.timeline?)))
+            .collect();
+        if !timelines.is_empty() {
+            writeln!(
+                f,
+                "\nwhere a committed transaction's time goes (p50, and p99 where given; ms):"
+            )?;
+            writeln!(
+                f,
+                "{:<7} {:<11} {:>6}  {:>9}  {:>9}  {:>15}  {:>15}",
+                "size", "mode", "txns", "open", "records", "drain p50/p99", "EndTxn p50/p99"
+            )?;
+            for (m, t) in timelines {
+                writeln!(
+                    f,
+                    "{:<7} {:<11} {:>6}  {:>9.1}  {:>9.0}  {:>15}  {:>15}",
+                    format!("{} B", m.record_size),
+                    m.mode,
+                    t.transactions,
+                    t.open_p50_ms,
+                    t.records_p50,
+                    format!("{:.1}/{:.1}", t.drain_p50_ms, t.drain_p99_ms),
+                    format!("{:.1}/{:.1}", t.end_p50_ms, t.end_p99_ms),
                 )?;
             }
         }
@@ -340,6 +442,7 @@ mod tests {
             elapsed_s: 1000.0 / rps,
             records_per_s: rps,
             mb_per_s: rps * size as f64 / 1048576.0,
+            transactions: Vec::new(),
             commit_latencies_ms: commits.to_vec(),
             interrupted: false,
         }
@@ -369,7 +472,9 @@ mod tests {
 
     #[test]
     fn summaries_give_median_range_ratio_and_commit_percentiles() {
-        let txn = Mode::Transactional { commit_interval: Duration::from_millis(100) };
+        let txn = Mode::Transactional {
+            commit_interval: Duration::from_millis(100),
+        };
         let modes = [Mode::Idempotent, txn];
         let mut runs = vec![
             run(Mode::Idempotent, 1024, 100.0, &[]),
@@ -388,7 +493,15 @@ mod tests {
         runs.push(cut);
         let r = report(runs, &modes, &[1024]);
         let idem = r.summary("idempotent", 1024).unwrap();
-        assert_eq!(idem.records_per_s, Some(Spread { n: 3, median: 100.0, min: 90.0, max: 120.0 }));
+        assert_eq!(
+            idem.records_per_s,
+            Some(Spread {
+                n: 3,
+                median: 100.0,
+                min: 90.0,
+                max: 120.0
+            })
+        );
         assert_eq!(idem.ratio_to_idempotent, Some(1.0));
         assert_eq!(idem.commit_p50_ms, None);
         let t = r.summary("txn-100ms", 1024).unwrap();
@@ -398,7 +511,10 @@ mod tests {
         // Paired by repeat: 97/100, 80/120, 99/90.
         let p = t.paired_ratio_to_idempotent.unwrap();
         assert_eq!(p.n, 3);
-        assert!((p.median - 0.97).abs() < 1e-12 && (p.min - 80.0 / 120.0).abs() < 1e-12, "{p:?}");
+        assert!(
+            (p.median - 0.97).abs() < 1e-12 && (p.min - 80.0 / 120.0).abs() < 1e-12,
+            "{p:?}"
+        );
         assert!((p.max - 1.1).abs() < 1e-12, "{p:?}");
         assert_eq!(t.commit_p50_ms, Some(3.0));
         assert_eq!(t.commit_p99_ms, Some(50.0));
@@ -408,7 +524,11 @@ mod tests {
 
     #[test]
     fn no_ratio_without_an_idempotent_baseline() {
-        let r = report(vec![run(Mode::Plain, 100, 10.0, &[])], &[Mode::Plain], &[100]);
+        let r = report(
+            vec![run(Mode::Plain, 100, 10.0, &[])],
+            &[Mode::Plain],
+            &[100],
+        );
         let s = r.summary("plain", 100).unwrap();
         assert_eq!(s.ratio_to_idempotent, None);
         assert!(r.to_string().contains("plain"));
@@ -417,19 +537,35 @@ mod tests {
     #[test]
     fn csv_has_a_header_and_one_row_per_item() {
         let modes = [Mode::Plain, Mode::Idempotent];
-        let r =
-            report(vec![run(Mode::Plain, 100, 10.0, &[]), run(Mode::Idempotent, 100, 5.0, &[])], &modes, &[100, 1024]);
+        let r = report(
+            vec![
+                run(Mode::Plain, 100, 10.0, &[]),
+                run(Mode::Idempotent, 100, 5.0, &[]),
+            ],
+            &modes,
+            &[100, 1024],
+        );
         let summary = r.summary_csv();
         let lines: Vec<&str> = summary.lines().collect();
         assert_eq!(lines.len(), 1 + 4);
         let columns = lines[0].split(',').count();
-        assert!(lines.iter().all(|l| l.split(',').count() == columns), "{summary}");
-        assert!(lines[1].starts_with("plain,,100,1,10.0,10.0,10.0,"), "{}", lines[1]);
+        assert!(
+            lines.iter().all(|l| l.split(',').count() == columns),
+            "{summary}"
+        );
+        assert!(
+            lines[1].starts_with("plain,,100,1,10.0,10.0,10.0,"),
+            "{}",
+            lines[1]
+        );
         assert!(lines[1].contains(",2.0000,"), "{}", lines[1]);
         let runs = r.runs_csv();
         assert_eq!(runs.lines().count(), 3);
         let columns = runs.lines().next().unwrap().split(',').count();
-        assert!(runs.lines().all(|l| l.split(',').count() == columns), "{runs}");
+        assert!(
+            runs.lines().all(|l| l.split(',').count() == columns),
+            "{runs}"
+        );
     }
 
     #[test]
@@ -443,7 +579,10 @@ mod tests {
 
     #[test]
     fn meminfo() {
-        assert_eq!(mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000 * 1024));
+        assert_eq!(
+            mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24576000 * 1024)
+        );
         assert_eq!(mem_total("nothing"), None);
     }
 }

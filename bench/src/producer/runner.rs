@@ -29,9 +29,9 @@
 use super::mode::Mode;
 use super::options::Limit;
 use crate::stats;
+use anyhow::{anyhow, Context as _};
 use price_alerts::kafka::KafkaConfig;
 use price_alerts::pipeline::producer::{TxnErrorClass, TxnProducer};
-use anyhow::{anyhow, Context as _};
 use rdkafka::producer::BaseRecord;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -95,8 +95,23 @@ pub struct RunResult {
     pub mb_per_s: f64,
     /// Duration of each commit of the measured phase, in milliseconds.
     pub commit_latencies_ms: Vec<f64>,
+    /// The life of each committed transaction of the measured phase, in order.
+    #[serde(default)]
+    pub transactions: Vec<TxnTimes>,
     /// The run was cut short by a stop request.
     pub interrupted: bool,
+}
+
+/// Where one transaction's time went, from the application's side: open (begin to the commit
+/// call, records being enqueued), drain (waiting until every record of it is acknowledged), and
+/// end (`commit_transaction` after the drain: EndTxn to the coordinator and its markers).
+/// `commit_latencies_ms` is drain + end.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct TxnTimes {
+    pub open_ms: f64,
+    pub records: u64,
+    pub drain_ms: f64,
+    pub end_ms: f64,
 }
 
 /// What one phase (warm-up or measurement) achieved.
@@ -107,14 +122,21 @@ struct Phase {
     failed: u64,
     aborted: u64,
     commits: Vec<Duration>,
+    transactions: Vec<TxnTimes>,
     interrupted: bool,
 }
 
 /// Runs one configuration. `kafka` carries the producer settings (see `mode::producer_kafka`).
-pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyhow::Result<RunResult> {
+pub fn run_once(
+    kafka: &KafkaConfig,
+    spec: &RunSpec,
+    stop: &AtomicBool,
+) -> anyhow::Result<RunResult> {
     let config = spec.mode.producer_config(kafka, &spec.transactional_id)?;
     let producer = match spec.mode {
-        Mode::Transactional { .. } => TxnProducer::new(&config).context("creating the transactional producer")?,
+        Mode::Transactional { .. } => {
+            TxnProducer::new(&config).context("creating the transactional producer")?
+        }
         _ => TxnProducer::non_transactional(&config).context("creating the producer")?,
     };
     // One payload per run, uppercase letters as ProducerPerformance's (no compression is set, so
@@ -129,7 +151,8 @@ pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyho
         warn!(topic = %spec.topic, counted = warm.counted, sent = warm.sent, "warm-up records lost");
     }
     let start = Instant::now();
-    let measured = produce(&producer, spec, &payload, spec.limit, stop).context("measured phase")?;
+    let measured =
+        produce(&producer, spec, &payload, spec.limit, stop).context("measured phase")?;
     let elapsed = start.elapsed().as_secs_f64();
     debug!(topic = %spec.topic, mode = %spec.mode, elapsed, counted = measured.counted, "run finished");
     let records_per_s = stats::per_second(measured.counted as f64, elapsed).unwrap_or(0.0);
@@ -149,7 +172,12 @@ pub fn run_once(kafka: &KafkaConfig, spec: &RunSpec, stop: &AtomicBool) -> anyho
         elapsed_s: elapsed,
         records_per_s,
         mb_per_s: records_per_s * spec.size as f64 / (1024.0 * 1024.0),
-        commit_latencies_ms: measured.commits.iter().map(|d| d.as_secs_f64() * 1000.0).collect(),
+        commit_latencies_ms: measured
+            .commits
+            .iter()
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect(),
+        transactions: measured.transactions,
         interrupted: warm.interrupted || measured.interrupted,
     };
     Ok(result)
@@ -164,7 +192,13 @@ fn done(limit: Limit, sent: u64, start: Instant, now: Instant) -> bool {
 }
 
 /// Sends records until `limit`, keeping the queue full, and waits for the outcome of every one.
-fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: &AtomicBool) -> anyhow::Result<Phase> {
+fn produce(
+    p: &TxnProducer,
+    spec: &RunSpec,
+    payload: &[u8],
+    limit: Limit,
+    stop: &AtomicBool,
+) -> anyhow::Result<Phase> {
     let failures_before = p.delivery_failures();
     let mut phase = Phase::default();
     let start = Instant::now();
@@ -186,23 +220,25 @@ fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: 
             txn_start = now;
         }
         let record = BaseRecord::<[u8], [u8]>::to(&spec.topic).payload(payload);
-        p.send(record).map_err(|e| anyhow!(e).context(format!("producing to {}", spec.topic)))?;
+        p.send(record)
+            .map_err(|e| anyhow!(e).context(format!("producing to {}", spec.topic)))?;
         phase.sent += 1;
         in_txn += 1;
         // As ProducerPerformance: commit once the transaction is at least one interval old.
         if let Some(interval) = interval {
             if now.duration_since(txn_start) >= interval {
-                commit(p, &mut phase, in_txn)?;
+                commit(p, &mut phase, in_txn, txn_start)?;
                 in_txn = 0;
             }
         }
     }
     if interval.is_some() {
         if in_txn > 0 {
-            commit(p, &mut phase, in_txn)?;
+            commit(p, &mut phase, in_txn, txn_start)?;
         }
     } else {
-        p.flush(FLUSH_TIMEOUT).with_context(|| format!("flushing the records to {}", spec.topic))?;
+        p.flush(FLUSH_TIMEOUT)
+            .with_context(|| format!("flushing the records to {}", spec.topic))?;
     }
     phase.failed = p.delivery_failures() - failures_before;
     if interval.is_none() {
@@ -213,11 +249,23 @@ fn produce(p: &TxnProducer, spec: &RunSpec, payload: &[u8], limit: Limit, stop: 
 
 /// Commits the open transaction of `records` records; on an abortable failure aborts it and
 /// counts none of them. Any other failure ends the run.
-fn commit(p: &TxnProducer, phase: &mut Phase, records: u64) -> anyhow::Result<()> {
+/// Commits the open transaction: drains it first, timed on its own (the commit's own drain then
+/// finds nothing left), so the drain and EndTxn parts of a commit are told apart.
+fn commit(p: &TxnProducer, phase: &mut Phase, records: u64, begun: Instant) -> anyhow::Result<()> {
     let t = Instant::now();
+    // A drain that times out changes nothing: the commit flushes (and fails) on its own.
+    let _ = p.flush(FLUSH_TIMEOUT);
+    let drained = Instant::now();
     match p.commit() {
         Ok(()) => {
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
             phase.commits.push(t.elapsed());
+            phase.transactions.push(TxnTimes {
+                open_ms: ms(t - begun),
+                records,
+                drain_ms: ms(drained - t),
+                end_ms: ms(drained.elapsed()),
+            });
             phase.counted += records;
             Ok(())
         }
@@ -230,4 +278,3 @@ fn commit(p: &TxnProducer, phase: &mut Phase, records: u64) -> anyhow::Result<()
         Err(e) => Err(e.into()),
     }
 }
-

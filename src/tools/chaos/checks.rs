@@ -43,25 +43,42 @@ impl DeadLetters {
 
 /// Reads `dlq` (read_committed) and matches each dead letter's origin against `poison`, the input
 /// positions of the poison ticks.
-pub fn dead_letters_once(kafka: &KafkaConfig, dlq_topic: &str, poison: &BTreeSet<(i32, i64)>) -> anyhow::Result<DeadLetters> {
+pub fn dead_letters_once(
+    kafka: &KafkaConfig,
+    dlq_topic: &str,
+    poison: &BTreeSet<(i32, i64)>,
+) -> anyhow::Result<DeadLetters> {
     let mut seen: BTreeMap<(i32, i64), u64> = BTreeMap::new();
     let mut unexpected = Vec::new();
-    let found = read_topic_to_end(kafka, dlq_topic, Isolation::ReadCommitted, DEFAULT_READ_TIMEOUT, |m| {
-        let origin = dlq::header(m, "dlq.original.partition")
-            .zip(dlq::header(m, "dlq.original.offset"))
-            .and_then(|(p, o)| Some((p.parse::<i32>().ok()?, o.parse::<i64>().ok()?)));
-        match origin {
-            Some(o) if poison.contains(&o) => *seen.entry(o).or_default() += 1,
-            Some((p, o)) => unexpected.push(format!("{p}/{o}")),
-            None => unexpected.push(format!("dead letter without origin headers at {dlq_topic} offset {}", m.offset())),
-        }
-        Ok(())
-    })
+    let found = read_topic_to_end(
+        kafka,
+        dlq_topic,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            let origin = dlq::header(m, "dlq.original.partition")
+                .zip(dlq::header(m, "dlq.original.offset"))
+                .and_then(|(p, o)| Some((p.parse::<i32>().ok()?, o.parse::<i64>().ok()?)));
+            match origin {
+                Some(o) if poison.contains(&o) => *seen.entry(o).or_default() += 1,
+                Some((p, o)) => unexpected.push(format!("{p}/{o}")),
+                None => unexpected.push(format!(
+                    "dead letter without origin headers at {dlq_topic} offset {}",
+                    m.offset()
+                )),
+            }
+            Ok(())
+        },
+    )
     .with_context(|| format!("reading the DLQ {dlq_topic}"))?;
     Ok(DeadLetters {
         expected: poison.len() as u64,
         found,
-        missing: poison.iter().filter(|o| !seen.contains_key(o)).copied().collect(),
+        missing: poison
+            .iter()
+            .filter(|o| !seen.contains_key(o))
+            .copied()
+            .collect(),
         duplicate: seen.into_iter().filter(|(_, n)| *n > 1).collect(),
         unexpected,
     })
@@ -76,10 +93,16 @@ pub fn open_transactions(kafka: &KafkaConfig, topics: &[&str]) -> anyhow::Result
     let mut open = Vec::new();
     for topic in topics {
         for p in 0..partition_count(&committed, topic, WATERMARK_TIMEOUT)? {
-            let (_, lso) = committed.fetch_watermarks(topic, p, WATERMARK_TIMEOUT).with_context(|| format!("LSO of {topic}/{p}"))?;
-            let (_, hw) = uncommitted.fetch_watermarks(topic, p, WATERMARK_TIMEOUT).with_context(|| format!("high watermark of {topic}/{p}"))?;
+            let (_, lso) = committed
+                .fetch_watermarks(topic, p, WATERMARK_TIMEOUT)
+                .with_context(|| format!("LSO of {topic}/{p}"))?;
+            let (_, hw) = uncommitted
+                .fetch_watermarks(topic, p, WATERMARK_TIMEOUT)
+                .with_context(|| format!("high watermark of {topic}/{p}"))?;
             if lso < hw {
-                open.push(format!("{topic}/{p}: last stable offset {lso} < high watermark {hw}"));
+                open.push(format!(
+                    "{topic}/{p}: last stable offset {lso} < high watermark {hw}"
+                ));
             }
         }
     }
@@ -89,7 +112,11 @@ pub fn open_transactions(kafka: &KafkaConfig, topics: &[&str]) -> anyhow::Result
 /// Polls [`open_transactions`] until none is open or `timeout` passed; returns the last answer.
 /// After a clean stop nothing should be open at once; an instance whose stop failed leaves its
 /// transaction to the coordinator, which aborts it within the transaction timeout.
-pub fn wait_no_open_transactions(kafka: &KafkaConfig, topics: &[&str], timeout: Duration) -> anyhow::Result<Vec<String>> {
+pub fn wait_no_open_transactions(
+    kafka: &KafkaConfig,
+    topics: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + timeout;
     loop {
         let open = open_transactions(kafka, topics)?;

@@ -60,7 +60,12 @@ impl Cluster {
         let stderr = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-            bail!("kafka.sh {} failed ({}): {}", args.join(" "), out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+            bail!(
+                "kafka.sh {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -78,32 +83,48 @@ impl Cluster {
             Stop::Hard => "kill",
             Stop::Clean => "stop",
         };
-        self.script(&["broker", &id.to_string(), action]).map(|_| ())
+        self.script(&["broker", &id.to_string(), action])
+            .map(|_| ())
     }
 
     /// Starts broker `id` and waits until it is registered (kafka.sh bounds the wait).
     pub fn start_broker(&self, id: i32) -> anyhow::Result<()> {
-        self.script(&["broker", &id.to_string(), "start"]).map(|_| ())
+        self.script(&["broker", &id.to_string(), "start"])
+            .map(|_| ())
     }
 
     /// The broker that coordinates `transactional_id` (Kafka's `TransactionsCommand describe`).
     pub fn transaction_coordinator(&self, transactional_id: &str) -> anyhow::Result<i32> {
-        let out = self.tool(TRANSACTIONS_TOOL, &["describe", "--transactional-id", transactional_id])?;
-        parse_transaction_coordinator(&out).ok_or_else(|| anyhow!("no coordinator in the describe output: {out:?}"))
+        let out = self.tool(
+            TRANSACTIONS_TOOL,
+            &["describe", "--transactional-id", transactional_id],
+        )?;
+        parse_transaction_coordinator(&out)
+            .ok_or_else(|| anyhow!("no coordinator in the describe output: {out:?}"))
     }
 
     /// The broker that coordinates `group` (Kafka's `ConsumerGroupCommand --describe --state`).
     pub fn group_coordinator(&self, group: &str) -> anyhow::Result<i32> {
         // The tool exits 0 even when the describe fails; the output says.
         let out = self.tool(GROUPS_TOOL, &["--describe", "--group", group, "--state"])?;
-        parse_group_coordinator(&out).ok_or_else(|| anyhow!("no coordinator in the group describe output: {out:?}"))
+        parse_group_coordinator(&out)
+            .ok_or_else(|| anyhow!("no coordinator in the group describe output: {out:?}"))
     }
 
     /// Open transactions on broker `id`'s partitions that their coordinator does not know
     /// (Kafka's `TransactionsCommand find-hanging`), at any age: the default looks only at those
     /// older than 15 minutes, longer than a chaos run. One line per hanging transaction.
     pub fn find_hanging(&self, id: i32) -> anyhow::Result<Vec<String>> {
-        let out = self.tool(TRANSACTIONS_TOOL, &["find-hanging", "--broker-id", &id.to_string(), "--max-transaction-timeout", "0"])?;
+        let out = self.tool(
+            TRANSACTIONS_TOOL,
+            &[
+                "find-hanging",
+                "--broker-id",
+                &id.to_string(),
+                "--max-transaction-timeout",
+                "0",
+            ],
+        )?;
         Ok(hanging_rows(&out))
     }
 
@@ -111,12 +132,22 @@ impl Cluster {
     /// bounced broker has caught up, so the next bounce cannot take a partition below its
     /// min.insync.replicas (an operator's rolling restart waits for the same).
     pub fn fully_replicated(&self) -> anyhow::Result<bool> {
-        let probe: BaseConsumer = self.kafka.admin().create().context("creating a metadata client")?;
-        let md = probe.fetch_metadata(None, METADATA_TIMEOUT).context("fetching the cluster's metadata")?;
+        let probe: BaseConsumer = self
+            .kafka
+            .admin()
+            .create()
+            .context("creating a metadata client")?;
+        let md = probe
+            .fetch_metadata(None, METADATA_TIMEOUT)
+            .context("fetching the cluster's metadata")?;
         if md.brokers().len() < self.brokers as usize {
             return Ok(false);
         }
-        Ok(md.topics().iter().flat_map(|t| t.partitions()).all(|p| p.leader() >= 0 && p.isr().len() == p.replicas().len()))
+        Ok(md
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .all(|p| p.leader() >= 0 && p.isr().len() == p.replicas().len()))
     }
 
     /// Polls [`Cluster::fully_replicated`] until it holds, or fails after `timeout`.
@@ -128,7 +159,9 @@ impl Cluster {
                 return Ok(started.elapsed());
             }
             if started.elapsed() > timeout {
-                bail!("the cluster was not fully replicated (every ISR complete) within {timeout:?}");
+                bail!(
+                    "the cluster was not fully replicated (every ISR complete) within {timeout:?}"
+                );
             }
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -136,9 +169,20 @@ impl Cluster {
 
     /// Replication factor of each partition of `topic`.
     pub fn replication_factors(&self, topic: &str) -> anyhow::Result<Vec<usize>> {
-        let probe: BaseConsumer = self.kafka.admin().create().context("creating a metadata client")?;
-        let md = probe.fetch_metadata(Some(topic), METADATA_TIMEOUT).with_context(|| format!("metadata of {topic}"))?;
-        Ok(md.topics().iter().flat_map(|t| t.partitions()).map(|p| p.replicas().len()).collect())
+        let probe: BaseConsumer = self
+            .kafka
+            .admin()
+            .create()
+            .context("creating a metadata client")?;
+        let md = probe
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+            .with_context(|| format!("metadata of {topic}"))?;
+        Ok(md
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .map(|p| p.replicas().len())
+            .collect())
     }
 }
 
@@ -162,7 +206,12 @@ fn parse_group_coordinator(out: &str) -> Option<i32> {
 
 /// The rows of `find-hanging` below its header.
 fn hanging_rows(out: &str) -> Vec<String> {
-    out.lines().skip_while(|l| !l.starts_with("Topic")).skip(1).filter(|l| !l.trim().is_empty()).map(str::to_owned).collect()
+    out.lines()
+        .skip_while(|l| !l.starts_with("Topic"))
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(test)]
@@ -171,7 +220,8 @@ mod tests {
 
     #[test]
     fn coordinators_are_read_from_the_tools_output() {
-        let describe = "CoordinatorId\tTransactionalId\tProducerId\tProducerEpoch\tTransactionState\n\
+        let describe =
+            "CoordinatorId\tTransactionalId\tProducerId\tProducerEpoch\tTransactionState\n\
                         2\tapp-0\t1001\t3\tOngoing\n";
         assert_eq!(parse_transaction_coordinator(describe), Some(2));
         let group = "\nGROUP           COORDINATOR (ID)          ASSIGNMENT-STRATEGY  STATE           #MEMBERS\n\
@@ -180,6 +230,9 @@ mod tests {
         assert_eq!(parse_group_coordinator("Error: Group app not found."), None);
         let hanging = "Topic\tPartition\tProducerId\tProducerEpoch\tCoordinatorEpoch\tStartOffset\tLastTimestamp\tDuration(min)\t\n";
         assert!(hanging_rows(hanging).is_empty());
-        assert_eq!(hanging_rows(&format!("{hanging}t\t0\t5\t0\t1\t10\t0\t0\n")).len(), 1);
+        assert_eq!(
+            hanging_rows(&format!("{hanging}t\t0\t5\t0\t1\t10\t0\t0\n")).len(),
+            1
+        );
     }
 }

@@ -94,16 +94,28 @@ const ZOMBIE_WATCH: Duration = Duration::from_secs(60);
 impl Instances {
     /// Starts `n` instances, ids `0..n`.
     pub fn start(launch: Launch, n: usize) -> anyhow::Result<Self> {
-        let mut me = Instances { launch, all: Vec::new(), resumed: Vec::new(), figures: InstanceFigures::default() };
+        let mut me = Instances {
+            launch,
+            all: Vec::new(),
+            resumed: Vec::new(),
+            figures: InstanceFigures::default(),
+        };
         for i in 0..n {
             // A fresh log per run: counts are read from it, and a reused folder must not add an
             // earlier run's lines.
             let log = Self::log_path(&me.launch.log_dir, &i.to_string());
             if log.exists() {
-                std::fs::remove_file(&log).with_context(|| format!("removing {}", log.display()))?;
+                std::fs::remove_file(&log)
+                    .with_context(|| format!("removing {}", log.display()))?;
             }
             let child = me.spawn(&i.to_string())?;
-            me.all.push(Instance { id: i.to_string(), child: Some(child), phase: Phase::Running, killed: false, since: Instant::now() });
+            me.all.push(Instance {
+                id: i.to_string(),
+                child: Some(child),
+                phase: Phase::Running,
+                killed: false,
+                since: Instant::now(),
+            });
         }
         Ok(me)
     }
@@ -123,7 +135,10 @@ impl Instances {
             .args(&self.launch.args)
             .args(["--instance-id", id])
             // Commits at debug level: the figures count them from the log.
-            .env("RUST_LOG", "warn,price_alerts=info,price_alerts::pipeline::commit=debug")
+            .env(
+                "RUST_LOG",
+                "warn,price_alerts=info,price_alerts::pipeline::commit=debug",
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -145,15 +160,27 @@ impl Instances {
 
     /// Indexes of instances that are running (not paused, stopping or down).
     pub fn running(&self) -> Vec<usize> {
-        self.all.iter().enumerate().filter(|(_, i)| matches!(i.phase, Phase::Running)).map(|(n, _)| n).collect()
+        self.all
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| matches!(i.phase, Phase::Running))
+            .map(|(n, _)| n)
+            .collect()
     }
 
     /// The instances a fault may hit now: running ones, but not a zombie whose fate after SIGCONT
     /// is still being watched.
     pub fn targets(&self) -> Vec<usize> {
         let now = Instant::now();
-        let watched = |n: usize| self.resumed.iter().any(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
-        self.running().into_iter().filter(|&n| !watched(n)).collect()
+        let watched = |n: usize| {
+            self.resumed
+                .iter()
+                .any(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH)
+        };
+        self.running()
+            .into_iter()
+            .filter(|&n| !watched(n))
+            .collect()
     }
 
     /// The instance ids.
@@ -162,8 +189,13 @@ impl Instances {
     }
 
     fn signal(&self, n: usize, sig: &str) -> anyhow::Result<()> {
-        let Some(child) = &self.all[n].child else { return Ok(()) };
-        let status = Command::new("kill").args([format!("-{sig}"), child.id().to_string()]).status().context("running kill")?;
+        let Some(child) = &self.all[n].child else {
+            return Ok(());
+        };
+        let status = Command::new("kill")
+            .args([format!("-{sig}"), child.id().to_string()])
+            .status()
+            .context("running kill")?;
         if !status.success() {
             // The process exited between the check and the signal; tick() reaps it.
             warn!(instance = %self.all[n].id, sig, "signal not delivered (the process had exited)");
@@ -212,7 +244,9 @@ impl Instances {
                     self.resumed.push((n, now, log_len));
                     info!(instance = %self.all[n].id, "SIGCONT (zombie resumed)");
                 }
-                Phase::Terminating(since) if now.duration_since(since) > self.launch.shutdown_timeout + TERM_GRACE => {
+                Phase::Terminating(since)
+                    if now.duration_since(since) > self.launch.shutdown_timeout + TERM_GRACE =>
+                {
                     warn!(instance = %self.all[n].id, "SIGTERM not honoured in time: SIGKILL");
                     self.signal(n, "KILL")?;
                     self.all[n].killed = true;
@@ -235,7 +269,9 @@ impl Instances {
     }
 
     fn try_reap(&mut self, n: usize) -> anyhow::Result<Option<ExitStatus>> {
-        let Some(child) = self.all[n].child.as_mut() else { return Ok(None) };
+        let Some(child) = self.all[n].child.as_mut() else {
+            return Ok(None);
+        };
         let status = child.try_wait().context("waiting for an instance")?;
         if status.is_some() {
             self.all[n].child = None;
@@ -249,23 +285,36 @@ impl Instances {
         if planned_term && status.success() {
             self.figures.clean_exits += 1;
         } else if !inst.killed && !planned_term {
-            let zombie = self.resumed.iter().position(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
+            let zombie = self
+                .resumed
+                .iter()
+                .position(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH);
             if let Some(z) = zombie {
                 let (_, at, _) = self.resumed.remove(z);
                 let after = now.duration_since(at).as_secs_f64();
                 if !status.success() {
                     self.figures.zombies_fenced += 1;
                 }
-                self.figures.zombie_outcomes.push(format!("instance {} exited ({status}) {after:.1}s after SIGCONT", inst.id));
+                self.figures.zombie_outcomes.push(format!(
+                    "instance {} exited ({status}) {after:.1}s after SIGCONT",
+                    inst.id
+                ));
             }
             warn!(instance = %inst.id, %status, zombie, "instance exited unasked; restarting");
-            let why = last_words(&Self::log_path(&self.launch.log_dir, &inst.id)).unwrap_or_default();
-            self.figures.unplanned_exits.push(format!("instance {}: {status} {why}", inst.id));
+            let why =
+                last_words(&Self::log_path(&self.launch.log_dir, &inst.id)).unwrap_or_default();
+            self.figures
+                .unplanned_exits
+                .push(format!("instance {}: {status} {why}", inst.id));
         }
         info!(instance = %inst.id, %status, "instance exited");
         // A killed instance comes back at once (its successor fences it); an unplanned exit after
         // a second, so that a crash loop does not spin.
-        let delay = if inst.killed || planned_term { Duration::ZERO } else { Duration::from_secs(1) };
+        let delay = if inst.killed || planned_term {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        };
         inst.phase = Phase::Down(now + delay);
     }
 
@@ -284,7 +333,9 @@ impl Instances {
         let deadline = Instant::now() + timeout;
         let mut outcome = Vec::new();
         for n in 0..self.all.len() {
-            let Some(mut child) = self.all[n].child.take() else { continue };
+            let Some(mut child) = self.all[n].child.take() else {
+                continue;
+            };
             let status = loop {
                 if let Some(s) = child.try_wait().context("waiting for an instance")? {
                     break s.to_string();
@@ -307,13 +358,20 @@ impl Instances {
     pub fn finish_zombies(&mut self) {
         let resumed: Vec<_> = self.resumed.drain(..).collect();
         for (n, _, log_len) in resumed {
-            let after = std::fs::read(self.log(n)).ok().and_then(|t| t.get(log_len as usize..).map(|t| plain(&String::from_utf8_lossy(t))));
+            let after = std::fs::read(self.log(n)).ok().and_then(|t| {
+                t.get(log_len as usize..)
+                    .map(|t| plain(&String::from_utf8_lossy(t)))
+            });
             let id = &self.all[n].id;
             if after.is_some_and(|t| t.contains("partitions revoked") && t.contains("lost=true")) {
                 self.figures.zombies_fenced += 1;
-                self.figures.zombie_outcomes.push(format!("instance {id} found its assignment lost after SIGCONT and rejoined"));
+                self.figures.zombie_outcomes.push(format!(
+                    "instance {id} found its assignment lost after SIGCONT and rejoined"
+                ));
             } else {
-                self.figures.zombie_outcomes.push(format!("instance {id} went on after SIGCONT (not fenced)"));
+                self.figures
+                    .zombie_outcomes
+                    .push(format!("instance {id} went on after SIGCONT (not fenced)"));
             }
         }
     }
@@ -330,7 +388,11 @@ impl Instances {
         self.targets()
             .into_iter()
             .filter(|&n| self.all[n].since.elapsed() > Duration::from_secs(5))
-            .filter(|&n| tail(&self.log(n)).and_then(|t| last_commit_age(&t)).is_some_and(|age| age < Duration::from_secs(2)))
+            .filter(|&n| {
+                tail(&self.log(n))
+                    .and_then(|t| last_commit_age(&t))
+                    .is_some_and(|age| age < Duration::from_secs(2))
+            })
             .collect()
     }
 }
@@ -358,7 +420,8 @@ fn tail(log: &Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(log).ok()?;
     let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024))).ok()?;
+    f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)))
+        .ok()?;
     let mut tail = Vec::new();
     f.read_to_end(&mut tail).ok()?;
     Some(String::from_utf8_lossy(&tail).into_owned())
@@ -368,7 +431,10 @@ fn tail(log: &Path) -> Option<String> {
 /// (the first word of a line, RFC 3339).
 fn last_commit_age(log: &str) -> Option<Duration> {
     use time::format_description::well_known::Rfc3339;
-    let line = log.lines().rev().find(|l| l.contains("transaction committed"))?;
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("transaction committed"))?;
     let stamp = plain(line).split_whitespace().next()?.to_owned();
     let at = time::OffsetDateTime::parse(&stamp, &Rfc3339).ok()?;
     let age = time::OffsetDateTime::now_utc() - at;
@@ -377,7 +443,11 @@ fn last_commit_age(log: &str) -> Option<Duration> {
 
 /// The last `alert-pipeline: ...` line of an instance log (its exit message).
 fn last_words(log: &Path) -> Option<String> {
-    tail(log)?.lines().rev().find(|l| l.starts_with("alert-pipeline: ")).map(|l| l.chars().take(200).collect())
+    tail(log)?
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("alert-pipeline: "))
+        .map(|l| l.chars().take(200).collect())
 }
 
 impl Drop for Instances {
@@ -385,7 +455,9 @@ impl Drop for Instances {
         // A failing run must not leave processors running (or stopped: SIGCONT first).
         for inst in &mut self.all {
             if let Some(child) = inst.child.as_mut() {
-                let _ = Command::new("kill").args(["-CONT".to_owned(), child.id().to_string()]).status();
+                let _ = Command::new("kill")
+                    .args(["-CONT".to_owned(), child.id().to_string()])
+                    .status();
                 let _ = child.kill();
                 let _ = child.wait();
             }
@@ -398,10 +470,18 @@ mod tests {
     #[test]
     fn the_age_of_the_last_commit_is_read_from_its_timestamp() {
         let an_hour_ago = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
-        let stamp = an_hour_ago.format(&time::format_description::well_known::Rfc3339).unwrap();
-        let log = format!("\u{1b}[2m{stamp}\u{1b}[0m DEBUG transaction committed records=3\nlater line\n");
+        let stamp = an_hour_ago
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap();
+        let log = format!(
+            "\u{1b}[2m{stamp}\u{1b}[0m DEBUG transaction committed records=3\nlater line\n"
+        );
         let age = super::last_commit_age(&log).unwrap();
-        assert!(age >= std::time::Duration::from_secs(3599) && age < std::time::Duration::from_secs(3660), "{age:?}");
+        assert!(
+            age >= std::time::Duration::from_secs(3599)
+                && age < std::time::Duration::from_secs(3660),
+            "{age:?}"
+        );
         assert_eq!(super::last_commit_age("no commit here"), None);
     }
 

@@ -108,7 +108,13 @@ impl ChaosOptions {
             partitions: 6,
             instances: 3,
             span: Duration::from_secs(60),
-            faults: FaultCounts { kills: 3, terms: 3, zombies: 1, hard_bounces: 1, clean_bounces: 1 },
+            faults: FaultCounts {
+                kills: 3,
+                terms: 3,
+                zombies: 1,
+                hard_bounces: 1,
+                clean_bounces: 1,
+            },
             // As the broker tests: a shared CI machine once stalled a broker for about 9 s.
             transaction_timeout: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
@@ -174,7 +180,9 @@ pub struct ChaosReport {
 impl ChaosReport {
     /// Whether the committed offsets are the input's end on every partition.
     pub fn committed_at_end(&self) -> bool {
-        self.end.iter().all(|(p, o)| self.committed.get(*p as usize).copied().flatten() == Some(*o))
+        self.end
+            .iter()
+            .all(|(p, o)| self.committed.get(*p as usize).copied().flatten() == Some(*o))
     }
 
     /// Every property holds.
@@ -198,12 +206,23 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let kafka = &opts.cluster.kafka;
     let prefix = format!("chaos-{}-{}-", opts.seed, topics::unique_suffix());
     let app_id = format!("{prefix}app");
-    let topics = Topics::with(format!("{prefix}market-updates"), format!("{prefix}notifications"), &app_id);
+    let topics = Topics::with(
+        format!("{prefix}market-updates"),
+        format!("{prefix}notifications"),
+        &app_id,
+    );
     info!(seed = opts.seed, prefix, "chaos run");
-    let (rules, ticks) = generate(&GenOptions { symbols: opts.symbols, ticks: opts.ticks, seed: opts.seed, stale_every: 97 });
-    std::fs::create_dir_all(&opts.work_dir).with_context(|| format!("creating {}", opts.work_dir.display()))?;
+    let (rules, ticks) = generate(&GenOptions {
+        symbols: opts.symbols,
+        ticks: opts.ticks,
+        seed: opts.seed,
+        stale_every: 97,
+    });
+    std::fs::create_dir_all(&opts.work_dir)
+        .with_context(|| format!("creating {}", opts.work_dir.display()))?;
     let rules_path = opts.work_dir.join("rules.toml");
-    std::fs::write(&rules_path, rules.to_toml()).with_context(|| format!("writing {}", rules_path.display()))?;
+    std::fs::write(&rules_path, rules.to_toml())
+        .with_context(|| format!("writing {}", rules_path.display()))?;
 
     // Every broker up and every ISR complete first: topics get the cluster's replication factor
     // only with all brokers registered.
@@ -214,24 +233,62 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let schedule = plan::plan(&opts.faults, opts.span, &mut rng);
     let seqs: Vec<u64> = ticks.iter().map(|t| t.seq).collect();
     let feed = spawn_feed(kafka.clone(), topics.input.clone(), ticks, opts.span)?;
-    let mut instances = Instances::start(launch(opts, &rules_path, &app_id, &topics), opts.instances)?;
-    let played = play(opts, &app_id, schedule, feed, &mut instances, &mut rng, started)?;
+    let mut instances =
+        Instances::start(launch(opts, &rules_path, &app_id, &topics), opts.instances)?;
+    let played = play(
+        opts,
+        &app_id,
+        schedule,
+        feed,
+        &mut instances,
+        &mut rng,
+        started,
+    )?;
     let end = next_offsets(&played.landed);
-    info!(chaos_s = played.chaos.as_secs(), "chaos over; waiting for the committed offsets to reach the input's end");
-    drain(kafka, &app_id, &topics.input, &end, &mut instances, opts.limit.saturating_sub(started.elapsed()))?;
+    info!(
+        chaos_s = played.chaos.as_secs(),
+        "chaos over; waiting for the committed offsets to reach the input's end"
+    );
+    drain(
+        kafka,
+        &app_id,
+        &topics.input,
+        &end,
+        &mut instances,
+        opts.limit.saturating_sub(started.elapsed()),
+    )?;
     let final_exits = instances.stop_all(opts.shutdown_timeout + Duration::from_secs(10))?;
     instances.finish_zombies();
 
     // The checks, once every instance has stopped.
-    let outputs = [topics.notifications.as_str(), topics.changelog.as_str(), topics.dlq.as_str()];
-    let open_transactions =
-        checks::wait_no_open_transactions(kafka, &outputs, opts.transaction_timeout + Duration::from_secs(30))?;
+    let outputs = [
+        topics.notifications.as_str(),
+        topics.changelog.as_str(),
+        topics.dlq.as_str(),
+    ];
+    let open_transactions = checks::wait_no_open_transactions(
+        kafka,
+        &outputs,
+        opts.transaction_timeout + Duration::from_secs(30),
+    )?;
     let mut hanging = Vec::new();
     for b in 1..=opts.cluster.brokers {
-        hanging.extend(opts.cluster.find_hanging(b)?.into_iter().map(|row| format!("broker {b}: {row}")));
+        hanging.extend(
+            opts.cluster
+                .find_hanging(b)?
+                .into_iter()
+                .map(|row| format!("broker {b}: {row}")),
+        );
     }
     let faults = FaultInjection { enabled: true };
-    let verify = verify(kafka, &topics.input, &topics.notifications, &rules, DEFAULT_MAX_TICK_BYTES, faults)?;
+    let verify = verify(
+        kafka,
+        &topics.input,
+        &topics.notifications,
+        &rules,
+        DEFAULT_MAX_TICK_BYTES,
+        faults,
+    )?;
     let poison: BTreeSet<(i32, i64)> = (played.landed.iter().zip(&seqs))
         .filter(|(_, s)| faults.is_poison(**s))
         .map(|(l, _)| (l.partition, l.offset))
@@ -260,7 +317,10 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     };
     if report.ok() && !opts.keep_topics {
         if let Err(e) = futures::executor::block_on(topics::delete_topics(kafka, &topics.names())) {
-            warn!(error = format!("{e:#}"), "could not delete the run's topics");
+            warn!(
+                error = format!("{e:#}"),
+                "could not delete the run's topics"
+            );
         }
     }
     Ok(report)
@@ -291,18 +351,30 @@ fn play(
     let mut landed = None;
     loop {
         if started.elapsed() > opts.limit {
-            bail!("the chaos did not finish within {:?} ({} faults still pending)", opts.limit, pending.len());
+            bail!(
+                "the chaos did not finish within {:?} ({} faults still pending)",
+                opts.limit,
+                pending.len()
+            );
         }
         instances.tick(true)?;
         if bouncing.as_ref().is_some_and(JoinHandle::is_finished) {
-            let done = bouncing.take().map(JoinHandle::join).transpose().map_err(|_| anyhow!("the bounce thread panicked"))?;
+            let done = bouncing
+                .take()
+                .map(JoinHandle::join)
+                .transpose()
+                .map_err(|_| anyhow!("the bounce thread panicked"))?;
             if let Some(b) = done.transpose()? {
                 info!(broker = b.broker, hard = b.hard, role = %b.role, "broker bounced");
                 bounces.push(b);
             }
         }
         if feed.as_ref().is_some_and(JoinHandle::is_finished) {
-            let fed = feed.take().map(JoinHandle::join).transpose().map_err(|_| anyhow!("the feed thread panicked"))?;
+            let fed = feed
+                .take()
+                .map(JoinHandle::join)
+                .transpose()
+                .map_err(|_| anyhow!("the feed thread panicked"))?;
             landed = fed.transpose()?;
         }
         let now = chaos_started.elapsed();
@@ -317,7 +389,11 @@ fn play(
         }
         if pending.is_empty() && bouncing.is_none() && instances.all_running() {
             if let Some(landed) = landed.take() {
-                return Ok(Played { landed, bounces, chaos: chaos_started.elapsed() });
+                return Ok(Played {
+                    landed,
+                    bounces,
+                    chaos: chaos_started.elapsed(),
+                });
             }
         }
         std::thread::sleep(STEP);
@@ -340,15 +416,28 @@ fn drain(
         // An observer's failed fetch (a coordinator still moving after a bounce) means "not yet":
         // ask again until the deadline; the checks fetch once more and report what they find.
         match committed_offsets(kafka, group, input) {
-            Ok(committed) if end.iter().all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) => {
+            Ok(committed)
+                if end
+                    .iter()
+                    .all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) =>
+            {
                 return Ok(())
             }
             Ok(committed) if started.elapsed() > timeout => {
-                warn!(?committed, ?end, "the committed offsets did not reach the input's end in time");
+                warn!(
+                    ?committed,
+                    ?end,
+                    "the committed offsets did not reach the input's end in time"
+                );
                 return Ok(());
             }
-            Err(e) if started.elapsed() > timeout => return Err(e.context("the committed offsets could not be fetched")),
-            Err(e) => warn!(error = format!("{e:#}"), "fetching the committed offsets failed; asking again"),
+            Err(e) if started.elapsed() > timeout => {
+                return Err(e.context("the committed offsets could not be fetched"))
+            }
+            Err(e) => warn!(
+                error = format!("{e:#}"),
+                "fetching the committed offsets failed; asking again"
+            ),
             Ok(_) => {}
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -390,7 +479,12 @@ fn launch(opts: &ChaosOptions, rules: &std::path::Path, app_id: &str, topics: &T
     if !opts.static_membership {
         args.push("--dynamic-membership".to_owned());
     }
-    Launch { binary: opts.pipeline.clone(), args, log_dir: opts.work_dir.clone(), shutdown_timeout: opts.shutdown_timeout }
+    Launch {
+        binary: opts.pipeline.clone(),
+        args,
+        log_dir: opts.work_dir.clone(),
+        shutdown_timeout: opts.shutdown_timeout,
+    }
 }
 
 /// Feeds `ticks` to `input` evenly over `span`, on a thread of its own; returns where each landed.
@@ -402,7 +496,9 @@ fn spawn_feed(
 ) -> anyhow::Result<JoinHandle<anyhow::Result<Vec<Landed>>>> {
     let per_second = (ticks.len() as u64).div_ceil(span.as_secs().max(1));
     let feed = Feed::new(&kafka)?;
-    Ok(std::thread::spawn(move || feed.send_ticks_at_rate(&input, &ticks, per_second)))
+    Ok(std::thread::spawn(move || {
+        feed.send_ticks_at_rate(&input, &ticks, per_second)
+    }))
 }
 
 /// Fires `fault` if it can be now; returns whether it did (a bounce waits for the previous one,
@@ -425,18 +521,25 @@ fn fire(
         Fault::Term => instances.terminate(pick(rng, &running)).map(|()| true),
         // Beyond the transaction timeout, so the coordinator aborts the zombie's transaction,
         // and far beyond the session timeout, so the group has moved on when it wakes.
-        Fault::Zombie => {
-            instances.pause(pick(rng, &processing), opts.transaction_timeout + Duration::from_secs(10)).map(|()| true)
-        }
+        Fault::Zombie => instances
+            .pause(
+                pick(rng, &processing),
+                opts.transaction_timeout + Duration::from_secs(10),
+            )
+            .map(|()| true),
         Fault::Bounce { .. } if bouncing.is_some() => Ok(false),
         Fault::Bounce { hard, target } => {
             let how = if hard { Stop::Hard } else { Stop::Clean };
-            let down = Duration::from_millis(rng.random_range(1_000..=opts.max_down.as_millis().max(1_000) as u64));
+            let down = Duration::from_millis(
+                rng.random_range(1_000..=opts.max_down.as_millis().max(1_000) as u64),
+            );
             let instance = rng.random_range(0..instances.len());
             let txn_id = format!("{app_id}-{instance}");
             let any = rng.random_range(1..=opts.cluster.brokers);
             let (cluster, group) = (opts.cluster.clone(), app_id.to_owned());
-            *bouncing = Some(std::thread::spawn(move || bounce(&cluster, how, target, down, &txn_id, &group, any)));
+            *bouncing = Some(std::thread::spawn(move || {
+                bounce(&cluster, how, target, down, &txn_id, &group, any)
+            }));
             Ok(true)
         }
     }
@@ -444,29 +547,61 @@ fn fire(
 
 /// One broker bounce: locate the target, take it down, leave it down for `down`, start it, wait
 /// until every ISR is complete again.
-fn bounce(cluster: &Cluster, how: Stop, target: Target, down: Duration, txn_id: &str, group: &str, any: i32) -> anyhow::Result<Bounce> {
+fn bounce(
+    cluster: &Cluster,
+    how: Stop,
+    target: Target,
+    down: Duration,
+    txn_id: &str,
+    group: &str,
+    any: i32,
+) -> anyhow::Result<Bounce> {
     cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
     let located = match target {
-        Target::TransactionCoordinator => Some(cluster.transaction_coordinator(txn_id).map(|b| (b, format!("transaction coordinator of {txn_id}")))),
-        Target::GroupCoordinator => Some(cluster.group_coordinator(group).map(|b| (b, "group coordinator".to_owned()))),
+        Target::TransactionCoordinator => Some(
+            cluster
+                .transaction_coordinator(txn_id)
+                .map(|b| (b, format!("transaction coordinator of {txn_id}"))),
+        ),
+        Target::GroupCoordinator => Some(
+            cluster
+                .group_coordinator(group)
+                .map(|b| (b, "group coordinator".to_owned())),
+        ),
         Target::Any => None,
     };
     let (broker, role) = match located {
         Some(Ok(found)) => found,
         Some(Err(e)) => {
-            warn!(error = format!("{e:#}"), ?target, "coordinator not found; bouncing a random broker");
+            warn!(
+                error = format!("{e:#}"),
+                ?target,
+                "coordinator not found; bouncing a random broker"
+            );
             (any, format!("any ({target:?} not found)"))
         }
         None => (any, "any".to_owned()),
     };
-    info!(broker, ?how, role, down_ms = down.as_millis() as u64, "bouncing a broker");
+    info!(
+        broker,
+        ?how,
+        role,
+        down_ms = down.as_millis() as u64,
+        "bouncing a broker"
+    );
     cluster.stop_broker(broker, how)?;
     // How long the broker stays down is the fault itself, not a wait for a condition.
     std::thread::sleep(down);
     let restarted = Instant::now();
     cluster.start_broker(broker)?;
     cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
-    Ok(Bounce { broker, hard: how == Stop::Hard, role, down, recovered: restarted.elapsed() })
+    Ok(Bounce {
+        broker,
+        hard: how == Stop::Hard,
+        role,
+        down,
+        recovered: restarted.elapsed(),
+    })
 }
 
 /// Partitions of the run's topics whose replication factor is not the cluster's (min(N, 3)).
@@ -497,15 +632,37 @@ fn logged_transactions(dir: &std::path::Path, ids: &[String]) -> (u64, u64) {
 impl fmt::Display for ChaosReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let fig = &self.figures;
-        let (hard, clean) = (self.bounces.iter().filter(|b| b.hard).count(), self.bounces.iter().filter(|b| !b.hard).count());
+        let (hard, clean) = (
+            self.bounces.iter().filter(|b| b.hard).count(),
+            self.bounces.iter().filter(|b| !b.hard).count(),
+        );
         let v = &self.verify;
         let d = &self.dead_letters;
-        writeln!(f, "chaos run, seed {} (the same --seed replays the stream and the schedule)", self.seed)?;
+        writeln!(
+            f,
+            "chaos run, seed {} (the same --seed replays the stream and the schedule)",
+            self.seed
+        )?;
         writeln!(f, "{:<22} {}", "ticks", self.ticks)?;
-        writeln!(f, "{:<22} {} ({} process starts)", "instances", self.instances, fig.starts)?;
+        writeln!(
+            f,
+            "{:<22} {} ({} process starts)",
+            "instances", self.instances, fig.starts
+        )?;
         writeln!(f, "{:<22} {}", "SIGKILLs", fig.sigkills)?;
-        writeln!(f, "{:<22} {} ({} exited 0, {} escalated to SIGKILL)", "SIGTERMs", fig.sigterms, fig.clean_exits, fig.term_escalations)?;
-        writeln!(f, "{:<22} {} ({} fenced: {})", "SIGSTOPs (zombies)", fig.sigstops, fig.zombies_fenced, fig.zombie_outcomes.join("; "))?;
+        writeln!(
+            f,
+            "{:<22} {} ({} exited 0, {} escalated to SIGKILL)",
+            "SIGTERMs", fig.sigterms, fig.clean_exits, fig.term_escalations
+        )?;
+        writeln!(
+            f,
+            "{:<22} {} ({} fenced: {})",
+            "SIGSTOPs (zombies)",
+            fig.sigstops,
+            fig.zombies_fenced,
+            fig.zombie_outcomes.join("; ")
+        )?;
         writeln!(f, "{:<22} {} hard, {} clean", "broker bounces", hard, clean)?;
         for b in &self.bounces {
             writeln!(
@@ -522,9 +679,17 @@ impl fmt::Display for ChaosReport {
         for e in &fig.unplanned_exits {
             writeln!(f, "  {e}")?;
         }
-        let finals: Vec<String> = self.final_exits.iter().map(|(id, s)| format!("{id}: {s}")).collect();
+        let finals: Vec<String> = self
+            .final_exits
+            .iter()
+            .map(|(id, s)| format!("{id}: {s}"))
+            .collect();
         writeln!(f, "{:<22} {}", "final stops", finals.join("; "))?;
-        writeln!(f, "{:<22} {} ({} aborted)", "commits", self.commits, self.aborts)?;
+        writeln!(
+            f,
+            "{:<22} {} ({} aborted)",
+            "commits", self.commits, self.aborts
+        )?;
         writeln!(f, "{:<22} {}", "expected", v.expected)?;
         writeln!(f, "{:<22} {}", "found", v.found)?;
         writeln!(f, "{:<22} {}", "missing", v.missing.len())?;
@@ -540,9 +705,26 @@ impl fmt::Display for ChaosReport {
             d.duplicate.len(),
             d.unexpected.len()
         )?;
-        writeln!(f, "{:<22} {}", "offsets at input end", if self.committed_at_end() { "yes" } else { "NO" })?;
-        writeln!(f, "{:<22} {} open, {} hanging (find-hanging)", "transactions left", self.open_transactions.len(), self.hanging.len())?;
-        writeln!(f, "{:<22} {:.1}s (chaos {:.1}s)", "duration", self.total.as_secs_f64(), self.chaos.as_secs_f64())?;
+        writeln!(
+            f,
+            "{:<22} {}",
+            "offsets at input end",
+            if self.committed_at_end() { "yes" } else { "NO" }
+        )?;
+        writeln!(
+            f,
+            "{:<22} {} open, {} hanging (find-hanging)",
+            "transactions left",
+            self.open_transactions.len(),
+            self.hanging.len()
+        )?;
+        writeln!(
+            f,
+            "{:<22} {:.1}s (chaos {:.1}s)",
+            "duration",
+            self.total.as_secs_f64(),
+            self.chaos.as_secs_f64()
+        )?;
         let problems = self
             .replication
             .iter()
@@ -556,15 +738,27 @@ impl fmt::Display for ChaosReport {
             writeln!(f, "  ! {p}")?;
         }
         if !self.committed_at_end() {
-            writeln!(f, "  ! committed {:?}, input end {:?}", self.committed, self.end)?;
+            writeln!(
+                f,
+                "  ! committed {:?}, input end {:?}",
+                self.committed, self.end
+            )?;
         }
         if v.input_records != self.ticks as u64 {
-            writeln!(f, "  ! the input holds {} records, {} were fed", v.input_records, self.ticks)?;
+            writeln!(
+                f,
+                "  ! the input holds {} records, {} were fed",
+                v.input_records, self.ticks
+            )?;
         }
         if self.ok() {
             write!(f, "VERDICT: exactly once")
         } else {
-            write!(f, "VERDICT: FAILED (the run's topics are kept: prefix {})", self.prefix)
+            write!(
+                f,
+                "VERDICT: FAILED (the run's topics are kept: prefix {})",
+                self.prefix
+            )
         }
     }
 }

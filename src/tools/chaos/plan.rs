@@ -66,10 +66,20 @@ pub fn plan(counts: &FaultCounts, span: Duration, rng: &mut ChaCha8Rng) -> Vec<P
     faults.extend((0..counts.kills).map(|_| Fault::Kill));
     faults.extend((0..counts.terms).map(|_| Fault::Term));
     faults.extend((0..counts.zombies).map(|_| Fault::Zombie));
-    faults.extend((0..counts.hard_bounces).map(|_| Fault::Bounce { hard: true, target: Target::Any }));
-    faults.extend((0..counts.clean_bounces).map(|_| Fault::Bounce { hard: false, target: Target::Any }));
+    faults.extend((0..counts.hard_bounces).map(|_| Fault::Bounce {
+        hard: true,
+        target: Target::Any,
+    }));
+    faults.extend((0..counts.clean_bounces).map(|_| Fault::Bounce {
+        hard: false,
+        target: Target::Any,
+    }));
     faults.shuffle(rng);
-    let targets = [Target::TransactionCoordinator, Target::GroupCoordinator, Target::Any];
+    let targets = [
+        Target::TransactionCoordinator,
+        Target::GroupCoordinator,
+        Target::Any,
+    ];
     let mut bounces = 0;
     for f in &mut faults {
         if let Fault::Bounce { target, .. } = f {
@@ -81,7 +91,10 @@ pub fn plan(counts: &FaultCounts, span: Duration, rng: &mut ChaCha8Rng) -> Vec<P
     faults
         .into_iter()
         .enumerate()
-        .map(|(i, fault)| Planned { at: span.mul_f64((i as f64 + rng.random_range(0.1..0.9)) / n), fault })
+        .map(|(i, fault)| Planned {
+            at: span.mul_f64((i as f64 + rng.random_range(0.1..0.9)) / n),
+            fault,
+        })
         .collect()
 }
 
@@ -92,7 +105,13 @@ mod tests {
 
     #[test]
     fn a_plan_has_the_counts_in_order_within_the_span_and_replays_with_its_seed() {
-        let counts = FaultCounts { kills: 20, terms: 20, zombies: 1, hard_bounces: 3, clean_bounces: 2 };
+        let counts = FaultCounts {
+            kills: 20,
+            terms: 20,
+            zombies: 1,
+            hard_bounces: 3,
+            clean_bounces: 2,
+        };
         let span = Duration::from_secs(600);
         let p = plan(&counts, span, &mut ChaCha8Rng::seed_from_u64(9));
         assert_eq!(p, plan(&counts, span, &mut ChaCha8Rng::seed_from_u64(9)));
@@ -108,6 +127,13 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(&targets[..3], [Target::TransactionCoordinator, Target::GroupCoordinator, Target::Any]);
+        assert_eq!(
+            &targets[..3],
+            [
+                Target::TransactionCoordinator,
+                Target::GroupCoordinator,
+                Target::Any
+            ]
+        );
     }
 }

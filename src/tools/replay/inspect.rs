@@ -23,7 +23,10 @@ use std::time::Duration;
 
 /// How dead letters are grouped: (name in the output, header whose value is the group). A dead
 /// letter without the header counts under `-`.
-pub const GROUPINGS: &[(&str, &str)] = &[("class", "dlq.error.class"), ("source_partition", "dlq.original.partition")];
+pub const GROUPINGS: &[(&str, &str)] = &[
+    ("class", "dlq.error.class"),
+    ("source_partition", "dlq.original.partition"),
+];
 
 /// What to inspect.
 #[derive(Debug, Clone)]
@@ -110,36 +113,53 @@ pub fn inspect(opts: &InspectOptions) -> anyhow::Result<Inspection> {
         dlq: opts.dlq.clone(),
         ledger: ledger::topic(&opts.dlq),
         total: Counts::default(),
-        by: GROUPINGS.iter().map(|(name, _)| (name.to_string(), BTreeMap::new())).collect(),
+        by: GROUPINGS
+            .iter()
+            .map(|(name, _)| (name.to_string(), BTreeMap::new()))
+            .collect(),
         oldest_unhandled: None,
         newest_unhandled: None,
         shown: Vec::new(),
     };
     let mut unhandled_times: Option<(i64, i64)> = None;
-    read_partitions_to_end(&consumer, &opts.dlq, &partitions, DEFAULT_READ_TIMEOUT, |m| {
-        if !opts.select.matches(m.partition(), m.offset(), class_of(m)) {
-            return Ok(());
-        }
-        let is_handled = handled.contains(m.partition(), m.offset(), m.timestamp().to_millis());
-        found.total.count(is_handled);
-        for (name, key) in GROUPINGS {
-            let value = header(m, key).unwrap_or("-");
-            if let Some(groups) = found.by.get_mut(*name) {
-                groups.entry(value.to_owned()).or_default().count(is_handled);
+    read_partitions_to_end(
+        &consumer,
+        &opts.dlq,
+        &partitions,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            if !opts.select.matches(m.partition(), m.offset(), class_of(m)) {
+                return Ok(());
             }
-        }
-        if !is_handled {
-            if let Some(ts) = m.timestamp().to_millis() {
-                unhandled_times = Some(unhandled_times.map_or((ts, ts), |(old, new)| (old.min(ts), new.max(ts))));
+            let is_handled = handled.contains(m.partition(), m.offset(), m.timestamp().to_millis());
+            found.total.count(is_handled);
+            for (name, key) in GROUPINGS {
+                let value = header(m, key).unwrap_or("-");
+                if let Some(groups) = found.by.get_mut(*name) {
+                    groups
+                        .entry(value.to_owned())
+                        .or_default()
+                        .count(is_handled);
+                }
             }
-            if found.shown.len() < opts.show {
-                found.shown.push(shown(m, opts.payload));
+            if !is_handled {
+                if let Some(ts) = m.timestamp().to_millis() {
+                    unhandled_times = Some(
+                        unhandled_times.map_or((ts, ts), |(old, new)| (old.min(ts), new.max(ts))),
+                    );
+                }
+                if found.shown.len() < opts.show {
+                    found.shown.push(shown(m, opts.payload));
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        },
+    )?;
     let now = now_ms();
-    let moment = |ms: i64| Moment { timestamp: rfc3339_ms(ms), age_seconds: (now - ms).max(0) as f64 / 1000.0 };
+    let moment = |ms: i64| Moment {
+        timestamp: rfc3339_ms(ms),
+        age_seconds: (now - ms).max(0) as f64 / 1000.0,
+    };
     found.oldest_unhandled = unhandled_times.map(|(old, _)| moment(old));
     found.newest_unhandled = unhandled_times.map(|(_, new)| moment(new));
     Ok(found)
@@ -152,7 +172,14 @@ fn shown(m: &BorrowedMessage<'_>, payload: bool) -> Shown {
         timestamp: m.timestamp().to_millis().map(rfc3339_ms),
         headers: m
             .headers()
-            .map(|hs| hs.iter().map(|h| ShownHeader { key: h.key.to_owned(), value: lossy(h.value) }).collect())
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| ShownHeader {
+                        key: h.key.to_owned(),
+                        value: lossy(h.value),
+                    })
+                    .collect()
+            })
             .unwrap_or_default(),
         payload: payload.then(|| lossy(m.payload())),
     }
@@ -162,7 +189,10 @@ fn shown(m: &BorrowedMessage<'_>, payload: bool) -> Shown {
 fn rfc3339_ms(ms: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| ms.to_string())
 }
 
@@ -178,24 +208,38 @@ impl Inspection {
             self.ledger,
             t.unhandled
         );
-        for (what, m) in [("oldest unhandled", &self.oldest_unhandled), ("newest unhandled", &self.newest_unhandled)] {
+        for (what, m) in [
+            ("oldest unhandled", &self.oldest_unhandled),
+            ("newest unhandled", &self.newest_unhandled),
+        ] {
             if let Some(m) = m {
                 let age = humantime::format_duration(Duration::from_secs(m.age_seconds as u64));
                 out.push_str(&format!("{what}  {}  ({age} ago)\n", m.timestamp));
             }
         }
         for (name, _) in GROUPINGS {
-            let Some(groups) = self.by.get(*name) else { continue };
+            let Some(groups) = self.by.get(*name) else {
+                continue;
+            };
             let mut rows: Vec<(&String, &Counts)> = groups.iter().collect();
             // Numbers in numeric order (partition 10 after 9), the rest by name.
             rows.sort_by_key(|(value, _)| (value.parse::<i64>().ok(), value.as_str()));
-            let rows: Vec<Vec<String>> =
-                rows.into_iter().map(|(v, c)| vec![v.clone(), c.handled.to_string(), c.unhandled.to_string()]).collect();
+            let rows: Vec<Vec<String>> = rows
+                .into_iter()
+                .map(|(v, c)| vec![v.clone(), c.handled.to_string(), c.unhandled.to_string()])
+                .collect();
             out.push('\n');
-            out.push_str(&table(&[&name.replace('_', " "), "handled", "unhandled"], &rows));
+            out.push_str(&table(
+                &[&name.replace('_', " "), "handled", "unhandled"],
+                &rows,
+            ));
         }
         for s in &self.shown {
-            out.push_str(&format!("\n{}  {}\n", s.coordinates, s.timestamp.as_deref().unwrap_or("-")));
+            out.push_str(&format!(
+                "\n{}  {}\n",
+                s.coordinates,
+                s.timestamp.as_deref().unwrap_or("-")
+            ));
             for h in &s.headers {
                 out.push_str(&format!("  {}: {}\n", h.key, h.value));
             }

@@ -19,7 +19,9 @@
 //! Compaction keeps one entry per key. The ledger grows by one small record (about 150 bytes) per
 //! dead letter replayed and is not pruned when DLQ retention removes the dead letter itself.
 
-use crate::kafka::read::{partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT};
+use crate::kafka::read::{
+    partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT,
+};
 use crate::kafka::topics::{ensure_topic, TopicSpec};
 use crate::kafka::{Isolation, KafkaConfig};
 use crate::pipeline::producer::TxnProducer;
@@ -93,7 +95,9 @@ pub struct Ledger {
 impl Ledger {
     /// Whether the dead letter at `partition`/`offset` with `timestamp` has been replayed.
     pub fn contains(&self, partition: i32, offset: i64, timestamp: Option<i64>) -> bool {
-        self.entries.get(&(partition, offset)).is_some_and(|&e| same_letter(e, timestamp))
+        self.entries
+            .get(&(partition, offset))
+            .is_some_and(|&e| same_letter(e, timestamp))
     }
 
     pub fn len(&self) -> usize {
@@ -110,15 +114,24 @@ impl Ledger {
 pub fn decode(m: &BorrowedMessage<'_>, dlq: &str) -> Option<(i32, i64, Option<i64>)> {
     let key = std::str::from_utf8(m.key()?).ok()?;
     let (_, partition, offset) = parse_key(key).filter(|(t, _, _)| *t == dlq)?;
-    let timestamp = m.payload().and_then(|v| serde_json::from_slice::<Entry>(v).ok()).and_then(|e| e.dead_letter_timestamp);
+    let timestamp = m
+        .payload()
+        .and_then(|v| serde_json::from_slice::<Entry>(v).ok())
+        .and_then(|e| e.dead_letter_timestamp);
     Some((partition, offset, timestamp))
 }
 
 /// Creates the ledger of `dlq` if it is missing (compacted: one entry per dead letter is all that
 /// must stay). One partition: it is small, and read whole.
 pub fn ensure(kafka: &KafkaConfig, dlq: &str) -> anyhow::Result<()> {
-    let spec = TopicSpec { name: topic(dlq), partitions: 1, compacted: true, retention: None };
-    futures::executor::block_on(ensure_topic(kafka, &spec)).with_context(|| format!("creating the replay ledger {}", spec.name))?;
+    let spec = TopicSpec {
+        name: topic(dlq),
+        partitions: 1,
+        compacted: true,
+        retention: None,
+    };
+    futures::executor::block_on(ensure_topic(kafka, &spec))
+        .with_context(|| format!("creating the replay ledger {}", spec.name))?;
     Ok(())
 }
 
@@ -127,7 +140,9 @@ pub fn read(kafka: &KafkaConfig, dlq: &str) -> anyhow::Result<Ledger> {
     let name = topic(dlq);
     let consumer: Reader = reader(kafka, Isolation::ReadCommitted)?;
     let mut ledger = Ledger::default();
-    let Some(n) = partition_count_if_exists(&consumer, &name, DEFAULT_READ_TIMEOUT)? else { return Ok(ledger) };
+    let Some(n) = partition_count_if_exists(&consumer, &name, DEFAULT_READ_TIMEOUT)? else {
+        return Ok(ledger);
+    };
     let partitions: Vec<i32> = (0..n).collect();
     read_partitions_to_end(&consumer, &name, &partitions, DEFAULT_READ_TIMEOUT, |m| {
         if let Some((partition, offset, timestamp)) = decode(m, dlq) {
@@ -140,7 +155,12 @@ pub fn read(kafka: &KafkaConfig, dlq: &str) -> anyhow::Result<Ledger> {
 }
 
 /// Writes the ledger entry of dead letter `m` (replayed to `target`) into the open transaction.
-pub fn send(producer: &TxnProducer, m: &BorrowedMessage<'_>, class: &str, target: &str) -> Result<(), KafkaError> {
+pub fn send(
+    producer: &TxnProducer,
+    m: &BorrowedMessage<'_>,
+    class: &str,
+    target: &str,
+) -> Result<(), KafkaError> {
     let entry = Entry {
         replayed_at: crate::dlq::now_rfc3339(),
         target: target.to_owned(),
@@ -170,7 +190,10 @@ mod tests {
     fn the_same_coordinates_in_a_recreated_dlq_are_another_letter() {
         assert!(same_letter(Some(5), Some(5)));
         assert!(!same_letter(Some(5), Some(6)));
-        assert!(same_letter(None, Some(6)), "an entry without a timestamp counts as handled");
+        assert!(
+            same_letter(None, Some(6)),
+            "an entry without a timestamp counts as handled"
+        );
         let mut l = Ledger::default();
         l.entries.insert((0, 7), Some(100));
         assert!(l.contains(0, 7, Some(100)));

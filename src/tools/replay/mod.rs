@@ -35,13 +35,22 @@ fn class_of<'a>(m: &'a BorrowedMessage<'_>) -> &'a str {
 
 /// Milliseconds since the epoch, now (the ages of dead letters are measured against it).
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// An aligned text table: the first column to the left, the others (numbers) to the right.
 fn table(titles: &[&str], rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..titles.len())
-        .map(|i| rows.iter().filter_map(|r| r.get(i)).map(String::len).chain([titles[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(String::len)
+                .chain([titles[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut out = String::new();
@@ -66,7 +75,16 @@ fn table(titles: &[&str], rows: &[Vec<String>]) -> String {
 mod tests {
     #[test]
     fn tables_align() {
-        let t = super::table(&["class", "n"], &[vec!["poison".into(), "3".into()], vec!["permanent.empty".into(), "12".into()]]);
-        assert_eq!(t, "class             n\npoison            3\npermanent.empty  12\n");
+        let t = super::table(
+            &["class", "n"],
+            &[
+                vec!["poison".into(), "3".into()],
+                vec!["permanent.empty".into(), "12".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "class             n\npoison            3\npermanent.empty  12\n"
+        );
     }
 }

@@ -46,9 +46,12 @@ use super::ledger;
 use super::select::Selection;
 use super::{class_of, table};
 use crate::dlq::{copy_headers, header};
-use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
-use crate::kafka::read::{partition_count, partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT};
 use crate::kafka::access::{self, Needs};
+use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
+use crate::kafka::read::{
+    partition_count, partition_count_if_exists, read_partitions_to_end, reader, Reader,
+    DEFAULT_READ_TIMEOUT,
+};
 use crate::kafka::{Isolation, KafkaConfig};
 use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, bail, Context as _};
@@ -164,17 +167,38 @@ impl ReplayReport {
 
     /// An aligned table for people.
     pub fn to_text(&self) -> String {
-        let replayed = if self.dry_run { "to replay" } else { "replayed" };
-        let row = |name: &str, c: &ClassCounts| {
-            vec![name.to_owned(), c.read.to_string(), c.handled.to_string(), c.replayed.to_string(), c.left.to_string()]
+        let replayed = if self.dry_run {
+            "to replay"
+        } else {
+            "replayed"
         };
-        let mut rows: Vec<Vec<String>> = self.classes.iter().map(|(class, c)| row(class, c)).collect();
+        let row = |name: &str, c: &ClassCounts| {
+            vec![
+                name.to_owned(),
+                c.read.to_string(),
+                c.handled.to_string(),
+                c.replayed.to_string(),
+                c.left.to_string(),
+            ]
+        };
+        let mut rows: Vec<Vec<String>> = self
+            .classes
+            .iter()
+            .map(|(class, c)| row(class, c))
+            .collect();
         rows.push(row("total", &self.total()));
-        let mut out = table(&["class", "read", "handled before", replayed, "left"], &rows);
+        let mut out = table(
+            &["class", "read", "handled before", replayed, "left"],
+            &rows,
+        );
         if self.dry_run {
             out.push_str("dry run: nothing written\n");
         } else {
-            out.push_str(&format!("{} replayed in {} transaction(s)\n", self.total_replayed(), self.transactions));
+            out.push_str(&format!(
+                "{} replayed in {} transaction(s)\n",
+                self.total_replayed(),
+                self.transactions
+            ));
         }
         out
     }
@@ -200,7 +224,8 @@ pub fn replay(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
 /// Whether `e` is a transaction that had to be aborted (worth another attempt), not a fence, a
 /// fatal error or a mistake in the request.
 fn must_abort(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<TxnError>().is_some_and(|t| t.class == TxnErrorClass::Abortable)
+    e.downcast_ref::<TxnError>()
+        .is_some_and(|t| t.class == TxnErrorClass::Abortable)
 }
 
 fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
@@ -208,10 +233,17 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         bail!("the batch size must be at least 1");
     }
     let ledger_topic = ledger::topic(&opts.dlq);
-    if let Some(to) = opts.to.as_deref().filter(|&to| to == opts.dlq || to == ledger_topic) {
+    if let Some(to) = opts
+        .to
+        .as_deref()
+        .filter(|&to| to == opts.dlq || to == ledger_topic)
+    {
         bail!("cannot replay {} into {to}", opts.dlq);
     }
-    let mut needs = Needs { read: vec![opts.dlq.clone()], ..Needs::default() };
+    let mut needs = Needs {
+        read: vec![opts.dlq.clone()],
+        ..Needs::default()
+    };
     if !opts.dry_run {
         needs.read.push(ledger_topic.clone());
         needs.write.push(ledger_topic.clone());
@@ -219,7 +251,8 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     }
     access::check(&opts.kafka, &needs)?;
     let consumer = reader(&opts.kafka, Isolation::ReadCommitted)?;
-    let count = partition_count(&consumer, &opts.dlq, DEFAULT_READ_TIMEOUT).with_context(|| format!("the DLQ {}", opts.dlq))?;
+    let count = partition_count(&consumer, &opts.dlq, DEFAULT_READ_TIMEOUT)
+        .with_context(|| format!("the DLQ {}", opts.dlq))?;
     let partitions = opts.select.partitions_of(&opts.dlq, count)?;
 
     // 1. Fence first, 2. then read the ledger (see the module header for why in this order).
@@ -227,13 +260,23 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         None
     } else {
         ledger::ensure(&opts.kafka, &opts.dlq)?;
-        Some(TxnProducer::start(&opts.kafka, &ledger::transactional_id(&opts.dlq), opts.transaction_timeout)?)
+        Some(TxnProducer::start(
+            &opts.kafka,
+            &ledger::transactional_id(&opts.dlq),
+            opts.transaction_timeout,
+        )?)
     };
     let ledger = ledger::read(&opts.kafka, &opts.dlq)?;
     info!(dlq = %opts.dlq, handled = ledger.len(), dry_run = opts.dry_run, "replay starting");
 
-    let mut report = ReplayReport { dlq: opts.dlq.clone(), dry_run: opts.dry_run, ..ReplayReport::default() };
-    let mut batches = producer.as_deref().map(|p| Batches::new(p, &consumer, opts));
+    let mut report = ReplayReport {
+        dlq: opts.dlq.clone(),
+        dry_run: opts.dry_run,
+        ..ReplayReport::default()
+    };
+    let mut batches = producer
+        .as_deref()
+        .map(|p| Batches::new(p, &consumer, opts));
     let mut replayed = 0u64;
     let scanned = read_partitions_to_end(&consumer, &opts.dlq, &partitions, SCAN_TIMEOUT, |m| {
         let class = class_of(m);
@@ -243,7 +286,9 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
             counts.handled += 1;
             return Ok(());
         }
-        if !opts.select.matches(m.partition(), m.offset(), class) || opts.limit.is_some_and(|limit| replayed >= limit) {
+        if !opts.select.matches(m.partition(), m.offset(), class)
+            || opts.limit.is_some_and(|limit| replayed >= limit)
+        {
             counts.left += 1;
             return Ok(());
         }
@@ -277,7 +322,9 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
 
 /// Says what being fenced means for a replay; other errors pass through.
 fn explain(e: anyhow::Error, dlq: &str) -> anyhow::Error {
-    if e.downcast_ref::<TxnError>().is_some_and(TxnError::is_fenced) {
+    if e.downcast_ref::<TxnError>()
+        .is_some_and(TxnError::is_fenced)
+    {
         e.context(format!("another replay of {dlq} started and fenced this one; it replays what this one did not commit"))
     } else {
         e
@@ -303,11 +350,25 @@ struct Batches<'a> {
 impl<'a> Batches<'a> {
     fn new(producer: &'a TxnProducer, probe: &'a Reader, opts: &ReplayOptions) -> Self {
         let (size, hooks) = (opts.batch, opts.hooks);
-        Batches { producer, probe, targets: HashSet::new(), size, open: 0, copied: 0, transactions: 0, hooks }
+        Batches {
+            producer,
+            probe,
+            targets: HashSet::new(),
+            size,
+            open: 0,
+            copied: 0,
+            transactions: 0,
+            hooks,
+        }
     }
 
     /// Copies dead letter `m` and writes its ledger entry, in the open transaction.
-    fn add(&mut self, m: &BorrowedMessage<'_>, class: &str, to: Option<&str>) -> anyhow::Result<()> {
+    fn add(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        class: &str,
+        to: Option<&str>,
+    ) -> anyhow::Result<()> {
         let target = target_of(m, to)?;
         self.check(target, m)?;
         if self.open == 0 {
@@ -315,12 +376,16 @@ impl<'a> Batches<'a> {
         }
         self.open += 1;
         copy(self.producer, m, target)?;
-        ledger::send(self.producer, m, class, target).with_context(|| format!("writing the ledger entry of {}", ledger::key_of(m)))?;
+        ledger::send(self.producer, m, class, target)
+            .with_context(|| format!("writing the ledger entry of {}", ledger::key_of(m)))?;
         self.copied += 1;
         if self.hooks.crash_after == Some(self.copied) {
             // Records first into the log, so the crash lands inside an open transaction.
             let _ = self.producer.flush(Duration::from_secs(30));
-            error!(copied = self.copied, "test hook: crashing inside an open transaction");
+            error!(
+                copied = self.copied,
+                "test hook: crashing inside an open transaction"
+            );
             std::process::abort();
         }
         if self.open >= self.size {
@@ -347,7 +412,11 @@ impl<'a> Batches<'a> {
         if self.open > 0 {
             self.producer.commit()?;
             self.transactions += 1;
-            debug!(records = self.open, transactions = self.transactions, "replay batch committed");
+            debug!(
+                records = self.open,
+                transactions = self.transactions,
+                "replay batch committed"
+            );
             self.open = 0;
         }
         Ok(())
@@ -370,8 +439,12 @@ impl<'a> Batches<'a> {
 fn target_of<'m>(m: &'m BorrowedMessage<'_>, to: Option<&'m str>) -> anyhow::Result<&'m str> {
     match to {
         Some(t) => Ok(t),
-        None => header(m, "dlq.original.topic")
-            .ok_or_else(|| anyhow!("{} has no dlq.original.topic: replay it with --to", ledger::key_of(m))),
+        None => header(m, "dlq.original.topic").ok_or_else(|| {
+            anyhow!(
+                "{} has no dlq.original.topic: replay it with --to",
+                ledger::key_of(m)
+            )
+        }),
     }
 }
 
@@ -379,8 +452,10 @@ fn target_of<'m>(m: &'m BorrowedMessage<'_>, to: Option<&'m str>) -> anyhow::Res
 /// `replay.origin`.
 fn copy(producer: &TxnProducer, m: &BorrowedMessage<'_>, target: &str) -> anyhow::Result<()> {
     let origin = ledger::key_of(m);
-    let headers = copy_headers(m, |key| !key.starts_with("dlq."))
-        .insert(Header { key: "replay.origin", value: Some(origin.as_str()) });
+    let headers = copy_headers(m, |key| !key.starts_with("dlq.")).insert(Header {
+        key: "replay.origin",
+        value: Some(origin.as_str()),
+    });
     let mut record = BaseRecord::to(target).headers(headers);
     if let Some(k) = m.key() {
         record = record.key(k);
@@ -388,5 +463,7 @@ fn copy(producer: &TxnProducer, m: &BorrowedMessage<'_>, target: &str) -> anyhow
     if let Some(v) = m.payload() {
         record = record.payload(v);
     }
-    producer.send(record).map_err(|e| anyhow!(e).context(format!("replaying {origin} to {target}")))
+    producer
+        .send(record)
+        .map_err(|e| anyhow!(e).context(format!("replaying {origin} to {target}")))
 }

@@ -17,13 +17,23 @@ use crate::dlq;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectError {
     #[error("unknown class {given:?}; known classes: {}", known.join(", "))]
-    UnknownClass { given: String, known: &'static [&'static str] },
+    UnknownClass {
+        given: String,
+        known: &'static [&'static str],
+    },
     #[error("class pattern {given:?} matches no known class; known classes: {}", known.join(", "))]
-    NoClassMatches { given: String, known: &'static [&'static str] },
+    NoClassMatches {
+        given: String,
+        known: &'static [&'static str],
+    },
     #[error("the offset range is empty: --from-offset {from} is past --to-offset {to}")]
     EmptyRange { from: i64, to: i64 },
     #[error("partition {partition} does not exist: {topic} has {count} partitions")]
-    NoSuchPartition { partition: i32, topic: String, count: i32 },
+    NoSuchPartition {
+        partition: i32,
+        topic: String,
+        count: i32,
+    },
 }
 
 /// A filter over dead letters; the default selects every one.
@@ -52,15 +62,24 @@ impl Selection {
             let known = dlq::CLASSES;
             match given.strip_suffix('*') {
                 Some(prefix) if !known.iter().any(|c| c.starts_with(prefix)) => {
-                    return Err(SelectError::NoClassMatches { given: given.clone(), known });
+                    return Err(SelectError::NoClassMatches {
+                        given: given.clone(),
+                        known,
+                    });
                 }
                 None if !known.contains(&given.as_str()) => {
-                    return Err(SelectError::UnknownClass { given: given.clone(), known });
+                    return Err(SelectError::UnknownClass {
+                        given: given.clone(),
+                        known,
+                    });
                 }
                 _ => {}
             }
         }
-        Ok(Selection { classes: classes.to_vec(), ..Selection::default() })
+        Ok(Selection {
+            classes: classes.to_vec(),
+            ..Selection::default()
+        })
     }
 
     /// Only these DLQ partitions (all when empty).
@@ -78,7 +97,11 @@ impl Selection {
                 return Err(SelectError::EmptyRange { from, to });
             }
         }
-        Ok(Selection { from_offset: from, to_offset: to, ..self })
+        Ok(Selection {
+            from_offset: from,
+            to_offset: to,
+            ..self
+        })
     }
 
     /// Whether `class` is selected.
@@ -104,7 +127,11 @@ impl Selection {
             return Ok((0..count).collect());
         }
         match self.partitions.iter().find(|&&p| p < 0 || p >= count) {
-            Some(&partition) => Err(SelectError::NoSuchPartition { partition, topic: topic.to_owned(), count }),
+            Some(&partition) => Err(SelectError::NoSuchPartition {
+                partition,
+                topic: topic.to_owned(),
+                count,
+            }),
             None => Ok(self.partitions.clone()),
         }
     }
@@ -125,32 +152,60 @@ mod tests {
         assert!(poison.class("poison") && !poison.class("permanent.not_json"));
         let permanent = classes(&["permanent.*"]).unwrap();
         assert!(permanent.class("permanent.not_json") && !permanent.class("transient.exhausted"));
-        assert!(classes(&["transient.exhausted", "poison"]).unwrap().class("poison"));
+        assert!(classes(&["transient.exhausted", "poison"])
+            .unwrap()
+            .class("poison"));
         assert!(classes(&["*"]).unwrap().class("transient.exhausted"));
     }
 
     #[test]
     fn unknown_classes_are_refused_with_the_known_ones() {
         let err = classes(&["poison", "nonsense.class"]).unwrap_err();
-        assert!(matches!(&err, SelectError::UnknownClass { given, .. } if given == "nonsense.class"));
+        assert!(
+            matches!(&err, SelectError::UnknownClass { given, .. } if given == "nonsense.class")
+        );
         let msg = err.to_string();
         assert!(dlq::CLASSES.iter().all(|c| msg.contains(c)), "{msg}");
-        assert!(matches!(classes(&["nonsense.*"]), Err(SelectError::NoClassMatches { .. })));
-        assert!(matches!(classes(&["Poison"]), Err(SelectError::UnknownClass { .. })), "case matters");
-        assert!(matches!(classes(&["permanent."]), Err(SelectError::UnknownClass { .. })), "a prefix needs its *");
+        assert!(matches!(
+            classes(&["nonsense.*"]),
+            Err(SelectError::NoClassMatches { .. })
+        ));
+        assert!(
+            matches!(classes(&["Poison"]), Err(SelectError::UnknownClass { .. })),
+            "case matters"
+        );
+        assert!(
+            matches!(
+                classes(&["permanent."]),
+                Err(SelectError::UnknownClass { .. })
+            ),
+            "a prefix needs its *"
+        );
     }
 
     #[test]
     fn partitions_and_offsets() {
-        let s = Selection::all().in_partitions(&[1]).in_offsets(Some(2), Some(3)).unwrap();
+        let s = Selection::all()
+            .in_partitions(&[1])
+            .in_offsets(Some(2), Some(3))
+            .unwrap();
         assert!(!s.matches(0, 2, "poison"));
         assert!(!s.matches(1, 1, "poison"));
-        assert!(s.matches(1, 2, "poison") && s.matches(1, 3, "poison"), "both ends inclusive");
+        assert!(
+            s.matches(1, 2, "poison") && s.matches(1, 3, "poison"),
+            "both ends inclusive"
+        );
         assert!(!s.matches(1, 4, "poison"));
         assert_eq!(s.partitions_of("d", 2).unwrap(), [1]);
-        assert!(matches!(s.partitions_of("d", 1), Err(SelectError::NoSuchPartition { partition: 1, .. })));
+        assert!(matches!(
+            s.partitions_of("d", 1),
+            Err(SelectError::NoSuchPartition { partition: 1, .. })
+        ));
         assert_eq!(Selection::all().partitions_of("d", 3).unwrap(), [0, 1, 2]);
-        assert!(matches!(Selection::all().in_offsets(Some(5), Some(4)), Err(SelectError::EmptyRange { .. })));
+        assert!(matches!(
+            Selection::all().in_offsets(Some(5), Some(4)),
+            Err(SelectError::EmptyRange { .. })
+        ));
         let from = Selection::all().in_offsets(Some(5), None).unwrap();
         assert!(!from.matches(0, 4, "poison") && from.matches(7, 5, "poison"));
     }

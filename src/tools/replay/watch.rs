@@ -68,14 +68,24 @@ pub struct Backlog {
 impl Backlog {
     /// An empty backlog that tracks at most `cap` dead letters (and as many ledger entries ahead).
     pub fn new(cap: usize) -> Self {
-        Backlog { cap, unhandled: HashMap::new(), ahead: HashMap::new(), next: HashMap::new(), untracked: 0 }
+        Backlog {
+            cap,
+            unhandled: HashMap::new(),
+            ahead: HashMap::new(),
+            next: HashMap::new(),
+            untracked: 0,
+        }
     }
 
     /// The DLQ reader met a dead letter.
     pub fn dead_letter(&mut self, partition: i32, offset: i64, timestamp: Option<i64>) {
         let next = self.next.entry(partition).or_insert(0);
         *next = (*next).max(offset + 1);
-        if self.ahead.remove(&(partition, offset)).is_some_and(|entry| same_letter(entry, timestamp)) {
+        if self
+            .ahead
+            .remove(&(partition, offset))
+            .is_some_and(|entry| same_letter(entry, timestamp))
+        {
             return;
         }
         if self.unhandled.len() >= self.cap {
@@ -96,7 +106,9 @@ impl Backlog {
             }
             // Not read yet: remember it for when it comes. Behind the reader and not tracked: a
             // dead letter handled before, removed by retention, or past the cap.
-            _ if offset >= self.next.get(&partition).copied().unwrap_or(0) && self.ahead.len() < self.cap => {
+            _ if offset >= self.next.get(&partition).copied().unwrap_or(0)
+                && self.ahead.len() < self.cap =>
+            {
                 self.ahead.insert((partition, offset), timestamp);
             }
             _ => {}
@@ -105,7 +117,8 @@ impl Backlog {
 
     /// Retention removed the dead letters of `partition` below `low`: forget them.
     pub fn forget_before(&mut self, partition: i32, low: i64) {
-        self.unhandled.retain(|&(p, o), _| p != partition || o >= low);
+        self.unhandled
+            .retain(|&(p, o), _| p != partition || o >= low);
         self.ahead.retain(|&(p, o), _| p != partition || o >= low);
         let next = self.next.entry(partition).or_insert(0);
         *next = (*next).max(low);
@@ -136,7 +149,11 @@ impl Watcher {
             .name("dlq-watch".into())
             .spawn(move || {
                 if let Err(e) = watch(&kafka, &dlq, every, &flag) {
-                    warn!(dlq, error = format!("{e:#}"), "the DLQ backlog watcher stopped; its gauges are no longer updated");
+                    warn!(
+                        dlq,
+                        error = format!("{e:#}"),
+                        "the DLQ backlog watcher stopped; its gauges are no longer updated"
+                    );
                 }
             })
             .context("starting the DLQ backlog watcher")?;
@@ -151,7 +168,12 @@ impl Drop for Watcher {
 }
 
 /// Tails `dlq` and its ledger until `stop`, setting the DLQ gauges every `every`. Blocking.
-pub fn watch(kafka: &KafkaConfig, dlq: &str, every: Duration, stop: &AtomicBool) -> anyhow::Result<()> {
+pub fn watch(
+    kafka: &KafkaConfig,
+    dlq: &str,
+    every: Duration,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
     let mut letters = Tail::new(kafka, dlq)?;
     let mut entries = Tail::new(kafka, &ledger::topic(dlq))?;
     let mut backlog = Backlog::new(MAX_TRACKED);
@@ -169,7 +191,9 @@ pub fn watch(kafka: &KafkaConfig, dlq: &str, every: Duration, stop: &AtomicBool)
             }
             entries.refresh();
             if letters.caught_up() && entries.caught_up() {
-                let age = backlog.oldest().map_or(Duration::ZERO, |ts| Duration::from_millis((now_ms() - ts).max(0) as u64));
+                let age = backlog.oldest().map_or(Duration::ZERO, |ts| {
+                    Duration::from_millis((now_ms() - ts).max(0) as u64)
+                });
                 crate::metrics::dlq_unhandled(age, backlog.count());
                 if !reported {
                     info!(dlq, unhandled = backlog.count(), oldest_age = ?age, "DLQ backlog read");
@@ -179,13 +203,18 @@ pub fn watch(kafka: &KafkaConfig, dlq: &str, every: Duration, stop: &AtomicBool)
             }
             refresh_at = Instant::now() + every;
         }
-        let got = letters.drain(wait, |m| backlog.dead_letter(m.partition(), m.offset(), m.timestamp().to_millis()))
-            + entries.drain(wait, |m| {
-                if let Some((partition, offset, timestamp)) = ledger::decode(m, dlq) {
-                    backlog.replayed(partition, offset, timestamp);
-                }
-            });
-        wait = if got == 0 { POLL_SLICE / 2 } else { Duration::ZERO };
+        let got = letters.drain(wait, |m| {
+            backlog.dead_letter(m.partition(), m.offset(), m.timestamp().to_millis())
+        }) + entries.drain(wait, |m| {
+            if let Some((partition, offset, timestamp)) = ledger::decode(m, dlq) {
+                backlog.replayed(partition, offset, timestamp);
+            }
+        });
+        wait = if got == 0 {
+            POLL_SLICE / 2
+        } else {
+            Duration::ZERO
+        };
     }
     Ok(())
 }
@@ -214,7 +243,9 @@ impl Tail {
         cfg.set("fetch.wait.max.ms", "500");
         // Keep memory small: dead letters are few, a big prefetch buys nothing here.
         cfg.set("queued.max.messages.kbytes", "1024");
-        let consumer: Reader = cfg.create_with_context(Logged).context("creating a DLQ watcher reader")?;
+        let consumer: Reader = cfg
+            .create_with_context(Logged)
+            .context("creating a DLQ watcher reader")?;
         Ok(Tail {
             consumer,
             topic: topic.to_owned(),
@@ -238,20 +269,32 @@ impl Tail {
                 self.looked = true;
                 let count = count.unwrap_or(0);
                 if count > self.partitions {
-                    let new = position_list(&self.topic, (self.partitions..count).map(|p| (p, Offset::Beginning)));
+                    let new = position_list(
+                        &self.topic,
+                        (self.partitions..count).map(|p| (p, Offset::Beginning)),
+                    );
                     match new.map(|tpl| self.consumer.incremental_assign(&tpl)) {
                         Ok(Ok(())) => {
                             self.pending.extend(self.partitions..count);
                             self.partitions = count;
                         }
-                        Ok(Err(e)) | Err(e) => warn!(topic = %self.topic, error = %e, "cannot assign the watcher's partitions"),
+                        Ok(Err(e)) | Err(e) => {
+                            warn!(topic = %self.topic, error = %e, "cannot assign the watcher's partitions")
+                        }
                     }
                 }
             }
-            Err(e) => debug!(topic = %self.topic, error = format!("{e:#}"), "no metadata for the watcher yet"),
+            Err(e) => {
+                debug!(topic = %self.topic, error = format!("{e:#}"), "no metadata for the watcher yet")
+            }
         }
         (0..self.partitions)
-            .filter_map(|p| self.consumer.fetch_watermarks(&self.topic, p, METADATA_TIMEOUT).ok().map(|(low, _)| (p, low)))
+            .filter_map(|p| {
+                self.consumer
+                    .fetch_watermarks(&self.topic, p, METADATA_TIMEOUT)
+                    .ok()
+                    .map(|(low, _)| (p, low))
+            })
             .collect()
     }
 
@@ -264,7 +307,10 @@ impl Tail {
     fn drain(&mut self, wait: Duration, mut f: impl FnMut(&BorrowedMessage<'_>)) -> usize {
         let mut n = 0;
         for i in 0..DRAIN {
-            match self.consumer.poll(if i == 0 { wait } else { Duration::ZERO }) {
+            match self
+                .consumer
+                .poll(if i == 0 { wait } else { Duration::ZERO })
+            {
                 None => break,
                 Some(Ok(m)) => {
                     f(&m);
