@@ -160,8 +160,18 @@ call_args() { # KEY -> the AclCommand arguments of one call, one per line
   printf '%s\n' ${groups[$1]}
 }
 
+# One AclCommand call; its output (AclCommand reports errors on stdout) is shown only when it
+# fails. Adding or removing an ACL that is already there or gone is a no-op, so a failed call is
+# tried once more: on a loaded machine the admin client's first request may time out.
 run_tool() {
-  "$ROOT/scripts/kafka.sh" tool "$ACL_CLASS" "$@" >/dev/null
+  local out attempt
+  for attempt in 1 2; do
+    if out=$("$ROOT/scripts/kafka.sh" tool "$ACL_CLASS" "$@" 2>&1); then
+      return 0
+    fi
+    printf 'acls.sh: AclCommand failed (attempt %d of 2):\n%s\n' "$attempt" "$out" >&2
+  done
+  return 1
 }
 
 case $verb in
@@ -185,7 +195,7 @@ case $verb in
     done
     rc=0
     for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || rc=1; done
-    ((rc == 0)) || die "AclCommand failed for role $role (see its output above)"
+    ((rc == 0)) || die "AclCommand failed for role $role (its output is above)"
     ;;
   list)
     mapfile -t base < <(admin_args)

@@ -115,8 +115,9 @@ sasl.mechanism=SCRAM-SHA-512
 sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$user" password="$pw";
 ssl.truststore.type=PEM
 ssl.truststore.location=$SECURE/tls/ca.pem
-request.timeout.ms=10000
-default.api.timeout.ms=20000
+# Generous: the tools run as JVMs on machines that may be busy.
+request.timeout.ms=30000
+default.api.timeout.ms=60000
 EOF
   done
 }

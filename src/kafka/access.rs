@@ -9,8 +9,8 @@
 //!   principal may not even Describe the topic; since Read and Write each imply Describe, that
 //!   means every right the binary needs on it is missing. (A principal that may Describe a topic
 //!   through some other ACL but not Write it passes here; its first transaction then fails with
-//!   TOPIC_AUTHORIZATION_FAILED, which the pipeline reports and retries: see
-//!   [`crate::pipeline::producer::authorization_failure`].)
+//!   TOPIC_AUTHORIZATION_FAILED, which the pipeline reports and retries like a Write revoked
+//!   while running: see docs/security.md.)
 //! - the consumer group: an OffsetFetch for the group (Describe on the group, implied by Read).
 //! - the transactional id: `init_transactions` itself, which fails with
 //!   TRANSACTIONAL_ID_AUTHORIZATION_FAILED; [`from_kafka_error`] names it.
@@ -199,41 +199,28 @@ impl ClientContext for Denials {
 
 impl ConsumerContext for Denials {}
 
-/// The right a Kafka error says is missing, if it is an authorisation error: `transactional_id`
-/// names the resource of TRANSACTIONAL_ID_AUTHORIZATION_FAILED, `topics` that of
-/// TOPIC_AUTHORIZATION_FAILED (a produce names no topic in its error).
+/// The right a Kafka error says is missing, if it is a refused transactional id (named
+/// `transactional_id`) or cluster right. (A refused topic has no name in a produce error; the
+/// pipeline asks the broker instead, [`refused`].)
 pub fn from_kafka_error(
     kafka: &KafkaConfig,
     err: &KafkaError,
     transactional_id: &str,
-    topics: &[String],
 ) -> Option<AccessError> {
     let missing = match err.rdkafka_error_code()? {
-        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
-            vec![Missing {
-                operation: "Write",
-                resource: "TransactionalId",
-                name: transactional_id.to_owned(),
-            }]
-        }
-        RDKafkaErrorCode::ClusterAuthorizationFailed => {
-            vec![Missing {
-                operation: "IdempotentWrite",
-                resource: "Cluster",
-                name: "kafka-cluster".to_owned(),
-            }]
-        }
-        RDKafkaErrorCode::TopicAuthorizationFailed => topics
-            .iter()
-            .map(|t| Missing {
-                operation: "Write",
-                resource: "Topic",
-                name: t.clone(),
-            })
-            .collect(),
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => Missing {
+            operation: "Write",
+            resource: "TransactionalId",
+            name: transactional_id.to_owned(),
+        },
+        RDKafkaErrorCode::ClusterAuthorizationFailed => Missing {
+            operation: "IdempotentWrite",
+            resource: "Cluster",
+            name: "kafka-cluster".to_owned(),
+        },
         _ => return None,
     };
-    Some(AccessError::new(kafka, missing))
+    Some(AccessError::new(kafka, vec![missing]))
 }
 
 #[cfg(test)]

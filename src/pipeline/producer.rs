@@ -16,6 +16,10 @@
 //! break exactly-once, and a supervisor restart (which re-runs `init_transactions`) is the safe
 //! move.
 //!
+//! Authorisation errors are classified in [`classify`] too: a refused transactional id or cluster
+//! right is fatal, a refused topic right abortable (docs/security.md). One librdkafka fatal error
+//! is mended in place: see [`TxnProducer::restart`].
+//!
 //! # Retries
 //! A retriable error repeats the same call with the same arguments, with a short backoff, at most
 //! [`MAX_RETRIES`] times; past that the error is returned, classified fatal.
@@ -216,8 +220,8 @@ impl DeliveryContext {
 
 /// A producer whose transactional calls retry and classify in one place.
 pub struct TxnProducer {
-    /// The librdkafka producer; replaced by [`TxnProducer::restart`], hence the lock (only ever
-    /// contended by nothing: one thread drives the producer).
+    /// The librdkafka producer; replaced by [`TxnProducer::restart`], hence the lock (never
+    /// contended: one thread drives the producer).
     inner: RwLock<ThreadedProducer<DeliveryContext>>,
     /// What it was made from, to make it again.
     config: rdkafka::ClientConfig,
@@ -251,7 +255,7 @@ impl TxnProducer {
     /// group. `init_transactions` aborts whatever this id left open and bumps its epoch, so it is
     /// as safe for exactly-once as a crash and restart; the caller rewinds input and state as
     /// after any abort. Used only where librdkafka made an error fatal that leaves nothing open
-    /// on the broker (see `Committer::abort_and_rewind`).
+    /// on the broker (see `Committer::abort_open`).
     pub fn restart(&self) -> Result<(), TxnError> {
         let fresh = Self::registered(&self.config)?;
         *self.inner.write().unwrap_or_else(PoisonError::into_inner) = fresh;
@@ -416,7 +420,7 @@ fn retrying(
 /// The missing right behind a transactional error, if it is an authorisation failure:
 /// `Write on TransactionalId <id>` for a refused `init_transactions`, and so on
 /// ([`access::from_kafka_error`]).
-pub fn authorization_failure(
+fn authorization_failure(
     kafka: &KafkaConfig,
     err: &TxnError,
     transactional_id: &str,
@@ -424,5 +428,5 @@ pub fn authorization_failure(
     let TxnCause::Kafka(e) = &err.cause else {
         return None;
     };
-    access::from_kafka_error(kafka, e, transactional_id, &[])
+    access::from_kafka_error(kafka, e, transactional_id)
 }
