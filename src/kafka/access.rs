@@ -109,7 +109,7 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
         .map(|t| ("Read", t))
         .chain(needs.write.iter().map(|t| ("Write", t)));
     for (operation, topic) in topics {
-        if refused(client.client(), topic)? {
+        if refused(client.client(), topic, CHECK_TIMEOUT)? {
             missing.push(Missing {
                 operation,
                 resource: "Topic",
@@ -133,9 +133,13 @@ pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
 }
 
 /// Whether the broker refuses `client`'s principal even Describe on `topic` (so every other right
-/// on it too): one metadata round trip.
-pub fn refused<C: ClientContext>(client: &Client<C>, topic: &str) -> anyhow::Result<bool> {
-    let metadata = client.fetch_metadata(Some(topic), CHECK_TIMEOUT)?;
+/// on it too): one metadata round trip, bounded by `timeout`.
+pub fn refused<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
     Ok(metadata
         .topics()
         .iter()

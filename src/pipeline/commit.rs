@@ -45,6 +45,10 @@ const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
 const DENIED_BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// Bound on each metadata round trip that asks whether a Write is refused, after a failed abort:
+/// short, so an instance that is stopping for another reason is not held up.
+const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Counters of one engine; printed at shutdown (as aligned text, or JSON) and exported as metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Stats {
@@ -433,17 +437,10 @@ impl Committer {
         Ok(())
     }
 
-    /// The topics this engine writes that its principal may not Write now (asked of the broker).
-    fn refused_writes(&self) -> Vec<String> {
-        let t = &self.settings.topics;
-        self.producer
-            .refused_writes(&[t.notifications.clone(), t.dlq.clone(), t.changelog.clone()])
-    }
-
     /// After an abort because Write was refused on `topics`: says so (log and metric, per right)
     /// and sets a growing back-off, so the loop retries the same input now and then instead of
     /// spinning, until the right is granted again.
-    fn report_refused(&self, session: &mut Session, topics: &[String]) {
+    fn report_refused(&self, session: &mut Session, topics: &BTreeSet<String>) {
         session.denied_in_a_row += 1;
         let backoff = DENIED_BACKOFF_FIRST
             .saturating_mul(1 << session.denied_in_a_row.min(6))
@@ -464,10 +461,10 @@ impl Committer {
         }
     }
 
-    /// Aborts the open transaction. If that fails fatally while a Write is refused, the producer
-    /// is made again instead (see below) and the refusal is reported either way; returns the
-    /// topics refused.
-    fn abort_open(&self) -> Result<Vec<String>, TxnError> {
+    /// Aborts the open transaction; returns the topics whose records were refused for lack of
+    /// Write in it (empty for any other abort). If the abort fails fatally because of such a
+    /// refusal, the producer is made again instead (see below).
+    fn abort_open(&self) -> Result<BTreeSet<String>, TxnError> {
         // Let in-flight produce requests finish first: with records still in flight, Kafka 4.4
         // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
         // forced-abort test (the open librdkafka issue #4849 reports the same). Delivery errors
@@ -475,17 +472,26 @@ impl Committer {
         if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
             debug!(error = %e, "flush before abort did not complete");
         }
-        match self.producer.abort() {
-            Ok(()) => Ok(self.refused_writes()),
-            Err(e) if e.class == TxnErrorClass::Fatal => {
+        let aborted = self.producer.abort();
+        let mut refused = self.producer.take_refused();
+        match aborted {
+            Ok(()) => Ok(refused),
+            Err(e) if e.class == TxnErrorClass::Fatal && !e.is_fenced() => {
                 // A transaction whose only AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_
                 // FAILED) has nothing registered on the broker, yet librdkafka 2.12 still sends
                 // EndTxn (it counts the request, not what it added); the broker answers
                 // INVALID_TXN_STATE and librdkafka makes that fatal. Nothing is open on the
                 // broker then, so a producer made again with the same transactional id is what a
-                // restart of the process would give, without leaving the group. Only then: any
-                // other fatal error stops the engine as before.
-                let refused = self.refused_writes();
+                // restart of the process would give, without leaving the group. Only then (the
+                // records of such a transaction may have been purged without a report, so the
+                // broker is asked); any other fatal error stops the engine as before.
+                if refused.is_empty() {
+                    let t = &self.settings.topics;
+                    let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
+                    refused = self
+                        .producer
+                        .refused_writes(&written, REFUSAL_PROBE_TIMEOUT);
+                }
                 if refused.is_empty() {
                     return Err(e);
                 }
@@ -506,7 +512,7 @@ impl Committer {
         partitions: &[i32],
     ) -> Result<(), TxnError> {
         if let Some(txn) = session.txn.take() {
-            let mut refused = Vec::new();
+            let mut refused = BTreeSet::new();
             if self.settings.guarantee == Guarantee::ExactlyOnce {
                 refused = self.abort_open()?;
                 info!(records = txn.records, "transaction aborted");

@@ -37,6 +37,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -165,11 +166,14 @@ impl TxnError {
 }
 
 /// Counts delivery failures, which in a transaction show up again as an abortable commit error;
-/// the at-least-once mode reads them to decide whether offsets may be committed.
+/// the at-least-once mode reads them to decide whether offsets may be committed. Notes the topics
+/// a record was refused for (TOPIC_AUTHORIZATION_FAILED), so the abort that follows can name the
+/// missing right without asking the broker.
 #[derive(Default)]
 pub struct DeliveryContext {
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
+    refused: Mutex<BTreeSet<String>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -201,6 +205,7 @@ impl ProducerContext for DeliveryContext {
                 // Every record of the batch fails alike: the abort that follows names the refused
                 // right once (`Committer::report_refused`), instead of a line per record.
                 debug!(topic = m.topic(), error = %e, "delivery refused");
+                self.note_refused(m.topic());
             } else {
                 warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             }
@@ -212,6 +217,14 @@ impl ProducerContext for DeliveryContext {
 }
 
 impl DeliveryContext {
+    fn note_refused(&self, topic: &str) {
+        if let Ok(mut refused) = self.refused.lock() {
+            if !refused.contains(topic) {
+                refused.insert(topic.to_owned());
+            }
+        }
+    }
+
     /// Delivery failures so far.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
@@ -267,14 +280,26 @@ impl TxnProducer {
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The topics whose records were refused for lack of Write (TOPIC_AUTHORIZATION_FAILED, in a
+    /// delivery report or at once from `send`) since the last call.
+    pub fn take_refused(&self) -> BTreeSet<String> {
+        let producer = self.producer();
+        let refused = producer
+            .context()
+            .refused
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r));
+        refused.unwrap_or_default()
+    }
+
     /// Of `topics`, those this producer's principal may not even Describe, hence not Write
-    /// ([`access::refused`]; a metadata round trip each). Errors other than a refusal count as
-    /// not refused: this only names a refusal, it does not detect outages.
-    pub fn refused_writes(&self, topics: &[String]) -> Vec<String> {
+    /// ([`access::refused`]; a metadata round trip each, bounded by `timeout`). Errors other than
+    /// a refusal count as not refused: this only names a refusal, it does not detect outages.
+    pub fn refused_writes(&self, topics: &[String], timeout: Duration) -> BTreeSet<String> {
         let producer = self.producer();
         topics
             .iter()
-            .filter(|t| access::refused(producer.client(), t).unwrap_or(false))
+            .filter(|t| access::refused(producer.client(), t, timeout).unwrap_or(false))
             .cloned()
             .collect()
     }
@@ -360,7 +385,12 @@ impl TxnProducer {
                     record = r;
                     producer.poll(Duration::from_millis(10));
                 }
-                Err((e, _)) => return Err(e),
+                Err((e, r)) => {
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+                        producer.context().note_refused(r.topic);
+                    }
+                    return Err(e);
+                }
             }
         }
     }
