@@ -170,6 +170,7 @@ pub fn not_authorised(right: &str) {
 pub fn topics_written(topics: &[&str]) {
     for topic in topics {
         counter!(DELIVERY_FAILURES, "topic" => topic.to_string()).increment(0);
+        counter!(NOT_AUTHORISED, "right" => format!("Write on Topic {topic}")).increment(0);
     }
 }
 
