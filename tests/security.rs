@@ -11,7 +11,7 @@
 mod common;
 
 use common::postgres::TestDb;
-use common::secure::{run, secure, text, Deployment, EXIT, FAILS_WITHIN};
+use common::secure::{assert_exactly_once, run, secure, text, Deployment, EXIT, FAILS_WITHIN};
 use price_alerts::kafka::feed::next_offsets;
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::topics;
@@ -118,15 +118,7 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
     )
     .expect("verifier");
     assert!(report.expected > 0, "the stream crosses thresholds");
-    assert_eq!(
-        (
-            report.missing.len(),
-            report.duplicate.len(),
-            report.unexpected.len()
-        ),
-        (0, 0, 0),
-        "{report}"
-    );
+    assert_exactly_once(&report);
 
     let db = TestDb::create("sec_e2e");
     let mut sink = s.command(env!("CARGO_BIN_EXE_alert-sink"), "sink");
@@ -374,15 +366,7 @@ fn no_payload_and_no_password_in_logs_at_any_level() {
     s.assert_no_password("alert-pipeline at trace", &printed);
     let report = d.verify(&s);
     assert!(report.expected > 0 && report.bad_ticks == 1, "{report}");
-    assert_eq!(
-        (
-            report.missing.len(),
-            report.duplicate.len(),
-            report.unexpected.len()
-        ),
-        (0, 0, 0),
-        "{report}"
-    );
+    assert_exactly_once(&report);
 }
 
 /// Write on the output revoked while the pipeline runs: its transactions abort, no offset
@@ -453,15 +437,7 @@ fn write_revoked_while_running_aborts_reports_and_resumes() {
         report.expected > notified,
         "the second half crossed thresholds too"
     );
-    assert_eq!(
-        (
-            report.missing.len(),
-            report.duplicate.len(),
-            report.unexpected.len()
-        ),
-        (0, 0, 0),
-        "{report}"
-    );
+    assert_exactly_once(&report);
     let printed = std::fs::read_to_string(&log).expect("the log");
     s.assert_no_password("alert-pipeline", &printed);
     let right = format!("Write on Topic {}", d.output);

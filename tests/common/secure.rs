@@ -163,18 +163,22 @@ impl Deployment {
         Topics::with(self.input.clone(), self.output.clone(), &self.app)
     }
 
-    /// The pipeline's ACL arguments for scripts/acls.sh.
-    pub fn pipeline_acls<'a>(&'a self, verb: &'a str, more: &[&'a str]) -> Vec<&'a str> {
-        let mut a = vec![
-            verb,
-            "pipeline",
+    /// The names as both alert-pipeline and scripts/acls.sh take them.
+    fn name_args(&self) -> [&str; 6] {
+        [
             "--app-id",
             &self.app,
             "--input",
             &self.input,
             "--output",
             &self.output,
-        ];
+        ]
+    }
+
+    /// The pipeline's ACL arguments for scripts/acls.sh.
+    pub fn pipeline_acls<'a>(&'a self, verb: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec![verb, "pipeline"];
+        a.extend(self.name_args());
         a.extend_from_slice(more);
         a
     }
@@ -205,14 +209,7 @@ impl Deployment {
         let mut c = s.command_with(env!("CARGO_BIN_EXE_alert-pipeline"), config);
         c.arg("--rules")
             .arg(&self.rules_path)
-            .args([
-                "--app-id",
-                &self.app,
-                "--input",
-                &self.input,
-                "--output",
-                &self.output,
-            ])
+            .args(self.name_args())
             .args(["--transaction-timeout", "30s"])
             .args(more);
         c
@@ -279,4 +276,18 @@ pub fn run(mut c: Command, timeout: Duration) -> (Output, Duration) {
         },
         took,
     )
+}
+
+/// The verifier found every expected notification exactly once and nothing else.
+pub fn assert_exactly_once(report: &VerifyReport) {
+    let counts = (
+        report.missing.len(),
+        report.duplicate.len(),
+        report.unexpected.len(),
+    );
+    assert_eq!(
+        counts,
+        (0, 0, 0),
+        "missing, duplicate, unexpected: {report}"
+    );
 }
