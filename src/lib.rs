@@ -54,6 +54,7 @@
 
 pub mod alert;
 pub mod cli;
+pub mod deliver;
 pub mod dlq;
 pub mod health;
 pub mod kafka;

@@ -15,6 +15,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 mod log;
+pub mod deliver;
 pub mod pipeline;
 pub mod replay;
 pub mod sink;
