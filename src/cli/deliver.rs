@@ -69,6 +69,9 @@ pub struct DeliverArgs {
     /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9898).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// TEST ONLY: abort once this many hand-off records are written, inside the open transaction.
+    #[arg(long, hide = true)]
+    pub test_crash_after_handoffs: Option<u64>,
 }
 
 impl DeliverArgs {
@@ -105,6 +108,7 @@ impl DeliverArgs {
             transaction_timeout: self.transaction_timeout,
             retention: self.retention,
             shutdown_timeout: self.shutdown_timeout,
+            test_crash_after_handoffs: self.test_crash_after_handoffs,
         })
     }
 }

@@ -89,6 +89,25 @@ impl Handoff {
     }
 }
 
+/// TEST ONLY: a crash inside the hand-off transaction, after this many hand-offs of the process.
+#[derive(Debug, Default)]
+pub struct CrashHook {
+    pub after: Option<u64>,
+    pub sent: u64,
+}
+
+impl CrashHook {
+    fn sent(&mut self, producer: &TxnProducer) {
+        self.sent += 1;
+        if self.after == Some(self.sent) {
+            // Records first into the log, so the crash lands inside an open transaction.
+            let _ = producer.flush(Duration::from_secs(30));
+            tracing::error!(sent = self.sent, "test hook: crashing inside an open hand-off transaction");
+            std::process::abort();
+        }
+    }
+}
+
 /// The consumed records of a batch and what happened to them; committed by [`commit`].
 pub struct Batch<'a> {
     pub records: &'a [OwnedMessage],
@@ -134,9 +153,10 @@ pub fn commit(
     group_id: &str,
     buckets: &Buckets,
     batch: &Batch<'_>,
+    hook: &mut CrashHook,
 ) -> Result<(), TxnError> {
     producer.begin()?;
-    let result = send_all(producer, group, group_id, buckets, batch).and_then(|()| producer.commit());
+    let result = send_all(producer, group, group_id, buckets, batch, hook).and_then(|()| producer.commit());
     if let Err(e) = &result {
         if e.class == TxnErrorClass::Abortable {
             if let Err(abort) = producer.abort() {
@@ -154,6 +174,7 @@ fn send_all(
     group_id: &str,
     buckets: &Buckets,
     batch: &Batch<'_>,
+    hook: &mut CrashHook,
 ) -> Result<(), TxnError> {
     let now = SystemTime::now();
     for h in batch.handoffs {
@@ -177,6 +198,7 @@ fn send_all(
             record = record.payload(v);
         }
         producer.send(record).map_err(|e| TxnError::new("send hand-off", e))?;
+        hook.sent(producer);
     }
     let offsets = tpl(&positions(batch.records)).map_err(|e| TxnError::new("offsets", e))?;
     producer.send_offsets(&offsets, group)

@@ -45,4 +45,7 @@ pub struct DeliverOptions {
     pub retention: Duration,
     /// How long a graceful shutdown may take before exiting non-zero.
     pub shutdown_timeout: Duration,
+    /// TEST ONLY: abort the process once this many hand-off records are written (flushed into
+    /// the log) by this process, inside the open transaction: a crash in the middle of a hand-off.
+    pub test_crash_after_handoffs: Option<u64>,
 }

@@ -21,7 +21,7 @@
 //! (fenced by a newer instance, say) stops the deliverer non-zero.
 
 use super::buckets::{from_millis, Next, RetryState, Stage};
-use super::handoff::{self, rewind_positions, Batch, Handoff, Target};
+use super::handoff::{self, rewind_positions, Batch, CrashHook, Handoff, Target};
 use super::http::{self, Attempt, Outcome};
 use super::metrics as m;
 use super::options::DeliverOptions;
@@ -170,6 +170,7 @@ struct Deliverer {
     held: HashMap<(String, i32), Held>,
     stats: DeliverStats,
     gauges_at: Instant,
+    hook: CrashHook,
 }
 
 fn run_blocking(
@@ -197,6 +198,7 @@ fn run_blocking(
         .iter()
         .map(|s| (s.name.clone(), (Arc::new(s.clone()), Arc::new(Semaphore::new(s.max_in_flight)))))
         .collect();
+    let opts_hook = opts.test_crash_after_handoffs;
     let mut d = Deliverer {
         opts,
         rt,
@@ -207,6 +209,7 @@ fn run_blocking(
         held: HashMap::new(),
         stats: DeliverStats::default(),
         gauges_at: Instant::now(),
+        hook: CrashHook { after: opts_hook, sent: 0 },
     };
     health.ready();
     let result = d.consume_until_stopped(&health, stop);
@@ -450,7 +453,7 @@ impl Deliverer {
     ) -> anyhow::Result<()> {
         let group = self.consumer.group_metadata().context("the consumer has no group metadata")?;
         let batch = Batch { records, states, handoffs };
-        match handoff::commit(&self.producer, &group, &self.opts.group_id, &self.opts.buckets, &batch) {
+        match handoff::commit(&self.producer, &group, &self.opts.group_id, &self.opts.buckets, &batch, &mut self.hook) {
             Ok(()) => {}
             Err(e) if e.class == TxnErrorClass::Abortable => {
                 warn!(error = %e, records = records.len(), "hand-off transaction aborted; the batch is read and delivered again");

@@ -1,0 +1,127 @@
+//! A subscriber endpoint the test controls: a local HTTP server (axum) that answers as it is told
+//! and records every request's `Idempotency-Key`, when it came and what it answered. "Accepted" is
+//! what a receiver that deduplicates on the key would keep: the first 2xx of each key.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// How the endpoint answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// 200 to everything.
+    Ok,
+    /// This status to everything.
+    Status(u16),
+    /// This status to everything, after thinking this long (a slow failing endpoint).
+    StatusAfter(u16, std::time::Duration),
+    /// The first request of each key: 429 with `Retry-After: <secs>`; later ones: 200.
+    TooManyOnce { retry_after_secs: u64 },
+}
+
+/// One request as the endpoint saw it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub key: String,
+    pub at: SystemTime,
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct Log {
+    requests: Vec<Request>,
+    accepted: BTreeSet<String>,
+}
+
+/// A running (or not yet listening) endpoint.
+pub struct Webhook {
+    pub addr: String,
+    behaviour: Behaviour,
+    log: Arc<Mutex<Log>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Webhook {
+    /// An endpoint on a free port that does not listen yet: connections are refused until
+    /// [`Webhook::start`].
+    pub fn down(behaviour: Behaviour) -> Self {
+        Webhook { addr: super::free_addr(), behaviour, log: Arc::default(), runtime: None }
+    }
+
+    /// An endpoint that listens at once.
+    pub fn up(behaviour: Behaviour) -> Self {
+        let mut w = Self::down(behaviour);
+        w.start();
+        w
+    }
+
+    /// Starts listening on its address.
+    pub fn start(&mut self) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let state = (self.behaviour, Arc::clone(&self.log));
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(&self.addr)).expect("binding the webhook");
+        let app = axum::Router::new().route("/hook", axum::routing::post(hook)).with_state(state);
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        self.runtime = Some(runtime);
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.log.lock().unwrap().requests.clone()
+    }
+
+    /// The keys accepted (first 2xx of each).
+    pub fn accepted(&self) -> BTreeSet<String> {
+        self.log.lock().unwrap().accepted.clone()
+    }
+
+    /// Requests per key.
+    pub fn per_key(&self) -> BTreeMap<String, Vec<Request>> {
+        let mut out: BTreeMap<String, Vec<Request>> = BTreeMap::new();
+        for r in self.requests() {
+            out.entry(r.key.clone()).or_default().push(r);
+        }
+        out
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn hook(State((behaviour, log)): State<(Behaviour, Arc<Mutex<Log>>)>, headers: HeaderMap, _body: Bytes) -> Response {
+    let at = SystemTime::now();
+    if let Behaviour::StatusAfter(_, think) = behaviour {
+        tokio::time::sleep(think).await; // the endpoint's own slowness, part of the scenario
+    }
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let mut log = log.lock().unwrap();
+    let seen = log.requests.iter().any(|r| r.key == key);
+    let (status, retry_after) = match behaviour {
+        Behaviour::Ok => (200, None),
+        Behaviour::Status(s) | Behaviour::StatusAfter(s, _) => (s, None),
+        Behaviour::TooManyOnce { retry_after_secs } if !seen => (429, Some(retry_after_secs)),
+        Behaviour::TooManyOnce { .. } => (200, None),
+    };
+    if (200..300).contains(&status) {
+        log.accepted.insert(key.clone());
+    }
+    log.requests.push(Request { key, at, status });
+    let code = StatusCode::from_u16(status).expect("a status code");
+    match retry_after {
+        Some(s) => (code, [("retry-after", s.to_string())]).into_response(),
+        None => code.into_response(),
+    }
+}
