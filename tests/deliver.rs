@@ -280,6 +280,45 @@ fn retry_after_is_honoured_400_dead_letters_at_once_and_410_parks() {
     for b in ["1s", "3s"] {
         assert_eq!(count_records(&kafka(), &setup.bucket(b), Isolation::ReadCommitted).unwrap(), 0, "bucket {b}");
     }
+    dlq_tooling_takes_what_it_selects(&setup, ids.len() as u64);
+}
+
+/// The DLQ tooling on alert-deliver's DLQ: inspect groups by subscriber; a replay filtered by
+/// subscriber with a limit takes exactly what it selects, a dry run writes nothing, and what a
+/// filter did not take is replayed by the next run.
+fn dlq_tooling_takes_what_it_selects(setup: &Setup, n: u64) {
+    use price_alerts::tools::replay::{inspect, replay, InspectOptions, ReplayOptions, Selection};
+    let look = || {
+        let opts = InspectOptions { kafka: kafka(), dlq: setup.dlq(), select: Selection::all(), show: 1, payload: false };
+        inspect(&opts).expect("inspect")
+    };
+    let found = look();
+    assert_eq!(found.by["subscriber"]["refusing"].unhandled, n);
+    assert_eq!(found.by["class"]["delivery.permanent"].unhandled, n);
+    assert!(found.oldest_unhandled.is_some() && found.newest_unhandled.is_some());
+    assert!(found.shown[0].payload.is_none(), "no payload unless asked");
+    assert!(found.shown[0].headers.iter().any(|h| h.key == "retry.subscriber" && h.value == "refusing"));
+
+    let into_bucket = |subscriber: &str, limit: Option<u64>, dry_run: bool| {
+        let opts = ReplayOptions {
+            select: Selection::all().for_subscribers(&[subscriber.to_owned()]),
+            limit,
+            dry_run,
+            to: Some(setup.bucket("500ms")),
+            ..ReplayOptions::new(kafka(), setup.dlq())
+        };
+        replay(&opts).expect("replay")
+    };
+    let bucket_before = count_records(&kafka(), &setup.bucket("500ms"), Isolation::ReadCommitted).unwrap();
+    assert_eq!(into_bucket("nobody", None, false).total_replayed(), 0, "another subscriber's filter takes none");
+    assert_eq!(into_bucket("refusing", None, true).total_replayed(), n, "a dry run counts them all");
+    assert_eq!(into_bucket("refusing", Some(5), false).total_replayed(), 5);
+    let after = look();
+    assert_eq!((after.total.handled, after.total.unhandled), (5, n - 5), "the limit left the others unhandled");
+    assert_eq!(into_bucket("refusing", None, false).total_replayed(), n - 5, "and the next run takes them");
+    assert_eq!(look().total.unhandled, 0);
+    let copies = count_records(&kafka(), &setup.bucket("500ms"), Isolation::ReadCommitted).unwrap() - bucket_before;
+    assert_eq!(copies, n, "each dead letter replayed once; the dry run wrote nothing");
 }
 
 #[test]
