@@ -11,6 +11,7 @@
 //! | `permanent.*`         | decode/validation ([`crate::tick::TickError`])     | 1, never retried |
 //! | `poison`              | a processing failure on every attempt of the budget | `max_attempts`  |
 //! | `transient.exhausted` | still failing when the retry time budget ran out    | fewer            |
+//! | `delivery.*`          | alert-deliver gave up on a (notification, subscriber) ([`crate::deliver`]) | per bucket |
 //!
 //! # Retries
 //! Transient failures are retried inline with exponential backoff and full jitter
