@@ -42,10 +42,11 @@ pub const DEFAULT_BUCKETS: &[Duration] =
 /// A bucket delay as it appears in a topic name: `500ms`, `5s`, `1m`, `10m`, `2h`.
 pub fn label(delay: Duration) -> String {
     let ms = delay.as_millis();
+    let whole = |unit: u128| ms > 0 && ms.is_multiple_of(unit);
     match ms {
-        _ if ms % 3_600_000 == 0 && ms > 0 => format!("{}h", ms / 3_600_000),
-        _ if ms % 60_000 == 0 && ms > 0 => format!("{}m", ms / 60_000),
-        _ if ms % 1_000 == 0 && ms > 0 => format!("{}s", ms / 1_000),
+        _ if whole(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if whole(60_000) => format!("{}m", ms / 60_000),
+        _ if whole(1_000) => format!("{}s", ms / 1_000),
         _ => format!("{ms}ms"),
     }
 }
