@@ -49,6 +49,10 @@ use tracing::{debug, info, warn};
 const POLL_SLICE: Duration = Duration::from_millis(100);
 /// How often the bucket gauges are refreshed.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);
+/// Bound on one watermark request of the bucket gauges.
+const WATERMARK_TIMEOUT: Duration = Duration::from_millis(100);
+/// A batch slower than this is logged with where its time went (deliveries or the commit).
+const SLOW_BATCH: Duration = Duration::from_secs(1);
 /// Bound on seeking a partition (a local operation once assigned).
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -376,7 +380,9 @@ impl Deliverer {
                 jobs.push(Job { record: i, subscriber, key });
             }
         }
+        let started = Instant::now();
         let attempts = self.deliver(&records, &jobs);
+        let http_took = started.elapsed();
         let mut outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut latencies = Vec::new();
         let now = SystemTime::now();
@@ -409,7 +415,13 @@ impl Deliverer {
                 not_before,
             });
         }
-        self.commit(&records, &states, &handoffs, &outcomes, &latencies)
+        let committing = Instant::now();
+        let done = self.commit(&records, &states, &handoffs, &outcomes, &latencies);
+        let commit_took = committing.elapsed();
+        if http_took + commit_took > SLOW_BATCH {
+            warn!(records = records.len(), deliveries = jobs.len(), http = ?http_took, commit = ?commit_took, "slow batch");
+        }
+        done
     }
 
     /// Runs the batch's deliveries concurrently: at most `max_in_flight` per subscriber and
@@ -507,7 +519,9 @@ impl Deliverer {
                         _ => None,
                     })
                 });
-                if let (Ok((_, high)), Some(pos)) = (self.consumer.fetch_watermarks(&topic, p, Duration::from_secs(1)), position) {
+                // A short bound: the loop must not wait long on a gauge (a partition whose
+                // watermarks do not come in time is left out of this refresh).
+                if let (Ok((_, high)), Some(pos)) = (self.consumer.fetch_watermarks(&topic, p, WATERMARK_TIMEOUT), position) {
                     lag += (high - pos).max(0);
                 }
             }

@@ -49,7 +49,7 @@ impl Webhook {
     /// An endpoint on a free port that does not listen yet: connections are refused until
     /// [`Webhook::start`].
     pub fn down(behaviour: Behaviour) -> Self {
-        Webhook { addr: super::free_addr(), behaviour, log: Arc::default(), runtime: None }
+        Webhook { addr: refusing_addr(), behaviour, log: Arc::default(), runtime: None }
     }
 
     /// An endpoint that listens at once.
@@ -91,6 +91,20 @@ impl Webhook {
         }
         out
     }
+}
+
+/// A free port below the ephemeral range (32768 up on Linux). A port inside it can be picked as
+/// the source port of a connection to itself: Linux then completes a TCP "simultaneous open" with
+/// no one listening, and the request hangs until its timeout instead of being refused.
+fn refusing_addr() -> String {
+    use rand::Rng;
+    for _ in 0..1000 {
+        let port: u16 = rand::rng().random_range(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
+    panic!("no free port below the ephemeral range")
 }
 
 impl Drop for Webhook {
