@@ -75,7 +75,8 @@ impl Setup {
             .args(["--subscriptions", self.subscriptions.to_str().expect("utf-8 path")])
             .args(["--topic", &self.topic, "--buckets", &self.buckets])
             .args(["--app-id", &format!("{}app", self.prefix), "--instance-id", "0"])
-            .args(["--transaction-timeout", "30s", "--http-timeout", "2s", "--http-connect-timeout", "1s"])
+            .args(["--transaction-timeout", "30s", "--http-connect-timeout", "1s"])
+            .args(if extra.contains(&"--http-timeout") { &[][..] } else { &["--http-timeout", "2s"][..] })
             .args(["--metrics-addr", &self.metrics_addr])
             .args(extra)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()))
@@ -164,6 +165,38 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Produces 5 notifications every 100 ms for `span` (a live stream, not a burst), adding their
+/// ids to `ids` and when each was sent to `sent_at`.
+fn produce_steadily(feed: &Feed, topic: &str, span: Duration, ids: &mut Vec<String>, sent_at: &mut BTreeMap<String, SystemTime>) {
+    let started = Instant::now();
+    let mut next = ids.len() as u64;
+    while started.elapsed() < span {
+        let at = SystemTime::now();
+        for id in produce(feed, topic, next..next + 5) {
+            sent_at.insert(id.clone(), at);
+            ids.push(id);
+        }
+        next += 5;
+        thread::sleep(Duration::from_millis(100)); // input pacing: the stream's rate is the scenario
+    }
+}
+
+/// From sending each notification of `sent_at` to its first request at `hook` (for `subscriber`):
+/// (count, p50, p99, max).
+fn latencies(hook: &Webhook, subscriber: &str, sent_at: &BTreeMap<String, SystemTime>) -> (usize, Duration, Duration, Duration) {
+    let first_seen: BTreeMap<String, SystemTime> = hook
+        .per_key()
+        .into_iter()
+        .map(|(k, rs)| (k, rs.iter().map(|r| r.at).min().expect("a request")))
+        .collect();
+    let mut latencies: Vec<Duration> = sent_at
+        .iter()
+        .map(|(id, at)| first_seen[&format!("{id}/{subscriber}")].duration_since(*at).unwrap_or_default())
+        .collect();
+    latencies.sort();
+    (latencies.len(), percentile(&latencies, 0.5), percentile(&latencies, 0.99), latencies[latencies.len() - 1])
+}
+
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_subscriber() {
@@ -216,21 +249,63 @@ fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_
     assert_eq!(count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(), 0);
 
     // No head-of-line blocking: the healthy subscriber's latency during the outage.
-    let first_seen: BTreeMap<String, SystemTime> = healthy
-        .per_key()
-        .into_iter()
-        .map(|(k, rs)| (k, rs.iter().map(|r| r.at).min().expect("a request")))
-        .collect();
-    let mut latencies: Vec<Duration> = sent_at
-        .iter()
-        .map(|(id, at)| first_seen[&format!("{id}/healthy")].duration_since(*at).unwrap_or_default())
-        .collect();
-    latencies.sort();
-    let (p50, p99, max) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99), latencies[latencies.len() - 1]);
+    let (n, p50, p99, max) = latencies(&healthy, "healthy", &sent_at);
     eprintln!(
-        "healthy subscriber during the outage: n={} p50={p50:?} p99={p99:?} max={max:?}; down subscriber: {} requests for {} keys",
-        latencies.len(),
+        "healthy subscriber during the outage: n={n} p50={p50:?} p99={p99:?} max={max:?}; down subscriber: {} requests for {} keys",
         down.requests().len(),
+        ids.len()
+    );
+    assert!(max < Duration::from_secs(2), "the healthy subscriber waited {max:?}: head-of-line blocking");
+}
+
+/// The hanging-subscriber scenario's deliverer flags: a request timeout well above the latency
+/// bound asserted below, so a batch that waits for a hanging call cannot meet it.
+const HANG_ARGS: &[&str] = &["--http-timeout", "4s"];
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
+    let hanging = Webhook::up(Behaviour::Ok);
+    let healthy = Webhook::up(Behaviour::Ok);
+    // The last bucket outlasts the hang plus a cool-down, so nothing needs the DLQ.
+    let setup = Setup::new("deliver-hang", 3, "1s,2s,15s", &[("hanging", hanging.url()), ("healthy", healthy.url())]);
+    let mut deliverer = setup.spawn_with(HANG_ARGS);
+    setup.wait_ready(&mut deliverer);
+    let feed = Feed::new(&kafka()).expect("feed");
+    // A first notification, accepted by both, so the group has its partitions before the hang.
+    let mut ids = produce(&feed, &setup.topic, 0..1);
+    wait_until("both subscribers have the first notification", Duration::from_secs(60), || {
+        hanging.accepted().len() == 1 && healthy.accepted().len() == 1
+    });
+
+    // The measured stream: 5 notifications every 100 ms for 8 s, during which one endpoint takes
+    // every request and never answers.
+    hanging.hang();
+    let mut sent_at = BTreeMap::new();
+    produce_steadily(&feed, &setup.topic, Duration::from_secs(8), &mut ids, &mut sent_at);
+    assert_eq!(hanging.accepted().len(), 1, "nothing answered while the endpoint hung");
+    hanging.recover();
+
+    wait_until("both subscribers accepted every notification", Duration::from_secs(60), || {
+        hanging.accepted().len() == ids.len() && healthy.accepted().len() == ids.len()
+    });
+    deliverer.signal("TERM");
+    assert!(deliverer.wait(EXIT).success(), "alert-deliver stops cleanly");
+
+    // Every (notification, subscriber) accepted once by key: 0 lost, nothing unexpected; only the
+    // hanging subscriber's records in the buckets; nothing dead-lettered or parked.
+    assert_eq!(hanging.accepted(), keys(&ids, "hanging"));
+    assert_eq!(healthy.accepted(), keys(&ids, "healthy"));
+    for b in ["1s", "2s", "15s"] {
+        assert!(handoffs(&setup.bucket(b), &[]).iter().all(|(_, s, _)| s == "hanging"), "bucket {b}: `hanging` only");
+    }
+    assert_eq!(count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap(), 0);
+    assert_eq!(count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(), 0);
+
+    let (n, p50, p99, max) = latencies(&healthy, "healthy", &sent_at);
+    eprintln!(
+        "healthy subscriber while the other hung for 8 s: n={n} p50={p50:?} p99={p99:?} max={max:?}; hanging subscriber: {} answered requests for {} keys",
+        hanging.requests().len(),
         ids.len()
     );
     assert!(max < Duration::from_secs(2), "the healthy subscriber waited {max:?}: head-of-line blocking");

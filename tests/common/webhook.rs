@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -42,6 +43,8 @@ pub struct Webhook {
     pub addr: String,
     behaviour: Behaviour,
     log: Arc<Mutex<Log>>,
+    /// While set, every request is taken and never answered (a hanging endpoint).
+    hanging: Arc<AtomicBool>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -49,7 +52,18 @@ impl Webhook {
     /// An endpoint on a free port that does not listen yet: connections are refused until
     /// [`Webhook::start`].
     pub fn down(behaviour: Behaviour) -> Self {
-        Webhook { addr: refusing_addr(), behaviour, log: Arc::default(), runtime: None }
+        Webhook { addr: refusing_addr(), behaviour, log: Arc::default(), hanging: Arc::default(), runtime: None }
+    }
+
+    /// From the next request on, the endpoint hangs: it takes every connection and request and
+    /// never answers, until [`Webhook::recover`]. Requests it never answered are not logged.
+    pub fn hang(&self) {
+        self.hanging.store(true, Ordering::SeqCst);
+    }
+
+    /// A hanging endpoint answers again (as its behaviour says) from the next request on.
+    pub fn recover(&self) {
+        self.hanging.store(false, Ordering::SeqCst);
     }
 
     /// An endpoint that listens at once.
@@ -62,7 +76,7 @@ impl Webhook {
     /// Starts listening on its address.
     pub fn start(&mut self) {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-        let state = (self.behaviour, Arc::clone(&self.log));
+        let state = (self.behaviour, Arc::clone(&self.log), Arc::clone(&self.hanging));
         let listener = runtime.block_on(tokio::net::TcpListener::bind(&self.addr)).expect("binding the webhook");
         let app = axum::Router::new().route("/hook", axum::routing::post(hook)).with_state(state);
         runtime.spawn(async move { axum::serve(listener, app).await });
@@ -115,7 +129,13 @@ impl Drop for Webhook {
     }
 }
 
-async fn hook(State((behaviour, log)): State<(Behaviour, Arc<Mutex<Log>>)>, headers: HeaderMap, _body: Bytes) -> Response {
+type Shared = (Behaviour, Arc<Mutex<Log>>, Arc<AtomicBool>);
+
+async fn hook(State((behaviour, log, hanging)): State<Shared>, headers: HeaderMap, _body: Bytes) -> Response {
+    if hanging.load(Ordering::SeqCst) {
+        // The scenario: a request that is never answered (the client gives up on it).
+        return std::future::pending().await;
+    }
     let at = SystemTime::now();
     if let Behaviour::StatusAfter(_, think) = behaviour {
         tokio::time::sleep(think).await; // the endpoint's own slowness, part of the scenario
