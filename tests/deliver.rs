@@ -166,13 +166,15 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// Produces 5 notifications every 100 ms for `span` (a live stream, not a burst), adding their
-/// ids to `ids` and when each was sent to `sent_at`.
+/// ids to `ids` and to `sent_at` when each was acknowledged: the deliverer's latency is measured
+/// from when it can read the record, so a slow produce on the shared broker does not count.
 fn produce_steadily(feed: &Feed, topic: &str, span: Duration, ids: &mut Vec<String>, sent_at: &mut BTreeMap<String, SystemTime>) {
     let started = Instant::now();
     let mut next = ids.len() as u64;
     while started.elapsed() < span {
+        let sent = produce(feed, topic, next..next + 5);
         let at = SystemTime::now();
-        for id in produce(feed, topic, next..next + 5) {
+        for id in sent {
             sent_at.insert(id.clone(), at);
             ids.push(id);
         }
@@ -259,8 +261,11 @@ fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_
 }
 
 /// The hanging-subscriber scenario's deliverer flags: a request timeout well above the latency
-/// bound asserted below, so a batch that waits for a hanging call cannot meet it.
-const HANG_ARGS: &[&str] = &["--http-timeout", "4s"];
+/// bound asserted below, so a batch that waits for a hanging call cannot meet it; a delivery
+/// deadline of 1 s, which bounds the one batch that finds the endpoint hanging; the breaker opens
+/// after 3 failures and probes every 2 s.
+const HANG_ARGS: &[&str] =
+    &["--http-timeout", "4s", "--delivery-deadline", "1s", "--breaker-failures", "3", "--breaker-cooldown", "2s"];
 
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
@@ -284,11 +289,24 @@ fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
     let mut sent_at = BTreeMap::new();
     produce_steadily(&feed, &setup.topic, Duration::from_secs(8), &mut ids, &mut sent_at);
     assert_eq!(hanging.accepted().len(), 1, "nothing answered while the endpoint hung");
+    let metric = |name: &str, subscriber: &str| {
+        let body = http_get(&setup.metrics_addr, "/metrics").1;
+        let series = format!("{name}{{subscriber=\"{subscriber}\"}} ");
+        body.lines().find_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok()).unwrap_or(-1.0)
+    };
+    // The breaker: open (1) or probing (2) for the hanging subscriber, closed for the healthy one;
+    // the hanging subscriber's deliveries skipped, none of the healthy one's.
+    assert!(metric("alerts_deliver_circuit_state", "hanging") >= 1.0, "the hanging subscriber's circuit is open");
+    assert_eq!(metric("alerts_deliver_circuit_state", "healthy"), 0.0);
+    let skipped = metric("alerts_deliver_circuit_skipped_total", "hanging");
+    assert!(skipped > 0.0, "deliveries to the hanging subscriber were skipped");
+    assert_eq!(metric("alerts_deliver_circuit_skipped_total", "healthy"), 0.0);
     hanging.recover();
 
     wait_until("both subscribers accepted every notification", Duration::from_secs(60), || {
         hanging.accepted().len() == ids.len() && healthy.accepted().len() == ids.len()
     });
+    wait_until("a probe closed the circuit again", Duration::from_secs(10), || metric("alerts_deliver_circuit_state", "hanging") == 0.0);
     deliverer.signal("TERM");
     assert!(deliverer.wait(EXIT).success(), "alert-deliver stops cleanly");
 
@@ -304,7 +322,7 @@ fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
 
     let (n, p50, p99, max) = latencies(&healthy, "healthy", &sent_at);
     eprintln!(
-        "healthy subscriber while the other hung for 8 s: n={n} p50={p50:?} p99={p99:?} max={max:?}; hanging subscriber: {} answered requests for {} keys",
+        "healthy subscriber while the other hung for 8 s: n={n} p50={p50:?} p99={p99:?} max={max:?}; hanging subscriber: {} answered requests for {} keys, {skipped} deliveries skipped by its open circuit",
         hanging.requests().len(),
         ids.len()
     );
@@ -405,16 +423,19 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
     let healthy = Webhook::up(Behaviour::Ok);
     let subs = [("failing", failing.url()), ("healthy", healthy.url())];
     let setup = Setup::with_in_flight("deliver-kill", 3, "300ms,600ms,900ms", &subs, 2);
+    // No breaker: this test counts every failing subscriber's record through every bucket with
+    // four real attempts; an open circuit would hand records on untried.
+    let no_breaker = ["--breaker-failures", "0"];
     let feed = Feed::new(&kafka()).expect("feed");
     let ids = produce(&feed, &setup.topic, 0..150);
     // Crashes inside open hand-off transactions, their records already in the log: after 30
     // hand-offs (into the first bucket), then after 180 (the 150 of the first bucket committed,
     // the 30th from the first bucket into the second).
     for after in ["30", "180"] {
-        let crashed = setup.spawn_with(&["--test-crash-after-handoffs", after]).wait(Duration::from_secs(90));
+        let crashed = setup.spawn_with(&[&no_breaker[..], &["--test-crash-after-handoffs", after]].concat()).wait(Duration::from_secs(90));
         assert!(!crashed.success(), "the hook crashed it");
     }
-    let mut deliverer = setup.spawn();
+    let mut deliverer = setup.spawn_with(&no_breaker);
     // SIGKILLs once each stage is under way: hand-offs into every bucket and into the DLQ.
     let stages = [setup.bucket("300ms"), setup.bucket("300ms"), setup.bucket("600ms"), setup.bucket("900ms"), setup.dlq()];
     let mut kills = 2;
@@ -426,7 +447,7 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
         deliverer.signal_if_running("KILL");
         let _ = deliverer.wait(EXIT);
         kills += 1;
-        deliverer = setup.spawn();
+        deliverer = setup.spawn_with(&no_breaker);
     }
     wait_until("every failing delivery reached the DLQ", Duration::from_secs(120), || {
         count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap_or(0) >= ids.len() as u64

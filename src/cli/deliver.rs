@@ -4,6 +4,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use super::{duration, KafkaArgs};
+use crate::deliver::breaker::{self, BreakerConfig};
 use crate::deliver::options::{DEFAULT_MAX_BATCH, DEFAULT_PARTITION_CONCURRENCY};
 use crate::deliver::{Buckets, DeliverOptions, Subscriptions};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
@@ -57,6 +58,18 @@ pub struct DeliverArgs {
     /// Bound on a whole request to a subscriber.
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub http_timeout: Duration,
+    /// How long a batch waits for its deliveries (default: --http-timeout). Unanswered ones move
+    /// to the next bucket (class deadline); lower it to bound what a newly hanging subscriber
+    /// costs everyone else, keeping it above what healthy subscribers take to answer.
+    #[arg(long, value_parser = duration)]
+    pub delivery_deadline: Option<Duration>,
+    /// Consecutive failed calls (5xx, 408, timeout, connection, deadline) that open a
+    /// subscriber's circuit: its deliveries then go to the next bucket untried. 0: no breaker.
+    #[arg(long, default_value_t = breaker::DEFAULT_FAILURES)]
+    pub breaker_failures: u32,
+    /// How long an open circuit skips its subscriber before one probe delivery.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub breaker_cooldown: Duration,
     /// Producer transaction.timeout.ms.
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub transaction_timeout: Duration,
@@ -92,6 +105,13 @@ impl DeliverArgs {
         if self.http_timeout.is_zero() || self.http_connect_timeout.is_zero() {
             bail!("--http-timeout and --http-connect-timeout must be above 0");
         }
+        let delivery_deadline = self.delivery_deadline.unwrap_or(self.http_timeout);
+        if delivery_deadline.is_zero() || delivery_deadline > self.http_timeout {
+            bail!("--delivery-deadline must be above 0 and at most --http-timeout ({:?})", self.http_timeout);
+        }
+        if self.breaker_failures > 0 && self.breaker_cooldown.is_zero() {
+            bail!("--breaker-cooldown must be above 0");
+        }
         let group_id = self.group_id();
         let instance = format!("{group_id}-{}", self.instance_id);
         Ok(DeliverOptions {
@@ -105,6 +125,8 @@ impl DeliverArgs {
             partition_concurrency: self.partition_concurrency,
             connect_timeout: self.http_connect_timeout,
             request_timeout: self.http_timeout,
+            delivery_deadline,
+            breaker: BreakerConfig { failures: self.breaker_failures, cooldown: self.breaker_cooldown },
             transaction_timeout: self.transaction_timeout,
             retention: self.retention,
             shutdown_timeout: self.shutdown_timeout,
@@ -117,6 +139,7 @@ impl DeliverArgs {
 const _: () = {
     assert!(DEFAULT_TRANSACTION_TIMEOUT.as_secs() == 10);
     assert!(DEFAULT_DLQ_RETENTION.as_secs() == 14 * 24 * 3600);
+    assert!(breaker::DEFAULT_COOLDOWN.as_secs() == 5);
 };
 
 #[cfg(test)]
@@ -157,6 +180,11 @@ mod tests {
         let err = format!("{:#}", args(&["--buckets", "1m,5s"]).unwrap().options().unwrap_err());
         assert!(err.contains("must grow"), "{err}");
         assert!(args(&["--max-batch", "0"]).unwrap().options().is_err());
+        assert_eq!(o.delivery_deadline, o.request_timeout, "the deadline defaults to the request timeout");
+        assert_eq!(o.breaker, BreakerConfig { failures: 3, cooldown: Duration::from_secs(5) });
+        assert!(args(&["--delivery-deadline", "11s"]).unwrap().options().is_err(), "longer than --http-timeout");
+        assert!(args(&["--breaker-cooldown", "0s"]).unwrap().options().is_err());
+        assert_eq!(args(&["--breaker-failures", "0", "--breaker-cooldown", "0s"]).unwrap().options().unwrap().breaker.failures, 0);
         let missing = DeliverArgs::try_parse_from(["alert-deliver", "--subscriptions", "/nonexistent/subs.toml"]).unwrap();
         assert!(format!("{:#}", missing.options().unwrap_err()).contains("cannot read subscriptions file"));
     }

@@ -57,6 +57,10 @@ pub struct Handoff {
     pub error_message: String,
     /// The receiver's `Retry-After`.
     pub not_before: Option<Duration>,
+    /// Whether a request was made: `retry.attempt` counts only requests, so a delivery skipped
+    /// (circuit open) or deferred (no turn) does not use up attempts it never had. It does move
+    /// on a stage: the retry window is the buckets' delays, tried or not.
+    pub tried: bool,
 }
 
 impl Handoff {
@@ -76,7 +80,7 @@ impl Handoff {
             _ => now,
         };
         RetryState {
-            attempt: prev.map_or(0, |p| p.attempt) + 1,
+            attempt: prev.map_or(0, |p| p.attempt) + u32::from(self.tried),
             first_failure_at: prev
                 .map(|p| p.first_failure_at.clone())
                 .filter(|t| !t.is_empty())

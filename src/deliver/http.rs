@@ -7,6 +7,8 @@
 //! |-------------------------------------------------|--------------------------------------|
 //! | 2xx                                             | delivered                            |
 //! | 5xx, 408, a timeout, connection refused or reset | transient: next retry bucket          |
+//! | no answer within the batch's delivery deadline  | transient (`deadline`)               |
+//! | not tried: no turn, or the circuit is open      | transient (`deferred`, `circuit_open`) |
 //! | 429                                             | transient, not before `Retry-After`  |
 //! | 410 Gone                                        | gone: the parking lot                |
 //! | any other 4xx (and 1xx/3xx: redirects are not followed) | permanent: the DLQ at once    |
@@ -39,6 +41,30 @@ pub enum Attempt {
     Other(String),
     /// Not sent: it did not get its turn within the batch's deadline (its subscriber was slow).
     NotStarted,
+    /// Not sent: the subscriber's circuit is open ([`super::breaker`]).
+    CircuitOpen,
+    /// Sent, but no answer within the batch's delivery deadline: the batch moved on without it
+    /// (the request runs on to its own timeout, detached; a late answer only counts in metrics).
+    Unfinished,
+}
+
+impl Attempt {
+    /// Whether a request was sent (a retry's `retry.attempt` counts only these).
+    pub fn tried(&self) -> bool {
+        !matches!(self, Attempt::NotStarted | Attempt::CircuitOpen)
+    }
+
+    /// What the attempt says about the endpoint, for its circuit breaker: `Some(true)` if it
+    /// answered (anything but a 5xx or 408: a 4xx, 410 or 429 comes back at once and says what the
+    /// receiver wants), `Some(false)` if it failed (5xx, 408, timeout, connection, no answer
+    /// within the deadline), `None` if no request was made.
+    pub fn responsive(&self) -> Option<bool> {
+        match self {
+            Attempt::Answered { status, .. } => Some(!(500..600).contains(status) && *status != 408),
+            Attempt::Connect(_) | Attempt::Timeout | Attempt::Other(_) | Attempt::Unfinished => Some(false),
+            Attempt::NotStarted | Attempt::CircuitOpen => None,
+        }
+    }
 }
 
 /// What a delivery attempt means for the (notification, subscriber).
@@ -88,6 +114,16 @@ pub fn classify(attempt: &Attempt, now: SystemTime) -> Outcome {
         Attempt::NotStarted => {
             Outcome::Transient { class: "deferred", reason: "not tried: no turn within the batch".into(), not_before: None }
         }
+        Attempt::CircuitOpen => Outcome::Transient {
+            class: "circuit_open",
+            reason: "not tried: the subscriber's circuit is open".into(),
+            not_before: None,
+        },
+        Attempt::Unfinished => Outcome::Transient {
+            class: "deadline",
+            reason: "no answer within the batch's delivery deadline".into(),
+            not_before: None,
+        },
     }
 }
 
@@ -200,6 +236,26 @@ mod tests {
         let Outcome::Transient { reason, .. } = classify(&long, now()) else { panic!("not transient") };
         assert!(reason.len() <= 160);
         assert!(matches!(classify(&Attempt::NotStarted, now()), Outcome::Transient { class: "deferred", .. }));
+        assert!(matches!(classify(&Attempt::CircuitOpen, now()), Outcome::Transient { class: "circuit_open", .. }));
+        assert!(matches!(classify(&Attempt::Unfinished, now()), Outcome::Transient { class: "deadline", .. }));
+    }
+
+    #[test]
+    fn what_the_breaker_hears() {
+        for s in [200, 400, 404, 410, 429] {
+            assert_eq!(answered(s).responsive(), Some(true), "{s}");
+        }
+        for s in [500, 503, 408] {
+            assert_eq!(answered(s).responsive(), Some(false), "{s}");
+        }
+        for a in [Attempt::Timeout, Attempt::Unfinished, Attempt::Connect("refused".into()), Attempt::Other("reset".into())] {
+            assert_eq!(a.responsive(), Some(false), "{a:?}");
+            assert!(a.tried());
+        }
+        for a in [Attempt::NotStarted, Attempt::CircuitOpen] {
+            assert_eq!(a.responsive(), None, "{a:?}");
+            assert!(!a.tried(), "{a:?}");
+        }
     }
 
     #[test]

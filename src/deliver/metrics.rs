@@ -2,7 +2,8 @@
 //!
 //! Outcomes and hand-offs are counted once their transaction has committed, so a batch redone
 //! after an abort is counted once; attempts (per subscriber, by outcome) are counted when they
-//! happen, since every HTTP call really happened: their ratio is the per-subscriber failure rate,
+//! happen, since every HTTP call really happened (a call the batch stopped waiting for counts when
+//! it ends), as are the skips of an open circuit. The attempts' ratio is the failure rate,
 //! `rate(alerts_deliver_attempts_total{outcome!="delivered"}[5m]) / rate(alerts_deliver_attempts_total[5m])`.
 
 use super::subscriptions::Subscriptions;
@@ -18,6 +19,8 @@ pub const BACKLOG: &str = "alerts_deliver_backlog";
 pub const BACKLOG_OLDEST_AGE: &str = "alerts_deliver_backlog_oldest_age_seconds";
 pub const LATENCY: &str = "alerts_deliver_latency_seconds";
 pub const TRANSACTIONS: &str = "alerts_deliver_transactions_total";
+pub const CIRCUIT_STATE: &str = "alerts_deliver_circuit_state";
+pub const CIRCUIT_SKIPPED: &str = "alerts_deliver_circuit_skipped_total";
 
 /// Every outcome label.
 const OUTCOME_LABELS: &[&str] = &["delivered", "transient", "permanent", "gone"];
@@ -34,10 +37,14 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
     describe_gauge!(BACKLOG_OLDEST_AGE, "Age of the oldest record of the DLQ or parking lot not yet replayed.");
     describe_histogram!(LATENCY, Unit::Seconds, "From a notification's record timestamp to its successful delivery.");
     describe_counter!(TRANSACTIONS, Unit::Count, "Hand-off transactions, by result (committed, aborted).");
+    describe_gauge!(CIRCUIT_STATE, "A subscriber's circuit breaker: 0 closed, 1 open (deliveries skipped), 2 half-open (one probe).");
+    describe_counter!(CIRCUIT_SKIPPED, Unit::Count, "Deliveries not tried because the subscriber's circuit was open (handed to the next bucket).");
     for s in subs.iter() {
         for outcome in OUTCOME_LABELS {
             counter!(ATTEMPTS, "subscriber" => s.name.clone(), "outcome" => *outcome).increment(0);
         }
+        circuit(&s.name, 0.0);
+        counter!(CIRCUIT_SKIPPED, "subscriber" => s.name.clone()).increment(0);
     }
     for outcome in OUTCOME_LABELS {
         counter!(OUTCOMES, "outcome" => *outcome).increment(0);
@@ -60,6 +67,16 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
 /// One HTTP attempt's outcome.
 pub fn attempt(subscriber: &str, outcome: &'static str) {
     counter!(ATTEMPTS, "subscriber" => subscriber.to_owned(), "outcome" => outcome).increment(1);
+}
+
+/// A subscriber's breaker state ([`super::breaker::State::gauge`]).
+pub fn circuit(subscriber: &str, state: f64) {
+    gauge!(CIRCUIT_STATE, "subscriber" => subscriber.to_owned()).set(state);
+}
+
+/// A delivery not tried because its subscriber's circuit was open.
+pub fn circuit_skipped(subscriber: &str) {
+    counter!(CIRCUIT_SKIPPED, "subscriber" => subscriber.to_owned()).increment(1);
 }
 
 /// A delivery succeeded `latency` after its notification was written.

@@ -25,12 +25,16 @@
 //! # Module map
 //! - [`subscriptions`]: who receives which symbols, from TOML, validated at start.
 //! - [`http`]: the request and the one function that classifies its result.
+//! - [`breaker`]: the per-subscriber circuit breaker (pure state machine); `dispatch`: a batch's
+//!   HTTP calls, bounded per subscriber and partition, through the breakers, within a deadline.
 //! - [`buckets`]: bucket names, where a failure goes next, due times, the `retry.*` headers.
 //! - [`handoff`]: the hand-off records and the one transaction per batch.
 //! - [`run`](mod@run): start-up, the poll loop with its due-time pauses, shutdown.
 //! - [`options`], [`metrics`].
 
+pub mod breaker;
 pub mod buckets;
+mod dispatch;
 pub mod handoff;
 pub mod http;
 pub mod metrics;

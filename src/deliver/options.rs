@@ -1,6 +1,7 @@
 //! alert-deliver's options: the one struct a deliverer runs with. The command line that builds it
 //! is `crate::cli::deliver`.
 
+use super::breaker::BreakerConfig;
 use super::buckets::Buckets;
 use super::subscriptions::Subscriptions;
 use crate::kafka::KafkaConfig;
@@ -35,10 +36,14 @@ pub struct DeliverOptions {
     pub partition_concurrency: usize,
     /// Bound on connecting to a subscriber.
     pub connect_timeout: Duration,
-    /// Bound on a whole request, connection included. Also the longest a delivery waits for its
-    /// turn within a batch: one not started by then is deferred to the next bucket untried, so a
-    /// slow subscriber delays a batch by at most about twice this.
+    /// Bound on a whole request, connection included.
     pub request_timeout: Duration,
+    /// How long a batch waits for its deliveries, at most (default: the request timeout). A
+    /// delivery not started by then is deferred to the next bucket untried; one started and not
+    /// answered is handed on as `deadline` (its request runs on, detached, to its own timeout).
+    pub delivery_deadline: Duration,
+    /// The per-subscriber circuit breaker ([`super::breaker`]).
+    pub breaker: BreakerConfig,
     /// `transaction.timeout.ms` of the producer.
     pub transaction_timeout: Duration,
     /// `retention.ms` of the bucket, DLQ and parking-lot topics when they have to be created.

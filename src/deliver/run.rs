@@ -5,7 +5,7 @@
 //!  ┌──────────── dedicated thread (rdkafka's poll; HTTP on the async runtime) ─────────────────┐
 //!  │ loop: resume held partitions now due (seek to the held record) ─► poll ≤100 ms, drain ≤ max │
 //!  │   per record: a bucket record not due yet ─► pause its partition, hold it until its due time │
-//!  │   the rest: deliver (bounded per subscriber and per partition) ─► ONE transaction: hand-offs │
+//!  │   the rest: deliver (dispatch: bounded, breakers, deadline) ─► ONE transaction: hand-offs    │
 //!  │             + every consumed offset ─► commit                                               │
 //!  └──────────────────────────────────────────────▲──────────────────────────────────────────────┘
 //!                        stop flag set by ────────┘ the async side: SIGINT/SIGTERM (any future)
@@ -21,11 +21,12 @@
 //! (fenced by a newer instance, say) stops the deliverer non-zero.
 
 use super::buckets::{from_millis, Next, RetryState, Stage};
+use super::dispatch::{Dispatcher, Job, Lane};
 use super::handoff::{self, rewind_positions, Batch, CrashHook, Handoff, Target};
-use super::http::{self, Attempt, Outcome};
+use super::http::{self, Outcome};
+use super::subscriptions::Subscriber;
 use super::metrics as m;
 use super::options::DeliverOptions;
-use super::subscriptions::Subscriber;
 use crate::health::Health;
 use crate::kafka::logging::Logged;
 use crate::kafka::topics::{ensure_topic, TopicSpec};
@@ -42,7 +43,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 /// Longest single poll: bounds how late a due record, a stop request or a metrics refresh is noticed.
@@ -155,21 +155,14 @@ struct Head {
     symbol: String,
 }
 
-/// One HTTP delivery of a batch.
-struct Job {
-    record: usize,
-    subscriber: Arc<Subscriber>,
-    key: String,
-}
-
 struct Deliverer {
     opts: DeliverOptions,
     rt: tokio::runtime::Handle,
     client: reqwest::Client,
     consumer: BaseConsumer<Logged>,
     producer: Arc<TxnProducer>,
-    /// Per subscriber: its `max_in_flight` bound, and the subscriber itself.
-    subscribers: HashMap<String, (Arc<Subscriber>, Arc<Semaphore>)>,
+    /// Per subscriber: itself, its `max_in_flight` bound and its circuit breaker.
+    lanes: HashMap<String, Lane>,
     /// Paused partitions and their held head.
     held: HashMap<(String, i32), Held>,
     stats: DeliverStats,
@@ -197,11 +190,7 @@ fn run_blocking(
     topics.extend(opts.buckets.bucket_topics());
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&names).context("subscribing to the notifications and bucket topics")?;
-    let subscribers = opts
-        .subscriptions
-        .iter()
-        .map(|s| (s.name.clone(), (Arc::new(s.clone()), Arc::new(Semaphore::new(s.max_in_flight)))))
-        .collect();
+    let lanes = opts.subscriptions.iter().map(|s| (s.name.clone(), Lane::new(s.clone(), opts.breaker))).collect();
     let opts_hook = opts.test_crash_after_handoffs;
     let mut d = Deliverer {
         opts,
@@ -209,7 +198,7 @@ fn run_blocking(
         client,
         consumer,
         producer,
-        subscribers,
+        lanes,
         held: HashMap::new(),
         stats: DeliverStats::default(),
         gauges_at: Instant::now(),
@@ -342,6 +331,8 @@ impl Deliverer {
                 error_class: class.to_owned(),
                 error_message: why,
                 not_before: None,
+                // Examined once, as the pipeline counts a bad input's one attempt.
+                tried: true,
             };
             let head = match m.payload().map(serde_json::from_slice::<Head>) {
                 Some(Ok(h)) => h,
@@ -356,8 +347,8 @@ impl Deliverer {
             };
             let targets: Vec<Arc<Subscriber>> = match (&states[i], stage) {
                 // A retry, or a replayed dead letter: its one subscriber.
-                (Some(s), _) => match self.subscribers.get(&s.subscriber) {
-                    Some((sub, _)) => vec![Arc::clone(sub)],
+                (Some(s), _) => match self.lanes.get(&s.subscriber) {
+                    Some(lane) => vec![Arc::clone(&lane.subscriber)],
                     None => {
                         let why = format!("subscriber {} is not in the subscriptions", s.subscriber);
                         handoffs.push(bad(&s.subscriber, "delivery.unknown_subscriber", why));
@@ -368,7 +359,7 @@ impl Deliverer {
                     .opts
                     .subscriptions
                     .of_symbol(&head.symbol)
-                    .filter_map(|s| self.subscribers.get(&s.name).map(|(sub, _)| Arc::clone(sub)))
+                    .filter_map(|s| self.lanes.get(&s.name).map(|lane| Arc::clone(&lane.subscriber)))
                     .collect(),
                 (None, Stage::Bucket(_)) => {
                     handoffs.push(bad("-", "delivery.bad_record", "a retry record without retry.subscriber".into()));
@@ -381,7 +372,14 @@ impl Deliverer {
             }
         }
         let started = Instant::now();
-        let attempts = self.deliver(&records, &jobs);
+        let dispatcher = Dispatcher {
+            rt: &self.rt,
+            client: &self.client,
+            lanes: &self.lanes,
+            partition_concurrency: self.opts.partition_concurrency,
+            deadline: self.opts.delivery_deadline,
+        };
+        let attempts = dispatcher.deliver(&records, &jobs);
         let http_took = started.elapsed();
         let mut outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut latencies = Vec::new();
@@ -389,9 +387,6 @@ impl Deliverer {
         for (job, attempt) in jobs.iter().zip(attempts) {
             let outcome = http::classify(&attempt, now);
             *outcomes.entry(outcome.label()).or_default() += 1;
-            if !matches!(attempt, Attempt::NotStarted) {
-                m::attempt(&job.subscriber.name, outcome.label());
-            }
             let stage = self.opts.buckets.stage_of(records[job.record].topic()).unwrap_or(Stage::Main);
             let (target, class, message, not_before) = match outcome {
                 Outcome::Delivered => {
@@ -413,6 +408,7 @@ impl Deliverer {
                 error_class: class.to_owned(),
                 error_message: message,
                 not_before,
+                tried: attempt.tried(),
             });
         }
         let committing = Instant::now();
@@ -422,36 +418,6 @@ impl Deliverer {
             warn!(records = records.len(), deliveries = jobs.len(), http = ?http_took, commit = ?commit_took, "slow batch");
         }
         done
-    }
-
-    /// Runs the batch's deliveries concurrently: at most `max_in_flight` per subscriber and
-    /// `partition_concurrency` per partition. A delivery not started within the request timeout
-    /// is not tried ([`Attempt::NotStarted`], deferred to the next bucket), which bounds how long
-    /// a slow subscriber holds the batch, and everyone else's deliveries with it.
-    fn deliver(&self, records: &[OwnedMessage], jobs: &[Job]) -> Vec<Attempt> {
-        let per_partition: HashMap<(&str, i32), Arc<Semaphore>> = records
-            .iter()
-            .map(|m| ((m.topic(), m.partition()), Arc::new(Semaphore::new(self.opts.partition_concurrency))))
-            .collect();
-        let deadline = tokio::time::Instant::now() + self.opts.request_timeout;
-        let calls = jobs.iter().map(|job| {
-            let m = &records[job.record];
-            let partition = Arc::clone(&per_partition[&(m.topic(), m.partition())]);
-            let subscriber = Arc::clone(&self.subscribers[&job.subscriber.name].1);
-            let body = m.payload().unwrap_or_default().to_vec();
-            let client = &self.client;
-            async move {
-                let permits = tokio::time::timeout_at(deadline, async {
-                    (subscriber.acquire_owned().await, partition.acquire_owned().await)
-                })
-                .await;
-                match permits {
-                    Ok((Ok(_s), Ok(_p))) => http::post(client, &job.subscriber.url, &job.key, body).await,
-                    _ => Attempt::NotStarted,
-                }
-            }
-        });
-        self.rt.block_on(futures::future::join_all(calls))
     }
 
     /// One transaction for the batch; an abortable failure rewinds its partitions instead.
