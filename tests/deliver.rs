@@ -161,6 +161,12 @@ fn assert_exactly_once(topic: &str, ids: &[String], subscriber: &str) {
     assert_eq!(got.len(), ids.len(), "{topic}: one record per notification");
 }
 
+/// Nothing reached the DLQ or the parking lot.
+fn assert_nothing_given_up(setup: &Setup) {
+    assert_eq!(count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap(), 0, "the DLQ");
+    assert_eq!(count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(), 0, "the parking lot");
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -247,8 +253,7 @@ fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_
     let second = handoffs(&setup.bucket("2s"), &[]);
     assert!(!second.is_empty() && second.iter().all(|(_, s, _)| s == "down"), "the second bucket was used, by `down` only");
     assert!(handoffs(&setup.bucket("10s"), &[]).iter().all(|(_, s, _)| s == "down"));
-    assert_eq!(count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap(), 0);
-    assert_eq!(count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(), 0);
+    assert_nothing_given_up(&setup);
 
     // No head-of-line blocking: the healthy subscriber's latency during the outage.
     let (n, p50, p99, max) = latencies(&healthy, "healthy", &sent_at);
@@ -276,6 +281,13 @@ fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
     let setup = Setup::new("deliver-hang", 3, "1s,2s,15s", &[("hanging", hanging.url()), ("healthy", healthy.url())]);
     let mut deliverer = setup.spawn_with(HANG_ARGS);
     setup.wait_ready(&mut deliverer);
+    // The breaker's series from the first scrape, with HELP and TYPE; none of the processor's.
+    let (_, exposed) = http_get(&setup.metrics_addr, "/metrics");
+    for (name, kind) in [("alerts_deliver_circuit_state", "gauge"), ("alerts_deliver_circuit_skipped_total", "counter")] {
+        assert!(exposed.contains(&format!("# HELP {name} ")) && exposed.contains(&format!("# TYPE {name} {kind}")), "{name}:\n{exposed}");
+        assert!(exposed.contains(&format!("{name}{{subscriber=\"hanging\"}} 0")), "{name} at zero:\n{exposed}");
+    }
+    assert!(!exposed.contains("alerts_ticks_committed_total"), "the processor's metrics are not alert-deliver's:\n{exposed}");
     let feed = Feed::new(&kafka()).expect("feed");
     // A first notification, accepted by both, so the group has its partitions before the hang.
     let mut ids = produce(&feed, &setup.topic, 0..1);
@@ -317,8 +329,7 @@ fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
     for b in ["1s", "2s", "15s"] {
         assert!(handoffs(&setup.bucket(b), &[]).iter().all(|(_, s, _)| s == "hanging"), "bucket {b}: `hanging` only");
     }
-    assert_eq!(count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap(), 0);
-    assert_eq!(count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(), 0);
+    assert_nothing_given_up(&setup);
 
     let (n, p50, p99, max) = latencies(&healthy, "healthy", &sent_at);
     eprintln!(

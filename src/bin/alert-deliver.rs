@@ -20,7 +20,8 @@ fn run() -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
-            health::serve(addr, health.clone()).await?;
+            // Its metrics are registered by deliver::run, once it knows its subscribers and buckets.
+            health::serve(addr, health.clone(), || ()).await?;
         }
         let stats = deliver::run(opts.clone(), health, shutdown_signal_bounded(opts.shutdown_timeout)).await?;
         errln!("alert-deliver: stopped cleanly");

@@ -62,6 +62,9 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
     for result in ["committed", "aborted"] {
         counter!(TRANSACTIONS, "result" => result).increment(0);
     }
+    // The shared transactional producer's two (the alert rules watch them for every binary).
+    crate::metrics::describe_only(&[crate::metrics::FENCED, crate::metrics::DELIVERY_FAILURES]);
+    counter!(crate::metrics::FENCED).increment(0);
 }
 
 /// One HTTP attempt's outcome.
