@@ -162,6 +162,21 @@ impl Buckets {
         }
     }
 
+    /// Where a delivery that was **not tried** at `stage` goes (skipped by an open circuit, or no
+    /// turn): as [`Buckets::next`], except that it is not dead-lettered untried. Past the last
+    /// bucket it waits in the last bucket again, until twice the retry window (the sum of the
+    /// delays) has passed since its first failure (`None`: it has none yet): an endpoint that
+    /// never answers still ends in the DLQ, but a record is not given up only because the circuit
+    /// happened to be open when it came due.
+    pub fn next_untried(&self, stage: Stage, first_failure: Option<SystemTime>, now: SystemTime) -> Next {
+        let window: Duration = self.delays.iter().sum();
+        let waited = first_failure.map_or(Duration::ZERO, |t| now.duration_since(t).unwrap_or_default());
+        match (self.next(stage), stage) {
+            (Next::Exhausted, Stage::Bucket(i)) if waited < 2 * window => Next::Bucket(i),
+            (next, _) => next,
+        }
+    }
+
     /// When a record handed to bucket `i` at `now` is due: the bucket's delay, or the receiver's
     /// `not_before` if longer (capped at the last bucket's delay).
     pub fn due(&self, i: usize, now: SystemTime, not_before: Option<Duration>) -> SystemTime {
@@ -242,6 +257,17 @@ mod tests {
 
     fn b(list: &str) -> Buckets {
         Buckets::parse("n", list).unwrap()
+    }
+
+    #[test]
+    fn an_untried_delivery_is_not_dead_lettered_within_twice_the_window() {
+        let d = b("1s,2s,3s"); // window 6 s
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(d.next_untried(Stage::Main, None, t0), Next::Bucket(0));
+        assert_eq!(d.next_untried(Stage::Bucket(1), Some(t0), t0), Next::Bucket(2));
+        assert_eq!(d.next_untried(Stage::Bucket(2), Some(t0), t0 + Duration::from_secs(11)), Next::Bucket(2), "again the last bucket");
+        assert_eq!(d.next_untried(Stage::Bucket(2), Some(t0), t0 + Duration::from_secs(12)), Next::Exhausted);
+        assert_eq!(d.next(Stage::Bucket(2)), Next::Exhausted, "a tried one is exhausted at once");
     }
 
     #[test]

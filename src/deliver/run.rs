@@ -20,7 +20,7 @@
 //! the batch is delivered again (the HTTP side is at-least-once) and handed off once. A fatal one
 //! (fenced by a newer instance, say) stops the deliverer non-zero.
 
-use super::buckets::{from_millis, Next, RetryState, Stage};
+use super::buckets::{from_millis, parse_time, Next, RetryState, Stage};
 use super::dispatch::{Dispatcher, Job, Lane};
 use super::handoff::{self, rewind_positions, Batch, CrashHook, Handoff, Target};
 use super::http::{self, Outcome};
@@ -388,13 +388,20 @@ impl Deliverer {
             let outcome = http::classify(&attempt, now);
             *outcomes.entry(outcome.label()).or_default() += 1;
             let stage = self.opts.buckets.stage_of(records[job.record].topic()).unwrap_or(Stage::Main);
+            // A delivery not tried (circuit open, no turn) is not dead-lettered for that alone.
+            let next = if attempt.tried() {
+                self.opts.buckets.next(stage)
+            } else {
+                let first = states[job.record].as_ref().and_then(|s| parse_time(&s.first_failure_at));
+                self.opts.buckets.next_untried(stage, first, now)
+            };
             let (target, class, message, not_before) = match outcome {
                 Outcome::Delivered => {
                     let written = records[job.record].timestamp().to_millis().map(from_millis);
                     latencies.extend(written.and_then(|t| now.duration_since(t).ok()));
                     continue;
                 }
-                Outcome::Transient { class, reason, not_before } => match self.opts.buckets.next(stage) {
+                Outcome::Transient { class, reason, not_before } => match next {
                     Next::Bucket(b) => (Target::Bucket(b), class, reason, not_before),
                     Next::Exhausted => (Target::Dlq("delivery.transient.exhausted"), class, reason, None),
                 },
