@@ -100,10 +100,12 @@ entries() {
       echo "output-read Read topic $output literal"
       ;;
     deliver)
-      # alert-deliver (issue 11, another branch): derived from its design, not yet run here.
+      # alert-deliver: its group <app>-deliver, its transactional ids <app>-deliver-<instance>,
+      # its buckets <output>.retry.<delay> (src/cli/deliver.rs, src/deliver/buckets.rs). Not yet
+      # run against the secured broker.
       echo "input-read Read topic $output literal"
       echo "retry-read Read topic $output.retry. prefixed"
-      echo "group-read Read group $app_id-deliver prefixed"
+      echo "group-read Read group $app_id-deliver literal"
       echo "retry-write Write topic $output.retry. prefixed"
       echo "dlq-write Write topic $output.dlq literal"
       echo "parking-write Write topic $output.parking-lot literal"

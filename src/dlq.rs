@@ -11,6 +11,7 @@
 //! | `permanent.*`         | decode/validation ([`crate::tick::TickError`])     | 1, never retried |
 //! | `poison`              | a processing failure on every attempt of the budget | `max_attempts`  |
 //! | `transient.exhausted` | still failing when the retry time budget ran out    | fewer            |
+//! | `delivery.*`          | alert-deliver gave up on a (notification, subscriber) ([`crate::deliver`]) | per bucket |
 //!
 //! # Retries
 //! Transient failures are retried inline with exponential backoff and full jitter
@@ -58,6 +59,12 @@ pub const CLASSES: &[&str] = &[
     "permanent.bad_timestamp",
     "poison",
     "transient.exhausted",
+    // alert-deliver (crate::deliver): a (notification, subscriber) that could not be delivered.
+    "delivery.permanent",
+    "delivery.transient.exhausted",
+    "delivery.gone",
+    "delivery.bad_record",
+    "delivery.unknown_subscriber",
 ];
 
 /// Class of the failures that fault injection makes.
@@ -281,42 +288,114 @@ fn dead_letter_headers(msg: &BorrowedMessage<'_>, group: &str, failure: &Failure
             value: Some(id.as_str()),
         });
     }
-    let topic = msg.topic();
-    let partition = msg.partition().to_string();
-    let offset = msg.offset().to_string();
-    let origin = format!("{topic}/{partition}/{offset}");
-    let timestamp = msg
-        .timestamp()
-        .to_millis()
-        .map(|ms| ms.to_string())
-        .unwrap_or_default();
-    let attempts = failure.attempts().to_string();
-    let failed_at = now_rfc3339();
-    let message = sanitize(&failure.message());
-    for (k, v) in [
-        ("dlq.origin", origin.as_str()),
-        ("dlq.original.topic", topic),
-        ("dlq.original.partition", partition.as_str()),
-        ("dlq.original.offset", offset.as_str()),
-        ("dlq.original.timestamp", timestamp.as_str()),
-        ("dlq.consumer.group", group),
-        ("dlq.error.class", failure.class()),
-        ("dlq.error.message", message.as_str()),
-        ("dlq.attempts", attempts.as_str()),
-        ("dlq.failed.at", failed_at.as_str()),
-        ("dlq.service", SERVICE),
-        ("dlq.service.version", VERSION),
-    ] {
-        headers = headers.insert(Header {
-            key: k,
-            value: Some(v),
-        });
+    let letter = Letter {
+        group,
+        class: failure.class(),
+        message: &failure.message(),
+        attempts: failure.attempts(),
+    };
+    letter.headers(headers, &Coordinates::of(msg))
+}
+
+/// Where a failed record was first read: the `dlq.original.*` headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coordinates {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// Record timestamp (ms since the epoch).
+    pub timestamp: Option<i64>,
+}
+
+impl Coordinates {
+    /// The coordinates of `msg` itself.
+    pub fn of<M: Message>(msg: &M) -> Self {
+        Coordinates {
+            topic: msg.topic().to_owned(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+            timestamp: msg.timestamp().to_millis(),
+        }
     }
-    headers
+
+    /// The `dlq.original.*` coordinates `msg` carries (a retry record: where its notification was
+    /// first read), or `msg`'s own when it carries none.
+    pub fn original<M: Message>(msg: &M) -> Self {
+        let topic = header(msg, "dlq.original.topic");
+        let partition = header(msg, "dlq.original.partition").and_then(|p| p.parse().ok());
+        let offset = header(msg, "dlq.original.offset").and_then(|o| o.parse().ok());
+        match (topic, partition, offset) {
+            (Some(topic), Some(partition), Some(offset)) => Coordinates {
+                topic: topic.to_owned(),
+                partition,
+                offset,
+                timestamp: header(msg, "dlq.original.timestamp").and_then(|t| t.parse().ok()),
+            },
+            _ => Self::of(msg),
+        }
+    }
+
+    /// Appends `dlq.origin` (`topic/partition/offset`) and `dlq.original.{topic,partition,offset,timestamp}`.
+    pub fn append(&self, mut headers: OwnedHeaders) -> OwnedHeaders {
+        let partition = self.partition.to_string();
+        let offset = self.offset.to_string();
+        let origin = format!("{}/{partition}/{offset}", self.topic);
+        let timestamp = self.timestamp.map(|ms| ms.to_string()).unwrap_or_default();
+        for (k, v) in [
+            ("dlq.origin", origin.as_str()),
+            ("dlq.original.topic", self.topic.as_str()),
+            ("dlq.original.partition", partition.as_str()),
+            ("dlq.original.offset", offset.as_str()),
+            ("dlq.original.timestamp", timestamp.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v),
+            });
+        }
+        headers
+    }
+}
+
+/// What a dead letter says about its failure: the `dlq.*` headers past the coordinates.
+#[derive(Debug, Clone, Copy)]
+pub struct Letter<'a> {
+    /// The consumer group that gave up on the record.
+    pub group: &'a str,
+    /// One of [`CLASSES`].
+    pub class: &'a str,
+    /// Why; sanitized here, never the payload.
+    pub message: &'a str,
+    pub attempts: u32,
+}
+
+impl Letter<'_> {
+    /// `headers`, then the coordinates of `origin`, then every other `dlq.*` header.
+    pub fn headers(&self, headers: OwnedHeaders, origin: &Coordinates) -> OwnedHeaders {
+        let mut headers = origin.append(headers);
+        let attempts = self.attempts.to_string();
+        let failed_at = now_rfc3339();
+        let message = sanitize(self.message);
+        for (k, v) in [
+            ("dlq.consumer.group", self.group),
+            ("dlq.error.class", self.class),
+            ("dlq.error.message", message.as_str()),
+            ("dlq.attempts", attempts.as_str()),
+            ("dlq.failed.at", failed_at.as_str()),
+            ("dlq.service", SERVICE),
+            ("dlq.service.version", VERSION),
+        ] {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v),
+            });
+        }
+        headers
+    }
 }
 
 /// The headers of `msg` whose key `keep` accepts, in order.
-pub fn copy_headers(msg: &BorrowedMessage<'_>, keep: impl Fn(&str) -> bool) -> OwnedHeaders {
+pub fn copy_headers<M: Message>(msg: &M, keep: impl Fn(&str) -> bool) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new();
     if let Some(orig) = msg.headers() {
         for h in orig.iter().filter(|h| keep(h.key)) {

@@ -110,10 +110,15 @@ impl Health {
     }
 }
 
-/// Installs the Prometheus recorder (histograms with [`crate::metrics::SECONDS_BUCKETS`]),
-/// registers every metric at zero, and serves the endpoint on `addr`. The port is bound before
-/// this returns, so a taken port is an error at start. Must run inside a tokio runtime.
-pub async fn serve(addr: SocketAddr, health: Health) -> anyhow::Result<()> {
+/// Installs the Prometheus recorder (histograms with [`crate::metrics::SECONDS_BUCKETS`]), runs
+/// `describe` (the binary's own metrics, with HELP and TYPE, at zero: each binary's endpoint shows
+/// only its own series), and serves the endpoint on `addr`. The port is bound before this
+/// returns, so a taken port is an error at start. Must run inside a tokio runtime.
+pub async fn serve(
+    addr: SocketAddr,
+    health: Health,
+    describe: impl FnOnce(),
+) -> anyhow::Result<()> {
     let metrics = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".to_owned()),
@@ -122,7 +127,7 @@ pub async fn serve(addr: SocketAddr, health: Health) -> anyhow::Result<()> {
         .context("histogram buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
-    crate::metrics::describe();
+    describe();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the HTTP endpoint on {addr}"))?;

@@ -46,6 +46,9 @@
 //!
 //! Past Kafka's edge, where transactions cannot reach:
 //! - [`sink`]: notifications into PostgreSQL, effectively once (`alert-sink`).
+//! - [`deliver`]: notifications to subscribers' webhooks (`alert-deliver`): retry bucket topics, a
+//!   parking lot and a DLQ, every hand-off in one Kafka transaction with its offset; the HTTP call
+//!   at least once with an idempotency key.
 //!
 //! - [`cli`]: the command-line layer of the thin binaries in `src/bin/`; the library never
 //!   imports it.
@@ -55,6 +58,7 @@
 
 pub mod alert;
 pub mod cli;
+pub mod deliver;
 pub mod dlq;
 pub mod health;
 pub mod kafka;

@@ -12,7 +12,9 @@
 //! counted when they happen.
 //!
 //! Without an installed recorder every call is a no-op. `alert-pipeline --metrics-addr` installs
-//! the Prometheus one ([`crate::health`]).
+//! the Prometheus one ([`crate::health`]) and describes these; another binary's endpoint describes
+//! its own (alert-deliver: [`crate::deliver::metrics`], with the two of these its shared
+//! transactional producer emits).
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
@@ -74,12 +76,8 @@ pub const DEAD_LETTER_CLASSES: &[&str] = crate::dlq::CLASSES;
 
 /// Registers every metric with its help text, at zero.
 pub fn describe() {
-    for &(name, kind, help) in CATALOGUE {
-        match kind {
-            Kind::Counter => describe_counter!(name, Unit::Count, help),
-            Kind::Gauge => describe_gauge!(name, help),
-            Kind::Histogram => describe_histogram!(name, Unit::Seconds, help),
-        }
+    for entry in CATALOGUE {
+        describe_entry(entry);
     }
     for name in [
         TICKS_COMMITTED,
@@ -105,6 +103,23 @@ pub fn describe() {
     // Registered without a sample: rendered with every bucket at zero.
     for name in [COMMIT_SECONDS, RESTORE_SECONDS] {
         let _ = histogram!(name);
+    }
+}
+
+/// Describes the named metrics of [`CATALOGUE`] only: for another binary that emits a few of them
+/// through shared code (alert-deliver's transactional producer counts delivery failures and
+/// fencing) and must not expose the processor's other series.
+pub fn describe_only(names: &[&str]) {
+    for entry in CATALOGUE.iter().filter(|(name, ..)| names.contains(name)) {
+        describe_entry(entry);
+    }
+}
+
+fn describe_entry(&(name, kind, help): &(&'static str, Kind, &'static str)) {
+    match kind {
+        Kind::Counter => describe_counter!(name, Unit::Count, help),
+        Kind::Gauge => describe_gauge!(name, help),
+        Kind::Histogram => describe_histogram!(name, Unit::Seconds, help),
     }
 }
 

@@ -17,7 +17,7 @@ pub const CORRELATION_ID: &str = "correlation-id";
 pub const EVENT_ID: &str = "event-id";
 
 /// The value of header `key` of `msg`, if present and UTF-8.
-pub fn header<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
+pub fn header<'a, M: Message>(msg: &'a M, key: &str) -> Option<&'a str> {
     msg.headers()?
         .iter()
         .find(|h| h.key == key)

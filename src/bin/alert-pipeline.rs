@@ -19,7 +19,7 @@ fn run() -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
-            health::serve(addr, health.clone()).await?;
+            health::serve(addr, health.clone(), price_alerts::metrics::describe).await?;
         }
         // The DLQ backlog gauges, only where they are scraped; it stops when dropped at the end.
         let _dlq_watch = match args.metrics_addr {

@@ -30,7 +30,8 @@ fn run() -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
-            health::serve(addr, health.clone()).await?;
+            // The sink's series (sink::metrics) appear with their first event; not the processor's.
+            health::serve(addr, health.clone(), || ()).await?;
         }
         let stats = sink::run(
             opts.clone(),

@@ -15,6 +15,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 pub mod chaos;
+pub mod deliver;
 mod log;
 pub mod pipeline;
 pub mod replay;

@@ -38,7 +38,7 @@ impl ReplayCli {
 pub enum ReplayCommand {
     /// Replay the selected dead letters that are not replayed yet (the default command).
     Replay(ReplayArgs),
-    /// Count dead letters by class and source partition, replayed or not, and show some.
+    /// Count dead letters by class, subscriber and source partition, replayed or not, and show some.
     Inspect(InspectArgs),
 }
 
@@ -54,6 +54,9 @@ pub struct DlqArgs {
     /// unknown class is refused with the list of known ones.
     #[arg(long = "class")]
     pub classes: Vec<String>,
+    /// Only the dead letters of this subscriber (repeatable): alert-deliver's retry.subscriber.
+    #[arg(long = "subscriber")]
+    pub subscribers: Vec<String>,
     /// Only this partition of the DLQ (repeatable).
     #[arg(long = "partition", value_parser = clap::value_parser!(i32).range(0..))]
     pub partitions: Vec<i32>,
@@ -72,6 +75,7 @@ impl DlqArgs {
     /// The filters, checked.
     pub fn selection(&self) -> anyhow::Result<Selection> {
         Ok(Selection::classes(&self.classes)?
+            .for_subscribers(&self.subscribers)
             .in_partitions(&self.partitions)
             .in_offsets(self.from_offset, self.to_offset)?)
     }

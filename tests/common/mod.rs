@@ -3,6 +3,7 @@
 
 pub mod postgres;
 pub mod secure;
+pub mod webhook;
 
 use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
 use price_alerts::kafka::topics::{self, Topics};

@@ -6,12 +6,12 @@
 //! the headers of the first unhandled ones; their payload only when asked, since dead letters are
 //! raw input that may hold what a terminal or a ticket should not.
 //!
-//! A grouping is a `(name, header)` pair, so another one is a line in [`GROUPINGS`]: the delivery
-//! DLQ of issue 10 adds `("subscriber", "retry.subscriber")`.
+//! A grouping is a `(name, header)` pair, so another one is a line in [`GROUPINGS`]: alert-deliver's
+//! DLQ and parking lot are grouped by `retry.subscriber` too.
 
 use super::ledger::{self, key_of};
 use super::select::Selection;
-use super::{class_of, now_ms, table};
+use super::{class_of, now_ms, subscriber_of, table};
 use crate::dlq::header;
 use crate::kafka::read::{partition_count, read_partitions_to_end, reader, DEFAULT_READ_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
@@ -25,6 +25,7 @@ use std::time::Duration;
 /// letter without the header counts under `-`.
 pub const GROUPINGS: &[(&str, &str)] = &[
     ("class", "dlq.error.class"),
+    ("subscriber", crate::deliver::buckets::SUBSCRIBER),
     ("source_partition", "dlq.original.partition"),
 ];
 
@@ -128,7 +129,10 @@ pub fn inspect(opts: &InspectOptions) -> anyhow::Result<Inspection> {
         &partitions,
         DEFAULT_READ_TIMEOUT,
         |m| {
-            if !opts.select.matches(m.partition(), m.offset(), class_of(m)) {
+            if !opts
+                .select
+                .matches(m.partition(), m.offset(), class_of(m), subscriber_of(m))
+            {
                 return Ok(());
             }
             let is_handled = handled.contains(m.partition(), m.offset(), m.timestamp().to_millis());

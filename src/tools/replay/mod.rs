@@ -8,7 +8,7 @@
 //! and every reader (replay, inspect, watcher) agrees on what is left.
 //!
 //! In data-flow order:
-//! - [`select`]: which dead letters a command takes (class, partition, offset range); unknown
+//! - [`select`]: which dead letters a command takes (class, subscriber, partition, offset range); unknown
 //!   classes refused with the known ones.
 //! - [`ledger`]: the ledger topic `<dlq>.replayed`, its keys and entries, reading it.
 //! - [`run`]: `replay`: fence, read the ledger, scan the DLQ, copy and record in one transaction.
@@ -31,6 +31,11 @@ use rdkafka::message::BorrowedMessage;
 /// The class of dead letter `m` (`unknown` without a `dlq.error.class` header).
 fn class_of<'a>(m: &'a BorrowedMessage<'_>) -> &'a str {
     crate::dlq::header(m, "dlq.error.class").unwrap_or("unknown")
+}
+
+/// The subscriber of dead letter `m` (alert-deliver's `retry.subscriber`), if it has one.
+fn subscriber_of<'a>(m: &'a BorrowedMessage<'_>) -> Option<&'a str> {
+    crate::dlq::header(m, crate::deliver::buckets::SUBSCRIBER)
 }
 
 /// Milliseconds since the epoch, now (the ages of dead letters are measured against it).

@@ -44,7 +44,7 @@
 
 use super::ledger;
 use super::select::Selection;
-use super::{class_of, table};
+use super::{class_of, subscriber_of, table};
 use crate::dlq::{copy_headers, header};
 use crate::kafka::access::{self, Needs};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
@@ -286,7 +286,9 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
             counts.handled += 1;
             return Ok(());
         }
-        if !opts.select.matches(m.partition(), m.offset(), class)
+        if !opts
+            .select
+            .matches(m.partition(), m.offset(), class, subscriber_of(m))
             || opts.limit.is_some_and(|limit| replayed >= limit)
         {
             counts.left += 1;

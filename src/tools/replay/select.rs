@@ -1,5 +1,5 @@
-//! Which dead letters a replay or an inspection takes: by class, DLQ partition and DLQ offset
-//! range. Pure, no I/O.
+//! Which dead letters a replay or an inspection takes: by class, subscriber (the delivery DLQ's
+//! `retry.subscriber`), DLQ partition and DLQ offset range. Pure, no I/O.
 //!
 //! A class filter is checked against [`dlq::CLASSES`] before anything is read: a misspelt class
 //! (`nonsense.class`, `Poison`) or a prefix that matches no class (`nonsense.*`) selects nothing,
@@ -41,6 +41,8 @@ pub enum SelectError {
 pub struct Selection {
     /// Class patterns: a class, or a prefix ending in `*` (`permanent.*`); empty: every class.
     classes: Vec<String>,
+    /// Subscribers (`retry.subscriber` of alert-deliver's dead letters); empty: any, or none.
+    subscribers: Vec<String>,
     /// DLQ partitions; empty: every partition.
     partitions: Vec<i32>,
     /// Smallest DLQ offset taken in each selected partition.
@@ -82,6 +84,15 @@ impl Selection {
         })
     }
 
+    /// Only the dead letters of these subscribers (all when empty); a dead letter without a
+    /// subscriber (a tick's) is not selected by a subscriber filter.
+    pub fn for_subscribers(self, subscribers: &[String]) -> Self {
+        Selection {
+            subscribers: subscribers.to_vec(),
+            ..self
+        }
+    }
+
     /// Only these DLQ partitions (all when empty).
     pub fn in_partitions(self, partitions: &[i32]) -> Self {
         let mut partitions = partitions.to_vec();
@@ -113,9 +124,17 @@ impl Selection {
             })
     }
 
-    /// Whether the dead letter at DLQ `partition`/`offset` of `class` is selected.
-    pub fn matches(&self, partition: i32, offset: i64, class: &str) -> bool {
+    /// Whether the dead letter at DLQ `partition`/`offset` of `class` (for `subscriber`) is selected.
+    pub fn matches(
+        &self,
+        partition: i32,
+        offset: i64,
+        class: &str,
+        subscriber: Option<&str>,
+    ) -> bool {
         (self.partitions.is_empty() || self.partitions.contains(&partition))
+            && (self.subscribers.is_empty()
+                || subscriber.is_some_and(|s| self.subscribers.iter().any(|x| x == s)))
             && !matches!(self.from_offset, Some(from) if offset < from)
             && !matches!(self.to_offset, Some(to) if offset > to)
             && self.class(class)
@@ -189,13 +208,13 @@ mod tests {
             .in_partitions(&[1])
             .in_offsets(Some(2), Some(3))
             .unwrap();
-        assert!(!s.matches(0, 2, "poison"));
-        assert!(!s.matches(1, 1, "poison"));
+        assert!(!s.matches(0, 2, "poison", None));
+        assert!(!s.matches(1, 1, "poison", None));
         assert!(
-            s.matches(1, 2, "poison") && s.matches(1, 3, "poison"),
+            s.matches(1, 2, "poison", None) && s.matches(1, 3, "poison", None),
             "both ends inclusive"
         );
-        assert!(!s.matches(1, 4, "poison"));
+        assert!(!s.matches(1, 4, "poison", None));
         assert_eq!(s.partitions_of("d", 2).unwrap(), [1]);
         assert!(matches!(
             s.partitions_of("d", 1),
@@ -207,6 +226,14 @@ mod tests {
             Err(SelectError::EmptyRange { .. })
         ));
         let from = Selection::all().in_offsets(Some(5), None).unwrap();
-        assert!(!from.matches(0, 4, "poison") && from.matches(7, 5, "poison"));
+        assert!(!from.matches(0, 4, "poison", None) && from.matches(7, 5, "poison", None));
+        let desk = Selection::all().for_subscribers(&["desk".to_owned()]);
+        assert!(desk.matches(0, 0, "delivery.permanent", Some("desk")));
+        assert!(!desk.matches(0, 0, "delivery.permanent", Some("other")));
+        assert!(
+            !desk.matches(0, 0, "poison", None),
+            "a tick's dead letter has no subscriber"
+        );
+        assert!(Selection::all().matches(0, 0, "poison", None));
     }
 }

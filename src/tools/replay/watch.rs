@@ -143,12 +143,25 @@ pub struct Watcher {
 impl Watcher {
     /// Watches `dlq` on a thread of its own, setting the gauges every `every`.
     pub fn spawn(kafka: KafkaConfig, dlq: String, every: Duration) -> anyhow::Result<Watcher> {
+        Self::spawn_reporting(kafka, dlq, every, |_, age, count| {
+            crate::metrics::dlq_unhandled(age, count)
+        })
+    }
+
+    /// Watches `dlq` like [`Watcher::spawn`], handing (topic, oldest age, count) to `report`
+    /// instead of the pipeline's gauges (alert-deliver reports its DLQ and parking lot by topic).
+    pub fn spawn_reporting(
+        kafka: KafkaConfig,
+        dlq: String,
+        every: Duration,
+        report: Report,
+    ) -> anyhow::Result<Watcher> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         std::thread::Builder::new()
             .name("dlq-watch".into())
             .spawn(move || {
-                if let Err(e) = watch(&kafka, &dlq, every, &flag) {
+                if let Err(e) = watch(&kafka, &dlq, every, &flag, report) {
                     warn!(
                         dlq,
                         error = format!("{e:#}"),
@@ -167,12 +180,16 @@ impl Drop for Watcher {
     }
 }
 
-/// Tails `dlq` and its ledger until `stop`, setting the DLQ gauges every `every`. Blocking.
+/// Where a watcher's figures go: (topic, age of the oldest unhandled record, unhandled count).
+pub type Report = fn(&str, Duration, u64);
+
+/// Tails `dlq` and its ledger until `stop`, reporting the backlog every `every`. Blocking.
 pub fn watch(
     kafka: &KafkaConfig,
     dlq: &str,
     every: Duration,
     stop: &AtomicBool,
+    report: Report,
 ) -> anyhow::Result<()> {
     let mut letters = Tail::new(kafka, dlq)?;
     let mut entries = Tail::new(kafka, &ledger::topic(dlq))?;
@@ -194,7 +211,7 @@ pub fn watch(
                 let age = backlog.oldest().map_or(Duration::ZERO, |ts| {
                     Duration::from_millis((now_ms() - ts).max(0) as u64)
                 });
-                crate::metrics::dlq_unhandled(age, backlog.count());
+                report(dlq, age, backlog.count());
                 if !reported {
                     info!(dlq, unhandled = backlog.count(), oldest_age = ?age, "DLQ backlog read");
                     reported = true;

@@ -1,0 +1,39 @@
+//! `alert-deliver`: notifications to subscribers' webhooks, with retry bucket topics, a parking lot
+//! and a DLQ; every hand-off between them exactly once on the Kafka side (see `deliver`).
+
+use clap::Parser;
+use price_alerts::cli::deliver::DeliverArgs;
+use price_alerts::cli::{main_of, shutdown_signal_bounded};
+use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
+use price_alerts::{deliver, errln, outln};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    main_of("alert-deliver", || run().map(|()| ExitCode::SUCCESS))
+}
+
+fn run() -> anyhow::Result<()> {
+    let args = DeliverArgs::parse();
+    let opts = args.options()?;
+    args.kafka.check(&opts.kafka)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(async {
+        let health = Health::new(DEFAULT_STALL_AFTER);
+        if let Some(addr) = args.metrics_addr {
+            // Its metrics are registered by deliver::run, once it knows its subscribers and buckets.
+            health::serve(addr, health.clone(), || ()).await?;
+        }
+        let stats = deliver::run(
+            opts.clone(),
+            health,
+            shutdown_signal_bounded(opts.shutdown_timeout),
+        )
+        .await?;
+        errln!("alert-deliver: stopped cleanly");
+        outln!("{stats}");
+        Ok(())
+    });
+    // Never wait for a deliver thread that did not finish: the shutdown bound is the promise.
+    runtime.shutdown_background();
+    result
+}

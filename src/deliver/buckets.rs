@@ -1,0 +1,404 @@
+//! Retry buckets: their names, where a failed delivery goes next, when a retry is due, and the
+//! `retry.*` headers that carry all that on the record. Pure, no I/O.
+//!
+//! ```text
+//!  <topic> ─fail─► <topic>.retry.5s ─fail─► <topic>.retry.1m ─fail─► <topic>.retry.10m ─fail─► <topic>.dlq
+//!  (every stage: 4xx ─► <topic>.dlq at once; 410 ─► <topic>.parking-lot)
+//! ```
+//!
+//! The bucket list is configuration (`--buckets 5s,1m,10m`, the default): each bucket is a topic
+//! named after its delay. A record handed to bucket *i* is due `delay(i)` after the hand-off, or
+//! later if the receiver asked for more with `Retry-After` (capped at the last bucket's delay, so
+//! one receiver cannot park a partition of a bucket for an hour). The due time is written in the
+//! record (`retry.next.due.at`), so a bucket consumer never has to guess it, and a record whose
+//! header is missing falls back to its timestamp plus the bucket's delay.
+
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::Message;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// Failed delivery attempts of the (notification, subscriber) so far.
+pub const ATTEMPT: &str = "retry.attempt";
+/// When the first attempt failed (RFC 3339).
+pub const FIRST_FAILURE_AT: &str = "retry.first.failure.at";
+/// When the record may be delivered again (RFC 3339, milliseconds).
+pub const NEXT_DUE_AT: &str = "retry.next.due.at";
+/// The class of the last failure ([`super::http::Outcome`]'s class: `connect`, `http.5xx`, ...).
+pub const ERROR_CLASS: &str = "retry.error.class";
+/// The last failure, short, never the payload.
+pub const ERROR_MESSAGE: &str = "retry.error.message";
+/// The one subscriber this record is for.
+pub const SUBSCRIBER: &str = "retry.subscriber";
+
+/// Every `retry.*` header (a hand-off writes them afresh).
+pub const HEADERS: &[&str] = &[
+    ATTEMPT,
+    FIRST_FAILURE_AT,
+    NEXT_DUE_AT,
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    SUBSCRIBER,
+];
+
+/// The default bucket delays, as DESIGN.md draws them.
+pub const DEFAULT_BUCKETS: &[Duration] = &[
+    Duration::from_secs(5),
+    Duration::from_secs(60),
+    Duration::from_secs(600),
+];
+
+/// A bucket delay as it appears in a topic name: `500ms`, `5s`, `1m`, `10m`, `2h`.
+pub fn label(delay: Duration) -> String {
+    let ms = delay.as_millis();
+    let whole = |unit: u128| ms > 0 && ms.is_multiple_of(unit);
+    match ms {
+        _ if whole(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if whole(60_000) => format!("{}m", ms / 60_000),
+        _ if whole(1_000) => format!("{}s", ms / 1_000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+/// Why a bucket list is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BucketsError {
+    #[error("the bucket list is empty: give at least one delay (e.g. 5s,1m,10m)")]
+    Empty,
+    #[error("bucket {0:?}: {1}")]
+    Delay(String, String),
+    #[error("bucket delays must grow: {later} comes after {earlier}")]
+    NotIncreasing { earlier: String, later: String },
+}
+
+/// The retry topics of one notifications topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Buckets {
+    /// The topic the notifications are first read from.
+    pub topic: String,
+    delays: Vec<Duration>,
+}
+
+/// Where a consumed record stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The notifications topic: every subscriber of its symbol, at once.
+    Main,
+    /// Retry bucket `i` (0-based): its one subscriber, once due.
+    Bucket(usize),
+}
+
+/// Where a transient failure goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    Bucket(usize),
+    /// Past the last bucket: the DLQ.
+    Exhausted,
+}
+
+impl Buckets {
+    /// Buckets of `topic` with these delays (increasing, each at least 1 ms).
+    pub fn new(topic: impl Into<String>, delays: Vec<Duration>) -> Result<Self, BucketsError> {
+        if delays.is_empty() {
+            return Err(BucketsError::Empty);
+        }
+        for d in &delays {
+            if d.as_millis() < 1 {
+                return Err(BucketsError::Delay(
+                    format!("{d:?}"),
+                    "a delay is at least 1ms".into(),
+                ));
+            }
+        }
+        for w in delays.windows(2) {
+            if w[1] <= w[0] {
+                return Err(BucketsError::NotIncreasing {
+                    earlier: label(w[0]),
+                    later: label(w[1]),
+                });
+            }
+        }
+        Ok(Buckets {
+            topic: topic.into(),
+            delays,
+        })
+    }
+
+    /// Parses `5s,1m,10m` (the `--buckets` syntax).
+    pub fn parse(topic: impl Into<String>, list: &str) -> Result<Self, BucketsError> {
+        let delays = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| crate::cli::duration(s).map_err(|e| BucketsError::Delay(s.to_owned(), e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(topic, delays)
+    }
+
+    pub fn delays(&self) -> &[Duration] {
+        &self.delays
+    }
+
+    /// `<topic>.retry.<label>` of bucket `i`.
+    pub fn bucket_topic(&self, i: usize) -> String {
+        format!("{}.retry.{}", self.topic, label(self.delays[i]))
+    }
+
+    /// Every bucket topic, in order.
+    pub fn bucket_topics(&self) -> Vec<String> {
+        (0..self.delays.len())
+            .map(|i| self.bucket_topic(i))
+            .collect()
+    }
+
+    /// `<topic>.dlq`.
+    pub fn dlq(&self) -> String {
+        format!("{}.dlq", self.topic)
+    }
+
+    /// `<topic>.parking-lot`.
+    pub fn parking_lot(&self) -> String {
+        format!("{}.parking-lot", self.topic)
+    }
+
+    /// The stage of a record read from `topic` (`None`: not one of ours).
+    pub fn stage_of(&self, topic: &str) -> Option<Stage> {
+        if topic == self.topic {
+            return Some(Stage::Main);
+        }
+        (0..self.delays.len())
+            .find(|&i| self.bucket_topic(i) == topic)
+            .map(Stage::Bucket)
+    }
+
+    /// Where a transient failure at `stage` goes.
+    pub fn next(&self, stage: Stage) -> Next {
+        let i = match stage {
+            Stage::Main => 0,
+            Stage::Bucket(i) => i + 1,
+        };
+        if i < self.delays.len() {
+            Next::Bucket(i)
+        } else {
+            Next::Exhausted
+        }
+    }
+
+    /// Where a delivery that was **not tried** at `stage` goes (skipped by an open circuit, or no
+    /// turn): as [`Buckets::next`], except that it is not dead-lettered untried. Past the last
+    /// bucket it waits in the last bucket again, until twice the retry window (the sum of the
+    /// delays) has passed since its first failure (`None`: it has none yet): an endpoint that
+    /// never answers still ends in the DLQ, but a record is not given up only because the circuit
+    /// happened to be open when it came due.
+    pub fn next_untried(
+        &self,
+        stage: Stage,
+        first_failure: Option<SystemTime>,
+        now: SystemTime,
+    ) -> Next {
+        let window: Duration = self.delays.iter().sum();
+        let waited = first_failure.map_or(Duration::ZERO, |t| {
+            now.duration_since(t).unwrap_or_default()
+        });
+        match (self.next(stage), stage) {
+            (Next::Exhausted, Stage::Bucket(i)) if waited < 2 * window => Next::Bucket(i),
+            (next, _) => next,
+        }
+    }
+
+    /// When a record handed to bucket `i` at `now` is due: the bucket's delay, or the receiver's
+    /// `not_before` if longer (capped at the last bucket's delay).
+    pub fn due(&self, i: usize, now: SystemTime, not_before: Option<Duration>) -> SystemTime {
+        let longest = self.delays[self.delays.len() - 1];
+        now + self.delays[i].max(not_before.unwrap_or_default().min(longest))
+    }
+}
+
+/// The retry state a record carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryState {
+    /// Failed attempts so far.
+    pub attempt: u32,
+    /// RFC 3339.
+    pub first_failure_at: String,
+    pub next_due_at: SystemTime,
+    pub error_class: String,
+    pub error_message: String,
+    pub subscriber: String,
+}
+
+impl RetryState {
+    /// The state in `msg`'s headers; `None` without a subscriber (not a retry record).
+    /// `fallback_due`: when it is due if its `retry.next.due.at` is missing or unreadable.
+    pub fn of<M: Message>(msg: &M, fallback_due: SystemTime) -> Option<Self> {
+        let h = |k| crate::trace::header(msg, k);
+        Some(RetryState {
+            subscriber: h(SUBSCRIBER)?.to_owned(),
+            attempt: h(ATTEMPT).and_then(|a| a.parse().ok()).unwrap_or(0),
+            first_failure_at: h(FIRST_FAILURE_AT).unwrap_or_default().to_owned(),
+            next_due_at: h(NEXT_DUE_AT).and_then(parse_time).unwrap_or(fallback_due),
+            error_class: h(ERROR_CLASS).unwrap_or_default().to_owned(),
+            error_message: h(ERROR_MESSAGE).unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// Appends the `retry.*` headers.
+    pub fn append(&self, mut headers: OwnedHeaders) -> OwnedHeaders {
+        let attempt = self.attempt.to_string();
+        let due = format_time(self.next_due_at);
+        let message = crate::dlq::sanitize(&self.error_message);
+        for (key, value) in [
+            (ATTEMPT, attempt.as_str()),
+            (FIRST_FAILURE_AT, self.first_failure_at.as_str()),
+            (NEXT_DUE_AT, due.as_str()),
+            (ERROR_CLASS, self.error_class.as_str()),
+            (ERROR_MESSAGE, message.as_str()),
+            (SUBSCRIBER, self.subscriber.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        headers
+    }
+}
+
+/// RFC 3339 with milliseconds, UTC.
+pub fn format_time(t: SystemTime) -> String {
+    let ms = t
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i128);
+    OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// An RFC 3339 time.
+pub fn parse_time(s: &str) -> Option<SystemTime> {
+    OffsetDateTime::parse(s, &Rfc3339)
+        .ok()
+        .map(SystemTime::from)
+}
+
+/// A record timestamp (ms) as a time.
+pub fn from_millis(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(list: &str) -> Buckets {
+        Buckets::parse("n", list).unwrap()
+    }
+
+    #[test]
+    fn an_untried_delivery_is_not_dead_lettered_within_twice_the_window() {
+        let d = b("1s,2s,3s"); // window 6 s
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(d.next_untried(Stage::Main, None, t0), Next::Bucket(0));
+        assert_eq!(
+            d.next_untried(Stage::Bucket(1), Some(t0), t0),
+            Next::Bucket(2)
+        );
+        assert_eq!(
+            d.next_untried(Stage::Bucket(2), Some(t0), t0 + Duration::from_secs(11)),
+            Next::Bucket(2),
+            "again the last bucket"
+        );
+        assert_eq!(
+            d.next_untried(Stage::Bucket(2), Some(t0), t0 + Duration::from_secs(12)),
+            Next::Exhausted
+        );
+        assert_eq!(
+            d.next(Stage::Bucket(2)),
+            Next::Exhausted,
+            "a tried one is exhausted at once"
+        );
+    }
+
+    #[test]
+    fn names_follow_the_design() {
+        let d = Buckets::new("notifications", DEFAULT_BUCKETS.to_vec()).unwrap();
+        assert_eq!(
+            d.bucket_topics(),
+            [
+                "notifications.retry.5s",
+                "notifications.retry.1m",
+                "notifications.retry.10m"
+            ]
+        );
+        assert_eq!(
+            (d.dlq(), d.parking_lot()),
+            (
+                "notifications.dlq".into(),
+                "notifications.parking-lot".into()
+            )
+        );
+        assert_eq!(label(Duration::from_millis(500)), "500ms");
+        assert_eq!(label(Duration::from_secs(90)), "90s");
+        assert_eq!(label(Duration::from_secs(7200)), "2h");
+    }
+
+    #[test]
+    fn stages_move_forward_to_the_dlq() {
+        let x = b("1s,2s,4s");
+        assert_eq!(x.stage_of("n"), Some(Stage::Main));
+        assert_eq!(x.stage_of("n.retry.2s"), Some(Stage::Bucket(1)));
+        assert_eq!(x.stage_of("n.dlq"), None);
+        assert_eq!(x.next(Stage::Main), Next::Bucket(0));
+        assert_eq!(x.next(Stage::Bucket(1)), Next::Bucket(2));
+        assert_eq!(x.next(Stage::Bucket(2)), Next::Exhausted);
+    }
+
+    #[test]
+    fn bad_lists_are_refused() {
+        assert_eq!(Buckets::parse("n", ""), Err(BucketsError::Empty));
+        assert!(matches!(
+            Buckets::parse("n", "5s,1s"),
+            Err(BucketsError::NotIncreasing { .. })
+        ));
+        assert!(matches!(
+            Buckets::parse("n", "5s,5s"),
+            Err(BucketsError::NotIncreasing { .. })
+        ));
+        assert!(matches!(
+            Buckets::parse("n", "5"),
+            Err(BucketsError::Delay(..))
+        ));
+        assert!(matches!(
+            Buckets::parse("n", "0s"),
+            Err(BucketsError::Delay(..))
+        ));
+    }
+
+    #[test]
+    fn due_honours_retry_after_up_to_the_last_delay() {
+        let x = b("1s,2s,4s");
+        let now = UNIX_EPOCH + Duration::from_secs(1000);
+        assert_eq!(x.due(0, now, None), now + Duration::from_secs(1));
+        assert_eq!(
+            x.due(0, now, Some(Duration::from_secs(3))),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(
+            x.due(1, now, Some(Duration::from_millis(10))),
+            now + Duration::from_secs(2)
+        );
+        assert_eq!(
+            x.due(0, now, Some(Duration::from_secs(3600))),
+            now + Duration::from_secs(4)
+        );
+    }
+
+    #[test]
+    fn times_round_trip_in_milliseconds() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        assert_eq!(parse_time(&format_time(t)), Some(t));
+        assert_eq!(parse_time("yesterday"), None);
+    }
+}

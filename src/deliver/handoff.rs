@@ -1,0 +1,235 @@
+//! The hand-off: what a failed (notification, subscriber) becomes, and the one Kafka transaction
+//! that moves a batch on.
+//!
+//! ```text
+//!   begin ─► send each hand-off (next bucket | DLQ | parking lot) ─► send_offsets(every consumed
+//!   position of the batch, with the group metadata) ─► commit
+//! ```
+//! A hand-off and the offset past the record it came from commit together or not at all, so a
+//! crash never loses a hand-off (the record is read again) nor doubles one (an aborted hand-off
+//! is invisible to read_committed readers, the next bucket's consumer among them). What the
+//! transactional errors mean is decided by [`crate::pipeline::producer::classify`], the one
+//! function for it: the caller rewinds its partitions after an abortable error and stops on a
+//! fatal one.
+//!
+//! A hand-off record keeps the notification's key (its symbol: a bucket is partitioned as the
+//! notifications are), value and headers (trace context), with the `retry.*` and `dlq.*` headers
+//! written afresh: the retry state ([`RetryState`]) and the coordinates where the notification was
+//! first read (`dlq.original.*`, carried from bucket to bucket). A DLQ or parking-lot record adds
+//! the `dlq.*` headers of every dead letter ([`crate::dlq::Letter`]), so `dlq-replay` inspects and
+//! replays it like any other.
+
+use super::buckets::{Buckets, RetryState};
+use crate::dlq::{copy_headers, Coordinates, Letter};
+use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::message::OwnedMessage;
+use rdkafka::producer::BaseRecord;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+use tracing::warn;
+
+/// Where a (notification, subscriber) goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Retry bucket `i`.
+    Bucket(usize),
+    /// The DLQ, with its `dlq.error.class`.
+    Dlq(&'static str),
+    /// The parking lot (`delivery.gone`).
+    ParkingLot,
+}
+
+/// Class of the parking lot's records.
+pub const GONE: &str = "delivery.gone";
+
+/// One hand-off of a batch.
+#[derive(Debug, Clone)]
+pub struct Handoff {
+    /// Index of the consumed record in the batch.
+    pub record: usize,
+    /// The subscriber it is for (`-` when the record names none it can be tied to).
+    pub subscriber: String,
+    pub target: Target,
+    /// The failure: a class and a short message, never the payload.
+    pub error_class: String,
+    pub error_message: String,
+    /// The receiver's `Retry-After`.
+    pub not_before: Option<Duration>,
+    /// Whether a request was made: `retry.attempt` counts only requests, so a delivery skipped
+    /// (circuit open) or deferred (no turn) does not use up attempts it never had. It does move
+    /// on a stage: the retry window is the buckets' delays, tried or not.
+    pub tried: bool,
+}
+
+impl Handoff {
+    /// The topic it goes to.
+    pub fn topic(&self, buckets: &Buckets) -> String {
+        match self.target {
+            Target::Bucket(i) => buckets.bucket_topic(i),
+            Target::Dlq(_) => buckets.dlq(),
+            Target::ParkingLot => buckets.parking_lot(),
+        }
+    }
+
+    /// The record's retry state after this failure (`prev`: what it carried).
+    pub fn retry_state(
+        &self,
+        prev: Option<&RetryState>,
+        buckets: &Buckets,
+        now: SystemTime,
+    ) -> RetryState {
+        let next_due_at = match self.target {
+            Target::Bucket(i) => buckets.due(i, now, self.not_before),
+            _ => now,
+        };
+        RetryState {
+            attempt: prev.map_or(0, |p| p.attempt) + u32::from(self.tried),
+            first_failure_at: prev
+                .map(|p| p.first_failure_at.clone())
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| super::buckets::format_time(now)),
+            next_due_at,
+            error_class: self.error_class.clone(),
+            error_message: self.error_message.clone(),
+            subscriber: self.subscriber.clone(),
+        }
+    }
+}
+
+/// TEST ONLY: a crash inside the hand-off transaction, after this many hand-offs of the process.
+#[derive(Debug, Default)]
+pub struct CrashHook {
+    pub after: Option<u64>,
+    pub sent: u64,
+}
+
+impl CrashHook {
+    fn sent(&mut self, producer: &TxnProducer) {
+        self.sent += 1;
+        if self.after == Some(self.sent) {
+            // Records first into the log, so the crash lands inside an open transaction.
+            let _ = producer.flush(Duration::from_secs(30));
+            tracing::error!(
+                sent = self.sent,
+                "test hook: crashing inside an open hand-off transaction"
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// The consumed records of a batch and what happened to them; committed by [`commit`].
+pub struct Batch<'a> {
+    pub records: &'a [OwnedMessage],
+    /// The retry state each record carried (`None`: a notification read for the first time).
+    pub states: &'a [Option<RetryState>],
+    pub handoffs: &'a [Handoff],
+}
+
+/// The next position to read of every partition in `records`.
+pub fn positions(records: &[OwnedMessage]) -> BTreeMap<(String, i32), i64> {
+    let mut next = BTreeMap::new();
+    for m in records {
+        let e = next
+            .entry((m.topic().to_owned(), m.partition()))
+            .or_insert(0);
+        *e = (*e).max(m.offset() + 1);
+    }
+    next
+}
+
+/// Where to rewind to after an abort: the first offset of every partition in `records`.
+pub fn rewind_positions(records: &[OwnedMessage]) -> BTreeMap<(String, i32), i64> {
+    let mut first = BTreeMap::new();
+    for m in records {
+        let e = first
+            .entry((m.topic().to_owned(), m.partition()))
+            .or_insert(i64::MAX);
+        *e = (*e).min(m.offset());
+    }
+    first
+}
+
+/// A partition list with offsets.
+pub fn tpl(
+    positions: &BTreeMap<(String, i32), i64>,
+) -> Result<TopicPartitionList, rdkafka::error::KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in positions {
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
+    }
+    Ok(tpl)
+}
+
+/// Writes the batch's hand-offs and moves its offsets, in one transaction. On an error the open
+/// transaction is aborted when the producer still can; the caller rewinds (abortable) or stops.
+pub fn commit(
+    producer: &TxnProducer,
+    group: &ConsumerGroupMetadata,
+    group_id: &str,
+    buckets: &Buckets,
+    batch: &Batch<'_>,
+    hook: &mut CrashHook,
+) -> Result<(), TxnError> {
+    producer.begin()?;
+    let result =
+        send_all(producer, group, group_id, buckets, batch, hook).and_then(|()| producer.commit());
+    if let Err(e) = &result {
+        if e.class == TxnErrorClass::Abortable {
+            if let Err(abort) = producer.abort() {
+                warn!(error = %abort, "abort after a failed hand-off failed");
+                return Err(abort);
+            }
+        }
+    }
+    result
+}
+
+fn send_all(
+    producer: &TxnProducer,
+    group: &ConsumerGroupMetadata,
+    group_id: &str,
+    buckets: &Buckets,
+    batch: &Batch<'_>,
+    hook: &mut CrashHook,
+) -> Result<(), TxnError> {
+    let now = SystemTime::now();
+    for h in batch.handoffs {
+        let m = &batch.records[h.record];
+        let prev = batch.states[h.record].as_ref();
+        let state = h.retry_state(prev, buckets, now);
+        let headers = copy_headers(m, |k| !k.starts_with("retry.") && !k.starts_with("dlq."));
+        let headers = state.append(headers);
+        let origin = Coordinates::original(m);
+        let headers = match h.target {
+            Target::Bucket(_) => origin.append(headers),
+            Target::Dlq(class) => letter(group_id, class, &state).headers(headers, &origin),
+            Target::ParkingLot => letter(group_id, GONE, &state).headers(headers, &origin),
+        };
+        let topic = h.topic(buckets);
+        let mut record = BaseRecord::to(&topic).headers(headers);
+        if let Some(k) = m.key() {
+            record = record.key(k);
+        }
+        if let Some(v) = m.payload() {
+            record = record.payload(v);
+        }
+        producer
+            .send(record)
+            .map_err(|e| TxnError::new("send hand-off", e))?;
+        hook.sent(producer);
+    }
+    let offsets = tpl(&positions(batch.records)).map_err(|e| TxnError::new("offsets", e))?;
+    producer.send_offsets(&offsets, group)
+}
+
+fn letter<'a>(group: &'a str, class: &'a str, state: &'a RetryState) -> Letter<'a> {
+    Letter {
+        group,
+        class,
+        message: &state.error_message,
+        attempts: state.attempt,
+    }
+}

@@ -1,0 +1,56 @@
+//! alert-deliver's options: the one struct a deliverer runs with. The command line that builds it
+//! is `crate::cli::deliver`.
+
+use super::breaker::BreakerConfig;
+use super::buckets::Buckets;
+use super::subscriptions::Subscriptions;
+use crate::kafka::KafkaConfig;
+use std::time::Duration;
+
+/// Default largest batch, in records: one Kafka transaction each. Small on purpose: the records of
+/// a batch are delivered together, so a batch bounds how long a fresh notification waits behind
+/// slow deliveries.
+pub const DEFAULT_MAX_BATCH: usize = 100;
+/// Default bound on concurrent deliveries of the records of one partition.
+pub const DEFAULT_PARTITION_CONCURRENCY: usize = 16;
+
+/// Everything one deliverer instance runs with.
+#[derive(Debug, Clone)]
+pub struct DeliverOptions {
+    pub kafka: KafkaConfig,
+    /// Who receives what.
+    pub subscriptions: Subscriptions,
+    /// The notifications topic and its retry buckets (the DLQ and parking lot are named after it).
+    pub buckets: Buckets,
+    /// The deliverer's consumer group; it reads the notifications topic and every bucket.
+    pub group_id: String,
+    /// Static membership (`group.instance.id`): a restarted instance takes its partitions back at
+    /// once. None: dynamic membership.
+    pub group_instance_id: Option<String>,
+    /// Stable per instance: a restart fences its predecessor and aborts what it left open.
+    pub transactional_id: String,
+    /// Records per batch (one transaction), at most.
+    pub max_batch: usize,
+    /// Concurrent deliveries of one partition's records, at most (each subscriber has its own
+    /// bound too, `max_in_flight`).
+    pub partition_concurrency: usize,
+    /// Bound on connecting to a subscriber.
+    pub connect_timeout: Duration,
+    /// Bound on a whole request, connection included.
+    pub request_timeout: Duration,
+    /// How long a batch waits for its deliveries, at most (default: the request timeout). A
+    /// delivery not started by then is deferred to the next bucket untried; one started and not
+    /// answered is handed on as `deadline` (its request runs on, detached, to its own timeout).
+    pub delivery_deadline: Duration,
+    /// The per-subscriber circuit breaker ([`super::breaker`]).
+    pub breaker: BreakerConfig,
+    /// `transaction.timeout.ms` of the producer.
+    pub transaction_timeout: Duration,
+    /// `retention.ms` of the bucket, DLQ and parking-lot topics when they have to be created.
+    pub retention: Duration,
+    /// How long a graceful shutdown may take before exiting non-zero.
+    pub shutdown_timeout: Duration,
+    /// TEST ONLY: abort the process once this many hand-off records are written (flushed into
+    /// the log) by this process, inside the open transaction: a crash in the middle of a hand-off.
+    pub test_crash_after_handoffs: Option<u64>,
+}

@@ -1,0 +1,632 @@
+//! The long-running deliverer: start-up (topics, HTTP client, transactional producer), the poll
+//! loop with its due-time pauses, one batch per transaction, and shutdown.
+//!
+//! ```text
+//!  ┌──────────── dedicated thread (rdkafka's poll; HTTP on the async runtime) ─────────────────┐
+//!  │ loop: resume held partitions now due (seek to the held record) ─► poll ≤100 ms, drain ≤ max │
+//!  │   per record: a bucket record not due yet ─► pause its partition, hold it until its due time │
+//!  │   the rest: deliver (dispatch: bounded, breakers, deadline) ─► ONE transaction: hand-offs    │
+//!  │             + every consumed offset ─► commit                                               │
+//!  └──────────────────────────────────────────────▲──────────────────────────────────────────────┘
+//!                        stop flag set by ────────┘ the async side: SIGINT/SIGTERM (any future)
+//! ```
+//! The loop never sleeps: a partition whose head record is not due is paused (the consumer goes on
+//! polling its other partitions, serves rebalances and keeps its group membership) and resumed at
+//! the head's due time, from the head's offset. Its later records wait behind it: a bucket is a
+//! queue in due order, since every record of a bucket is due the same delay after its hand-off.
+//!
+//! # Error handling
+//! A transaction that must be aborted rewinds every partition of the batch to its first record, so
+//! the batch is delivered again (the HTTP side is at-least-once) and handed off once. A fatal one
+//! (fenced by a newer instance, say) stops the deliverer non-zero.
+
+use super::buckets::{from_millis, parse_time, Next, RetryState, Stage};
+use super::dispatch::{Dispatcher, Job, Lane};
+use super::handoff::{self, rewind_positions, Batch, CrashHook, Handoff, Target};
+use super::http::{self, Outcome};
+use super::metrics as m;
+use super::options::DeliverOptions;
+use super::subscriptions::Subscriber;
+use crate::health::Health;
+use crate::kafka::logging::Logged;
+use crate::kafka::topics::{ensure_topic, TopicSpec};
+use crate::pipeline::producer::{TxnErrorClass, TxnProducer};
+use crate::tools::replay::Watcher;
+use anyhow::{anyhow, bail, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tracing::{debug, info, warn};
+
+/// Longest single poll: bounds how late a due record, a stop request or a metrics refresh is noticed.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+/// How often the bucket gauges are refreshed.
+const GAUGES_EVERY: Duration = Duration::from_secs(5);
+/// Bound on one watermark request of the bucket gauges.
+const WATERMARK_TIMEOUT: Duration = Duration::from_millis(100);
+/// A batch slower than this is logged with where its time went (deliveries or the commit).
+const SLOW_BATCH: Duration = Duration::from_secs(1);
+/// Bound on seeking a partition (a local operation once assigned).
+const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a deliverer did, for its exit line and the tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliverStats {
+    /// Records consumed inside committed transactions.
+    pub records: u64,
+    pub delivered: u64,
+    /// Hand-offs to a retry bucket.
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub parked: u64,
+    pub transactions: u64,
+    pub aborted: u64,
+}
+
+impl fmt::Display for DeliverStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "records={} delivered={} retried={} dead_lettered={} parked={} transactions={} aborted={}",
+            self.records, self.delivered, self.retried, self.dead_lettered, self.parked, self.transactions, self.aborted
+        )
+    }
+}
+
+/// Runs the deliverer until `shutdown` resolves (or it fails), reporting to `health`.
+pub async fn run(
+    opts: DeliverOptions,
+    health: Health,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<DeliverStats> {
+    tokio::pin!(shutdown);
+    health.not_ready("creating topics");
+    let partitions = create_topics(&opts).await?;
+    let client = http::client(opts.connect_timeout, opts.request_timeout)?;
+    let ends = [opts.buckets.dlq(), opts.buckets.parking_lot()];
+    m::describe(&opts.subscriptions, &opts.buckets.bucket_topics(), &ends);
+    // The DLQ and parking-lot gauges: what is there and not replayed yet.
+    let _watchers = ends
+        .iter()
+        .map(|t| Watcher::spawn_reporting(opts.kafka.clone(), t.clone(), GAUGES_EVERY, m::backlog))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    info!(
+        topic = %opts.buckets.topic,
+        partitions,
+        buckets = ?opts.buckets.bucket_topics(),
+        subscribers = opts.subscriptions.len(),
+        group = %opts.group_id,
+        "alert-deliver starting"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let shutdown_timeout = opts.shutdown_timeout;
+    let worker = {
+        let stop = Arc::clone(&stop);
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || run_blocking(opts, rt, client, health, &stop))
+    };
+    tokio::pin!(worker);
+    tokio::select! {
+        // The worker's own end (an error) wins over a shutdown arriving at the same moment.
+        biased;
+        done = &mut worker => return done.context("the deliver thread panicked")?,
+        () = &mut shutdown => info!("shutdown requested"),
+    }
+    stop.store(true, Ordering::Relaxed);
+    match tokio::time::timeout(shutdown_timeout, worker).await {
+        Ok(done) => done.context("the deliver thread panicked")?,
+        Err(_) => bail!("shutdown did not finish within {shutdown_timeout:?}"),
+    }
+}
+
+/// Creates the buckets, the DLQ and the parking lot when missing, with the notifications topic's
+/// partition count (which must exist). Returns that count.
+async fn create_topics(opts: &DeliverOptions) -> anyhow::Result<i32> {
+    let kafka = &opts.kafka;
+    let main = opts.buckets.topic.clone();
+    let probe: BaseConsumer<Logged> = kafka
+        .admin()
+        .create_with_context(Logged)
+        .context("creating a metadata client")?;
+    let partitions = crate::kafka::read::partition_count(&probe, &main, Duration::from_secs(30))
+        .with_context(|| format!("the notifications topic {main}"))?;
+    let mut names = opts.buckets.bucket_topics();
+    names.extend([opts.buckets.dlq(), opts.buckets.parking_lot()]);
+    for name in names {
+        let spec = TopicSpec {
+            name,
+            partitions,
+            compacted: false,
+            retention: Some(opts.retention),
+        };
+        ensure_topic(kafka, &spec).await?;
+    }
+    Ok(partitions)
+}
+
+/// The head of a paused partition: the first record not due yet.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    due: SystemTime,
+    offset: i64,
+    /// Its record timestamp (ms), for the oldest-age gauge.
+    timestamp: Option<i64>,
+}
+
+/// What a notification's JSON must have for a delivery.
+#[derive(Deserialize)]
+struct Head {
+    id: String,
+    symbol: String,
+}
+
+struct Deliverer {
+    opts: DeliverOptions,
+    rt: tokio::runtime::Handle,
+    client: reqwest::Client,
+    consumer: BaseConsumer<Logged>,
+    producer: Arc<TxnProducer>,
+    /// Per subscriber: itself, its `max_in_flight` bound and its circuit breaker.
+    lanes: HashMap<String, Lane>,
+    /// Paused partitions and their held head.
+    held: HashMap<(String, i32), Held>,
+    stats: DeliverStats,
+    gauges_at: Instant,
+    hook: CrashHook,
+}
+
+fn run_blocking(
+    opts: DeliverOptions,
+    rt: tokio::runtime::Handle,
+    client: reqwest::Client,
+    health: Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<DeliverStats> {
+    let mut cfg = opts
+        .kafka
+        .group_consumer(&opts.group_id, opts.group_instance_id.as_deref());
+    if cfg.get("fetch.wait.max.ms").is_none() {
+        // Notifications become visible in bursts, when a transaction commits; librdkafka's 500 ms
+        // default would be most of a delivery's latency. -X overrides it.
+        cfg.set("fetch.wait.max.ms", "20");
+    }
+    let consumer: BaseConsumer<Logged> = cfg
+        .create_with_context(Logged)
+        .context("creating the deliverer's consumer")?;
+    let producer_cfg = opts
+        .kafka
+        .transactional_producer(&opts.transactional_id, opts.transaction_timeout)?;
+    let producer =
+        TxnProducer::new(&producer_cfg).context("registering the deliverer's transactional id")?;
+    let mut topics = vec![opts.buckets.topic.clone()];
+    topics.extend(opts.buckets.bucket_topics());
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&names)
+        .context("subscribing to the notifications and bucket topics")?;
+    let lanes = opts
+        .subscriptions
+        .iter()
+        .map(|s| (s.name.clone(), Lane::new(s.clone(), opts.breaker)))
+        .collect();
+    let opts_hook = opts.test_crash_after_handoffs;
+    let mut d = Deliverer {
+        opts,
+        rt,
+        client,
+        consumer,
+        producer,
+        lanes,
+        held: HashMap::new(),
+        stats: DeliverStats::default(),
+        gauges_at: Instant::now(),
+        hook: CrashHook {
+            after: opts_hook,
+            sent: 0,
+        },
+    };
+    health.ready();
+    let result = d.consume_until_stopped(&health, stop);
+    health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
+    match result {
+        Ok(()) => {
+            info!(stats = %d.stats, "alert-deliver stopped");
+            Ok(d.stats)
+        }
+        Err(e) => {
+            warn!(error = format!("{e:#}"), stats = %d.stats, "alert-deliver failed");
+            Err(e)
+        }
+    }
+}
+
+impl Deliverer {
+    fn consume_until_stopped(&mut self, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            health.beat();
+            self.resume_due()?;
+            if self.gauges_at <= Instant::now() {
+                self.bucket_gauges();
+                self.gauges_at = Instant::now() + GAUGES_EVERY;
+            }
+            let batch = self.poll_batch()?;
+            if !batch.is_empty() {
+                self.process(batch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls up to `max_batch` records, waiting at most until the next due time; keeps those of
+    /// owned partitions that are due, holding (pausing) a partition at its first record that is not.
+    fn poll_batch(&mut self) -> anyhow::Result<Vec<OwnedMessage>> {
+        let now = SystemTime::now();
+        let until_due = self
+            .held
+            .values()
+            .map(|h| h.due.duration_since(now).unwrap_or_default())
+            .min();
+        let wait = until_due.map_or(POLL_SLICE, |d| d.min(POLL_SLICE));
+        let mut polled = Vec::new();
+        while polled.len() < self.opts.max_batch {
+            match self.consumer.poll(if polled.is_empty() {
+                wait
+            } else {
+                Duration::ZERO
+            }) {
+                Some(Ok(m)) => polled.push(m.detach()),
+                Some(Err(e)) => warn!(error = %e, "consumer error"),
+                None => break,
+            }
+        }
+        // The rebalance callback runs inside poll: keep only what this instance still owns.
+        let owned: HashSet<(String, i32)> = self
+            .consumer
+            .assignment()
+            .context("reading the assignment")?
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        self.held.retain(|tp, _| owned.contains(tp));
+        let now = SystemTime::now();
+        let mut batch = Vec::with_capacity(polled.len());
+        for m in polled {
+            let tp = (m.topic().to_owned(), m.partition());
+            if !owned.contains(&tp) || self.held.contains_key(&tp) {
+                continue; // read again from the held offset on resume, or by the new owner
+            }
+            if let Some(Stage::Bucket(i)) = self.opts.buckets.stage_of(m.topic()) {
+                let fallback = m
+                    .timestamp()
+                    .to_millis()
+                    .map_or(now, |ts| from_millis(ts) + self.opts.buckets.delays()[i]);
+                let due = RetryState::of(&m, fallback).map_or(fallback, |s| s.next_due_at);
+                if due > now {
+                    self.hold(
+                        tp,
+                        Held {
+                            due,
+                            offset: m.offset(),
+                            timestamp: m.timestamp().to_millis(),
+                        },
+                    )?;
+                    continue;
+                }
+            }
+            batch.push(m);
+        }
+        Ok(batch)
+    }
+
+    /// Pauses a partition at its head record until it is due.
+    fn hold(&mut self, tp: (String, i32), held: Held) -> anyhow::Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.0, tp.1);
+        self.consumer
+            .pause(&tpl)
+            .with_context(|| format!("pausing {}/{}", tp.0, tp.1))?;
+        debug!(topic = %tp.0, partition = tp.1, offset = held.offset, "head not due: partition paused");
+        self.held.insert(tp, held);
+        Ok(())
+    }
+
+    /// Resumes the held partitions whose head is due, from the head.
+    fn resume_due(&mut self) -> anyhow::Result<()> {
+        let now = SystemTime::now();
+        let due: BTreeMap<(String, i32), i64> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.due <= now)
+            .map(|(tp, h)| (tp.clone(), h.offset))
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.seek(&due)?;
+        let tpl = handoff::tpl(&due)?;
+        self.consumer.resume(&tpl).context("resuming partitions")?;
+        for tp in due.keys() {
+            self.held.remove(tp);
+        }
+        Ok(())
+    }
+
+    /// Moves partitions to the given offsets.
+    fn seek(&self, positions: &BTreeMap<(String, i32), i64>) -> anyhow::Result<()> {
+        let result = self
+            .consumer
+            .seek_partitions(handoff::tpl(positions)?, SEEK_TIMEOUT)
+            .context("seeking")?;
+        for e in result.elements() {
+            e.error()
+                .with_context(|| format!("seeking {}/{}", e.topic(), e.partition()))?;
+        }
+        Ok(())
+    }
+
+    /// Delivers a batch and commits its hand-offs and offsets in one transaction.
+    fn process(&mut self, records: Vec<OwnedMessage>) -> anyhow::Result<()> {
+        let now = SystemTime::now();
+        let states: Vec<Option<RetryState>> =
+            records.iter().map(|m| RetryState::of(m, now)).collect();
+        let mut handoffs = Vec::new();
+        let mut jobs = Vec::new();
+        for (i, m) in records.iter().enumerate() {
+            let stage = self
+                .opts
+                .buckets
+                .stage_of(m.topic())
+                .ok_or_else(|| anyhow!("a record of {}", m.topic()))?;
+            let bad = |subscriber: &str, class: &'static str, why: String| Handoff {
+                record: i,
+                subscriber: subscriber.to_owned(),
+                target: Target::Dlq(class),
+                error_class: class.to_owned(),
+                error_message: why,
+                not_before: None,
+                // Examined once, as the pipeline counts a bad input's one attempt.
+                tried: true,
+            };
+            let head = match m.payload().map(serde_json::from_slice::<Head>) {
+                Some(Ok(h)) => h,
+                Some(Err(e)) => {
+                    handoffs.push(bad(
+                        states[i].as_ref().map_or("-", |s| &s.subscriber),
+                        "delivery.bad_record",
+                        format!("not a notification: {e}"),
+                    ));
+                    continue;
+                }
+                None => {
+                    handoffs.push(bad("-", "delivery.bad_record", "empty record".into()));
+                    continue;
+                }
+            };
+            let targets: Vec<Arc<Subscriber>> = match (&states[i], stage) {
+                // A retry, or a replayed dead letter: its one subscriber.
+                (Some(s), _) => match self.lanes.get(&s.subscriber) {
+                    Some(lane) => vec![Arc::clone(&lane.subscriber)],
+                    None => {
+                        let why =
+                            format!("subscriber {} is not in the subscriptions", s.subscriber);
+                        handoffs.push(bad(&s.subscriber, "delivery.unknown_subscriber", why));
+                        continue;
+                    }
+                },
+                (None, Stage::Main) => self
+                    .opts
+                    .subscriptions
+                    .of_symbol(&head.symbol)
+                    .filter_map(|s| {
+                        self.lanes
+                            .get(&s.name)
+                            .map(|lane| Arc::clone(&lane.subscriber))
+                    })
+                    .collect(),
+                (None, Stage::Bucket(_)) => {
+                    handoffs.push(bad(
+                        "-",
+                        "delivery.bad_record",
+                        "a retry record without retry.subscriber".into(),
+                    ));
+                    continue;
+                }
+            };
+            for subscriber in targets {
+                let key = format!("{}/{}", head.id, subscriber.name);
+                jobs.push(Job {
+                    record: i,
+                    subscriber,
+                    key,
+                });
+            }
+        }
+        let started = Instant::now();
+        let dispatcher = Dispatcher {
+            rt: &self.rt,
+            client: &self.client,
+            lanes: &self.lanes,
+            partition_concurrency: self.opts.partition_concurrency,
+            deadline: self.opts.delivery_deadline,
+        };
+        let attempts = dispatcher.deliver(&records, &jobs);
+        let http_took = started.elapsed();
+        let mut outcomes: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut latencies = Vec::new();
+        let now = SystemTime::now();
+        for (job, attempt) in jobs.iter().zip(attempts) {
+            let outcome = http::classify(&attempt, now);
+            *outcomes.entry(outcome.label()).or_default() += 1;
+            let stage = self
+                .opts
+                .buckets
+                .stage_of(records[job.record].topic())
+                .unwrap_or(Stage::Main);
+            // A delivery not tried (circuit open, no turn) is not dead-lettered for that alone.
+            let next = if attempt.tried() {
+                self.opts.buckets.next(stage)
+            } else {
+                let first = states[job.record]
+                    .as_ref()
+                    .and_then(|s| parse_time(&s.first_failure_at));
+                self.opts.buckets.next_untried(stage, first, now)
+            };
+            let (target, class, message, not_before) = match outcome {
+                Outcome::Delivered => {
+                    let written = records[job.record].timestamp().to_millis().map(from_millis);
+                    latencies.extend(written.and_then(|t| now.duration_since(t).ok()));
+                    continue;
+                }
+                Outcome::Transient {
+                    class,
+                    reason,
+                    not_before,
+                } => match next {
+                    Next::Bucket(b) => (Target::Bucket(b), class, reason, not_before),
+                    Next::Exhausted => (
+                        Target::Dlq("delivery.transient.exhausted"),
+                        class,
+                        reason,
+                        None,
+                    ),
+                },
+                Outcome::Permanent { class, reason } => {
+                    (Target::Dlq("delivery.permanent"), class, reason, None)
+                }
+                Outcome::Gone { reason } => (Target::ParkingLot, "http.410", reason, None),
+            };
+            handoffs.push(Handoff {
+                record: job.record,
+                subscriber: job.subscriber.name.clone(),
+                target,
+                error_class: class.to_owned(),
+                error_message: message,
+                not_before,
+                tried: attempt.tried(),
+            });
+        }
+        let committing = Instant::now();
+        let done = self.commit(&records, &states, &handoffs, &outcomes, &latencies);
+        let commit_took = committing.elapsed();
+        if http_took + commit_took > SLOW_BATCH {
+            warn!(records = records.len(), deliveries = jobs.len(), http = ?http_took, commit = ?commit_took, "slow batch");
+        }
+        done
+    }
+
+    /// One transaction for the batch; an abortable failure rewinds its partitions instead.
+    fn commit(
+        &mut self,
+        records: &[OwnedMessage],
+        states: &[Option<RetryState>],
+        handoffs: &[Handoff],
+        outcomes: &BTreeMap<&'static str, u64>,
+        latencies: &[Duration],
+    ) -> anyhow::Result<()> {
+        let group = self
+            .consumer
+            .group_metadata()
+            .context("the consumer has no group metadata")?;
+        let batch = Batch {
+            records,
+            states,
+            handoffs,
+        };
+        match handoff::commit(
+            &self.producer,
+            &group,
+            &self.opts.group_id,
+            &self.opts.buckets,
+            &batch,
+            &mut self.hook,
+        ) {
+            Ok(()) => {}
+            Err(e) if e.class == TxnErrorClass::Abortable => {
+                warn!(error = %e, records = records.len(), "hand-off transaction aborted; the batch is read and delivered again");
+                m::aborted();
+                self.stats.aborted += 1;
+                self.seek(&rewind_positions(records))?;
+                return Ok(());
+            }
+            Err(e) => {
+                if e.is_fenced() {
+                    crate::metrics::fenced();
+                }
+                return Err(anyhow!(e).context("committing a hand-off transaction"));
+            }
+        }
+        let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
+        for h in handoffs {
+            *by_topic.entry(h.topic(&self.opts.buckets)).or_default() += 1;
+            match h.target {
+                Target::Bucket(_) => self.stats.retried += 1,
+                Target::Dlq(_) => self.stats.dead_lettered += 1,
+                Target::ParkingLot => self.stats.parked += 1,
+            }
+            if !matches!(h.target, Target::Bucket(_)) {
+                warn!(subscriber = %h.subscriber, target = %h.topic(&self.opts.buckets), class = %h.error_class, error = %h.error_message, "delivery given up");
+            }
+        }
+        for l in latencies {
+            m::delivered(*l);
+        }
+        self.stats.records += records.len() as u64;
+        self.stats.delivered += outcomes.get("delivered").copied().unwrap_or(0);
+        self.stats.transactions += 1;
+        m::committed(
+            &outcomes.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
+            &by_topic.into_iter().collect::<Vec<_>>(),
+        );
+        Ok(())
+    }
+
+    /// Sets each bucket's lag (owned partitions) and the age of its oldest held record.
+    fn bucket_gauges(&self) {
+        let Ok(assigned) = self.consumer.assignment() else {
+            return;
+        };
+        let positions = self.consumer.position().ok();
+        let now = SystemTime::now();
+        for topic in self.opts.buckets.bucket_topics() {
+            let mut lag = 0;
+            for e in assigned.elements().iter().filter(|e| e.topic() == topic) {
+                let p = e.partition();
+                let held = self.held.get(&(topic.clone(), p)).map(|h| h.offset);
+                let position = held.or_else(|| {
+                    positions
+                        .as_ref()?
+                        .find_partition(&topic, p)
+                        .and_then(|x| match x.offset() {
+                            Offset::Offset(o) => Some(o),
+                            _ => None,
+                        })
+                });
+                // A short bound: the loop must not wait long on a gauge (a partition whose
+                // watermarks do not come in time is left out of this refresh).
+                if let (Ok((_, high)), Some(pos)) = (
+                    self.consumer.fetch_watermarks(&topic, p, WATERMARK_TIMEOUT),
+                    position,
+                ) {
+                    lag += (high - pos).max(0);
+                }
+            }
+            let oldest = self
+                .held
+                .iter()
+                .filter(|((t, _), _)| *t == topic)
+                .filter_map(|(_, h)| h.timestamp)
+                .map(|ts| now.duration_since(from_millis(ts)).unwrap_or_default())
+                .max()
+                .unwrap_or_default();
+            m::bucket(&topic, lag, oldest);
+        }
+    }
+}

@@ -1,0 +1,803 @@
+//! alert-deliver on the real broker, with subscriber endpoints the tests control (local HTTP
+//! servers): an outage longer than the first two buckets (nothing lost, the healthy subscriber's
+//! latency stays bounded), the outcome classes (429 with Retry-After, 400, 410), and SIGKILLs
+//! during hand-offs between buckets (no hand-off lost or doubled, counted per bucket against the
+//! oracle). Bucket delays are short (`--buckets`), so each test takes seconds, not minutes.
+
+mod common;
+
+use common::webhook::{Behaviour, Webhook};
+use common::{free_addr, http_get, kafka, records_with_headers, Pipeline};
+use price_alerts::kafka::feed::Feed;
+use price_alerts::kafka::read::count_records;
+use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::kafka::Isolation;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+const EXIT: Duration = Duration::from_secs(40);
+
+/// One deliverer setup: a notifications topic, its buckets, subscribers.
+struct Setup {
+    prefix: String,
+    topic: String,
+    buckets: String,
+    subscriptions: PathBuf,
+    metrics_addr: String,
+}
+
+impl Setup {
+    /// Fresh topic (`partitions`), buckets, and a subscriptions file of (name, url) for every symbol.
+    fn new(test: &str, partitions: i32, buckets: &str, subscribers: &[(&str, String)]) -> Self {
+        Self::with_in_flight(test, partitions, buckets, subscribers, 8)
+    }
+
+    /// As [`Setup::new`], every subscriber with this `max_in_flight`.
+    fn with_in_flight(
+        test: &str,
+        partitions: i32,
+        buckets: &str,
+        subscribers: &[(&str, String)],
+        in_flight: usize,
+    ) -> Self {
+        let prefix = common::prefix(test);
+        let topic = format!("{prefix}notifications");
+        let spec = TopicSpec {
+            name: topic.clone(),
+            partitions,
+            compacted: false,
+            retention: None,
+        };
+        futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");
+        let mut toml = String::new();
+        for (name, url) in subscribers {
+            toml.push_str(&format!("[subscribers.{name}]\nurl = \"{url}\"\nsymbols = [\"*\"]\nmax_in_flight = {in_flight}\n\n"));
+        }
+        let dir = std::env::temp_dir().join(format!("{prefix}deliver"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let subscriptions = dir.join("subscriptions.toml");
+        std::fs::write(&subscriptions, toml).expect("writing subscriptions");
+        Setup {
+            prefix,
+            topic,
+            buckets: buckets.to_owned(),
+            subscriptions,
+            metrics_addr: free_addr(),
+        }
+    }
+
+    fn bucket(&self, label: &str) -> String {
+        format!("{}.retry.{label}", self.topic)
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}.dlq", self.topic)
+    }
+
+    fn parking_lot(&self) -> String {
+        format!("{}.parking-lot", self.topic)
+    }
+
+    /// Starts alert-deliver (instance 0: a restart takes over its transactional id and group
+    /// membership at once).
+    fn spawn(&self) -> Pipeline {
+        self.spawn_with(&[])
+    }
+
+    fn spawn_with(&self, extra: &[&str]) -> Pipeline {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_alert-deliver"))
+            .args(["--bootstrap", &kafka().bootstrap])
+            .args([
+                "--subscriptions",
+                self.subscriptions.to_str().expect("utf-8 path"),
+            ])
+            .args(["--topic", &self.topic, "--buckets", &self.buckets])
+            .args([
+                "--app-id",
+                &format!("{}app", self.prefix),
+                "--instance-id",
+                "0",
+            ])
+            .args([
+                "--transaction-timeout",
+                "30s",
+                "--http-connect-timeout",
+                "1s",
+            ])
+            .args(if extra.contains(&"--http-timeout") {
+                &[][..]
+            } else {
+                &["--http-timeout", "2s"][..]
+            })
+            .args(["--metrics-addr", &self.metrics_addr])
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
+            )
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("starting alert-deliver");
+        Pipeline::from(child, "0")
+    }
+
+    /// Waits until the deliverer answers /readyz.
+    fn wait_ready(&self, p: &mut Pipeline) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while http_get(&self.metrics_addr, "/readyz").0 != 200 {
+            assert!(
+                matches!(p.child.try_wait(), Ok(None)),
+                "alert-deliver exited before it was ready"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "alert-deliver never became ready"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A notification as the pipeline writes it, as far as a deliverer reads it.
+fn notification(symbol: &str, seq: u64) -> (String, Vec<u8>) {
+    let id = format!("{symbol}:{seq}:100:up");
+    let v = serde_json::json!({"id": id, "symbol": symbol, "seq": seq, "threshold": "100", "direction": "up"});
+    (id, serde_json::to_vec(&v).expect("json"))
+}
+
+/// Produces notifications `from..to` (symbols S0..S9), returning their ids.
+fn produce(feed: &Feed, topic: &str, seqs: std::ops::Range<u64>) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut records = Vec::new();
+    for seq in seqs {
+        let symbol = format!("S{}", seq % 10);
+        let (id, value) = notification(&symbol, seq);
+        ids.push(id);
+        records.push((Some(symbol.into_bytes()), value));
+    }
+    feed.send_raw(topic, &records)
+        .expect("producing notifications");
+    ids
+}
+
+fn keys(ids: &[String], subscriber: &str) -> BTreeSet<String> {
+    ids.iter().map(|id| format!("{id}/{subscriber}")).collect()
+}
+
+/// Waits until `cond` holds, failing with `what` after `timeout`.
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// (id, subscriber) of every record of `topic`, read_committed, with the header values `extra`.
+fn handoffs(topic: &str, extra: &[&str]) -> Vec<(String, String, Vec<String>)> {
+    records_with_headers(topic)
+        .into_iter()
+        .map(|r| {
+            let v: serde_json::Value =
+                serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("json");
+            let sub = r
+                .headers
+                .get("retry.subscriber")
+                .cloned()
+                .unwrap_or_default();
+            let extra = extra
+                .iter()
+                .map(|k| r.headers.get(*k).cloned().unwrap_or_default())
+                .collect();
+            (v["id"].as_str().unwrap_or_default().to_owned(), sub, extra)
+        })
+        .collect()
+}
+
+/// Asserts `topic` holds exactly one record per id of `ids`, each for `subscriber`.
+fn assert_exactly_once(topic: &str, ids: &[String], subscriber: &str) {
+    let got = handoffs(topic, &[]);
+    let mut per: BTreeMap<&str, u32> = BTreeMap::new();
+    for (id, sub, _) in &got {
+        assert_eq!(sub, subscriber, "{topic}: a record for {sub}");
+        *per.entry(id.as_str()).or_default() += 1;
+    }
+    let doubled: Vec<_> = per.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(doubled.is_empty(), "{topic}: doubled hand-offs {doubled:?}");
+    let want: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    let have: BTreeSet<&str> = per.keys().copied().collect();
+    let missing: Vec<_> = want.difference(&have).take(5).collect();
+    assert!(missing.is_empty(), "{topic}: lost hand-offs {missing:?}");
+    assert_eq!(got.len(), ids.len(), "{topic}: one record per notification");
+}
+
+/// Nothing reached the DLQ or the parking lot.
+fn assert_nothing_given_up(setup: &Setup) {
+    assert_eq!(
+        count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap(),
+        0,
+        "the DLQ"
+    );
+    assert_eq!(
+        count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(),
+        0,
+        "the parking lot"
+    );
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// A broker acknowledging a produce later than this is stalled (the shared machine's broker has
+/// paused for seconds at a time: a KRaft controller event of 6.5 s, 30 s without a log line).
+const BROKER_STALL: Duration = Duration::from_millis(750);
+/// How long after a broker stall the deliverer may still be catching up on it (an aborted
+/// transaction redone, a fetch session rebuilt).
+const STALL_RECOVERY: Duration = Duration::from_secs(3);
+
+/// A measured stream: when each notification was acknowledged, and when the broker itself stalled.
+#[derive(Default)]
+struct Fed {
+    /// From the acknowledged produce: the deliverer's latency is measured from when it can read
+    /// the record, so a slow produce does not count.
+    sent_at: BTreeMap<String, SystemTime>,
+    /// Windows in which a produce took longer than [`BROKER_STALL`].
+    stalls: Vec<(SystemTime, SystemTime)>,
+}
+
+/// Produces 5 notifications every 100 ms (a live stream, not a burst), `chunks` times or for
+/// `span` of time in which the broker did not stall (at most three times `span` in all),
+/// whichever ends first, adding their ids to `ids`.
+fn produce_steadily(
+    feed: &Feed,
+    topic: &str,
+    chunks: usize,
+    span: Duration,
+    ids: &mut Vec<String>,
+) -> Fed {
+    let started = Instant::now();
+    let mut fed = Fed::default();
+    let mut next = ids.len() as u64;
+    let stalled = |fed: &Fed| {
+        fed.stalls
+            .iter()
+            .map(|(a, b)| b.duration_since(*a).unwrap_or_default())
+            .sum::<Duration>()
+    };
+    for _ in 0..chunks {
+        let elapsed = started.elapsed();
+        if elapsed.saturating_sub(stalled(&fed)) >= span || elapsed >= span.saturating_mul(3) {
+            break;
+        }
+        let asked = SystemTime::now();
+        let sent = produce(feed, topic, next..next + 5);
+        let at = SystemTime::now();
+        if at.duration_since(asked).unwrap_or_default() > BROKER_STALL {
+            fed.stalls.push((asked, at));
+        }
+        for id in sent {
+            fed.sent_at.insert(id.clone(), at);
+            ids.push(id);
+        }
+        next += 5;
+        thread::sleep(Duration::from_millis(100)); // input pacing: the stream's rate is the scenario
+    }
+    fed
+}
+
+/// From each notification's acknowledged produce to its first request at `hook` (for
+/// `subscriber`): (count, p50, p99, max), leaving out the notifications whose wait overlapped a
+/// broker stall (plus [`STALL_RECOVERY`]): those measure the broker, not the deliverer. Fails if
+/// that leaves fewer than half of them.
+fn latencies(hook: &Webhook, subscriber: &str, fed: &Fed) -> (usize, Duration, Duration, Duration) {
+    let first_seen: BTreeMap<String, SystemTime> = hook
+        .per_key()
+        .into_iter()
+        .map(|(k, rs)| (k, rs.iter().map(|r| r.at).min().expect("a request")))
+        .collect();
+    let stalled = |from: SystemTime, to: SystemTime| {
+        fed.stalls
+            .iter()
+            .any(|(a, b)| from <= *b + STALL_RECOVERY && *a <= to)
+    };
+    let mut latencies: Vec<Duration> = fed
+        .sent_at
+        .iter()
+        .map(|(id, at)| (*at, first_seen[&format!("{id}/{subscriber}")]))
+        .filter(|(at, seen)| !stalled(*at, *seen))
+        .map(|(at, seen)| seen.duration_since(at).unwrap_or_default())
+        .collect();
+    if !fed.stalls.is_empty() {
+        let lost: Vec<Duration> = fed
+            .stalls
+            .iter()
+            .map(|(a, b)| b.duration_since(*a).unwrap_or_default())
+            .collect();
+        eprintln!(
+            "the broker stalled {lost:?}: {} of {} notifications left out of the latencies",
+            fed.sent_at.len() - latencies.len(),
+            fed.sent_at.len()
+        );
+    }
+    assert!(
+        latencies.len() * 2 >= fed.sent_at.len(),
+        "the broker stalled through most of the measurement: {:?}",
+        fed.stalls
+    );
+    latencies.sort();
+    (
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1],
+    )
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_subscriber() {
+    let mut down = Webhook::down(Behaviour::Ok);
+    let healthy = Webhook::up(Behaviour::Ok);
+    let setup = Setup::new(
+        "deliver-outage",
+        3,
+        "1s,2s,10s",
+        &[("down", down.url()), ("healthy", healthy.url())],
+    );
+    let mut deliverer = setup.spawn();
+    setup.wait_ready(&mut deliverer);
+    let feed = Feed::new(&kafka()).expect("feed");
+    // A first notification, so the group has its partitions before the measured stream starts.
+    let mut ids = produce(&feed, &setup.topic, 0..1);
+    wait_until(
+        "the healthy subscriber has the first notification",
+        Duration::from_secs(60),
+        || healthy.accepted().len() == 1,
+    );
+
+    // The measured stream: 200 notifications over about 4 s, the down subscriber refusing
+    // connections throughout and for 6 s in all (longer than the first two buckets, 1 s + 2 s).
+    let started = Instant::now();
+    let fed = produce_steadily(&feed, &setup.topic, 40, Duration::MAX, &mut ids);
+    let down_for = Duration::from_secs(6);
+    thread::sleep(down_for.saturating_sub(started.elapsed())); // the outage's length is the scenario
+    assert!(
+        down.requests().is_empty(),
+        "nothing answered while the endpoint was down"
+    );
+    down.start();
+
+    wait_until(
+        "both subscribers accepted every notification",
+        Duration::from_secs(60),
+        || down.accepted().len() == ids.len() && healthy.accepted().len() == ids.len(),
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+
+    // Every notification accepted once by key at each subscriber: 0 lost, nothing unexpected.
+    assert_eq!(down.accepted(), keys(&ids, "down"));
+    assert_eq!(healthy.accepted(), keys(&ids, "healthy"));
+    // Every notification of the down subscriber went through the first bucket, once; only its
+    // records are in any bucket; nothing reached the DLQ or the parking lot.
+    assert_exactly_once(&setup.bucket("1s"), &ids, "down");
+    let second = handoffs(&setup.bucket("2s"), &[]);
+    assert!(
+        !second.is_empty() && second.iter().all(|(_, s, _)| s == "down"),
+        "the second bucket was used, by `down` only"
+    );
+    assert!(handoffs(&setup.bucket("10s"), &[])
+        .iter()
+        .all(|(_, s, _)| s == "down"));
+    assert_nothing_given_up(&setup);
+
+    // No head-of-line blocking: the healthy subscriber's latency during the outage.
+    let (n, p50, p99, max) = latencies(&healthy, "healthy", &fed);
+    eprintln!(
+        "healthy subscriber during the outage: n={n} p50={p50:?} p99={p99:?} max={max:?}; down subscriber: {} requests for {} keys",
+        down.requests().len(),
+        ids.len()
+    );
+    assert!(
+        max < Duration::from_secs(2),
+        "the healthy subscriber waited {max:?}: head-of-line blocking"
+    );
+}
+
+/// The hanging-subscriber scenario's deliverer flags: a request timeout well above the latency
+/// bound asserted below, so a batch that waits for a hanging call cannot meet it; a delivery
+/// deadline of 1 s, which bounds the one batch that finds the endpoint hanging; the breaker opens
+/// after 3 failures and probes every 2 s.
+const HANG_ARGS: &[&str] = &[
+    "--http-timeout",
+    "4s",
+    "--delivery-deadline",
+    "1s",
+    "--breaker-failures",
+    "3",
+    "--breaker-cooldown",
+    "2s",
+];
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
+    let hanging = Webhook::up(Behaviour::Ok);
+    let healthy = Webhook::up(Behaviour::Ok);
+    // The last bucket outlasts the hang plus a cool-down, so nothing needs the DLQ.
+    let setup = Setup::new(
+        "deliver-hang",
+        3,
+        "1s,2s,15s",
+        &[("hanging", hanging.url()), ("healthy", healthy.url())],
+    );
+    let mut deliverer = setup.spawn_with(HANG_ARGS);
+    setup.wait_ready(&mut deliverer);
+    // The breaker's series from the first scrape, with HELP and TYPE; none of the processor's.
+    let (_, exposed) = http_get(&setup.metrics_addr, "/metrics");
+    for (name, kind) in [
+        ("alerts_deliver_circuit_state", "gauge"),
+        ("alerts_deliver_circuit_skipped_total", "counter"),
+    ] {
+        assert!(
+            exposed.contains(&format!("# HELP {name} "))
+                && exposed.contains(&format!("# TYPE {name} {kind}")),
+            "{name}:\n{exposed}"
+        );
+        assert!(
+            exposed.contains(&format!("{name}{{subscriber=\"hanging\"}} 0")),
+            "{name} at zero:\n{exposed}"
+        );
+    }
+    assert!(
+        !exposed.contains("alerts_ticks_committed_total"),
+        "the processor's metrics are not alert-deliver's:\n{exposed}"
+    );
+    let feed = Feed::new(&kafka()).expect("feed");
+    // A first notification, accepted by both, so the group has its partitions before the hang.
+    let mut ids = produce(&feed, &setup.topic, 0..1);
+    wait_until(
+        "both subscribers have the first notification",
+        Duration::from_secs(60),
+        || hanging.accepted().len() == 1 && healthy.accepted().len() == 1,
+    );
+
+    // The measured stream: 5 notifications every 100 ms for 8 s (not counting stalls of the
+    // broker), during which one endpoint takes every request and never answers.
+    hanging.hang();
+    let fed = produce_steadily(
+        &feed,
+        &setup.topic,
+        usize::MAX,
+        Duration::from_secs(8),
+        &mut ids,
+    );
+    assert_eq!(
+        hanging.accepted().len(),
+        1,
+        "nothing answered while the endpoint hung"
+    );
+    let metric = |name: &str, subscriber: &str| {
+        let body = http_get(&setup.metrics_addr, "/metrics").1;
+        let series = format!("{name}{{subscriber=\"{subscriber}\"}} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    // The breaker: open (1) or probing (2) for the hanging subscriber, closed for the healthy one;
+    // the hanging subscriber's deliveries skipped, none of the healthy one's.
+    assert!(
+        metric("alerts_deliver_circuit_state", "hanging") >= 1.0,
+        "the hanging subscriber's circuit is open"
+    );
+    assert_eq!(metric("alerts_deliver_circuit_state", "healthy"), 0.0);
+    let skipped = metric("alerts_deliver_circuit_skipped_total", "hanging");
+    assert!(
+        skipped > 0.0,
+        "deliveries to the hanging subscriber were skipped"
+    );
+    assert_eq!(
+        metric("alerts_deliver_circuit_skipped_total", "healthy"),
+        0.0
+    );
+    hanging.recover();
+
+    wait_until(
+        "both subscribers accepted every notification",
+        Duration::from_secs(60),
+        || hanging.accepted().len() == ids.len() && healthy.accepted().len() == ids.len(),
+    );
+    wait_until(
+        "a probe closed the circuit again",
+        Duration::from_secs(10),
+        || metric("alerts_deliver_circuit_state", "hanging") == 0.0,
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+
+    // Every (notification, subscriber) accepted once by key: 0 lost, nothing unexpected; only the
+    // hanging subscriber's records in the buckets; nothing dead-lettered or parked.
+    assert_eq!(hanging.accepted(), keys(&ids, "hanging"));
+    assert_eq!(healthy.accepted(), keys(&ids, "healthy"));
+    for b in ["1s", "2s", "15s"] {
+        assert!(
+            handoffs(&setup.bucket(b), &[])
+                .iter()
+                .all(|(_, s, _)| s == "hanging"),
+            "bucket {b}: `hanging` only"
+        );
+    }
+    assert_nothing_given_up(&setup);
+
+    let (n, p50, p99, max) = latencies(&healthy, "healthy", &fed);
+    eprintln!(
+        "healthy subscriber while the other hung for 8 s: n={n} p50={p50:?} p99={p99:?} max={max:?}; hanging subscriber: {} answered requests for {} keys, {skipped} deliveries skipped by its open circuit",
+        hanging.requests().len(),
+        ids.len()
+    );
+    assert!(
+        max < Duration::from_secs(2),
+        "the healthy subscriber waited {max:?}: head-of-line blocking"
+    );
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn retry_after_is_honoured_400_dead_letters_at_once_and_410_parks() {
+    let throttled = Webhook::up(Behaviour::TooManyOnce {
+        retry_after_secs: 2,
+    });
+    let refusing = Webhook::up(Behaviour::Status(400));
+    let gone = Webhook::up(Behaviour::Status(410));
+    let subs = [
+        ("throttled", throttled.url()),
+        ("refusing", refusing.url()),
+        ("gone", gone.url()),
+    ];
+    let setup = Setup::new("deliver-classes", 2, "500ms,1s,3s", &subs);
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..20);
+    let deliverer = setup.spawn();
+    wait_until(
+        "every notification is accepted, dead-lettered or parked",
+        Duration::from_secs(60),
+        || {
+            throttled.accepted().len() == ids.len()
+                && count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap_or(0)
+                    >= ids.len() as u64
+                && count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted)
+                    .unwrap_or(0)
+                    >= ids.len() as u64
+        },
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+
+    // 429: tried again not before Retry-After (2 s, longer than the first bucket's 500 ms).
+    assert_eq!(throttled.accepted(), keys(&ids, "throttled"));
+    for (key, rs) in throttled.per_key() {
+        assert_eq!(rs[0].status, 429, "{key}");
+        let gap = rs[1].at.duration_since(rs[0].at).unwrap_or_default();
+        assert!(
+            gap >= Duration::from_millis(2000),
+            "{key}: tried again {gap:?} after its 429"
+        );
+    }
+    assert_exactly_once(&setup.bucket("500ms"), &ids, "throttled");
+    // 400: the DLQ at once, one request per key; 410: the parking lot, one request per key.
+    for (hook, name) in [(&refusing, "refusing"), (&gone, "gone")] {
+        let per = hook.per_key();
+        assert_eq!(
+            per.keys().cloned().collect::<BTreeSet<_>>(),
+            keys(&ids, name)
+        );
+        assert!(
+            per.values().all(|rs| rs.len() == 1),
+            "{name}: never retried"
+        );
+    }
+    assert_exactly_once(&setup.dlq(), &ids, "refusing");
+    assert_exactly_once(&setup.parking_lot(), &ids, "gone");
+    for (_, _, h) in handoffs(
+        &setup.dlq(),
+        &["dlq.error.class", "dlq.original.topic", "retry.error.class"],
+    ) {
+        assert_eq!(h, ["delivery.permanent", setup.topic.as_str(), "http.4xx"]);
+    }
+    for (_, _, h) in handoffs(&setup.parking_lot(), &["dlq.error.class"]) {
+        assert_eq!(h, ["delivery.gone"]);
+    }
+    for b in ["1s", "3s"] {
+        assert_eq!(
+            count_records(&kafka(), &setup.bucket(b), Isolation::ReadCommitted).unwrap(),
+            0,
+            "bucket {b}"
+        );
+    }
+    dlq_tooling_takes_what_it_selects(&setup, ids.len() as u64);
+}
+
+/// The DLQ tooling on alert-deliver's DLQ: inspect groups by subscriber; a replay filtered by
+/// subscriber with a limit takes exactly what it selects, a dry run writes nothing, and what a
+/// filter did not take is replayed by the next run.
+fn dlq_tooling_takes_what_it_selects(setup: &Setup, n: u64) {
+    use price_alerts::tools::replay::{inspect, replay, InspectOptions, ReplayOptions, Selection};
+    let look = || {
+        let opts = InspectOptions {
+            kafka: kafka(),
+            dlq: setup.dlq(),
+            select: Selection::all(),
+            show: 1,
+            payload: false,
+        };
+        inspect(&opts).expect("inspect")
+    };
+    let found = look();
+    assert_eq!(found.by["subscriber"]["refusing"].unhandled, n);
+    assert_eq!(found.by["class"]["delivery.permanent"].unhandled, n);
+    assert!(found.oldest_unhandled.is_some() && found.newest_unhandled.is_some());
+    assert!(found.shown[0].payload.is_none(), "no payload unless asked");
+    assert!(found.shown[0]
+        .headers
+        .iter()
+        .any(|h| h.key == "retry.subscriber" && h.value == "refusing"));
+
+    let into_bucket = |subscriber: &str, limit: Option<u64>, dry_run: bool| {
+        let opts = ReplayOptions {
+            select: Selection::all().for_subscribers(&[subscriber.to_owned()]),
+            limit,
+            dry_run,
+            to: Some(setup.bucket("500ms")),
+            ..ReplayOptions::new(kafka(), setup.dlq())
+        };
+        replay(&opts).expect("replay")
+    };
+    let bucket_before =
+        count_records(&kafka(), &setup.bucket("500ms"), Isolation::ReadCommitted).unwrap();
+    assert_eq!(
+        into_bucket("nobody", None, false).total_replayed(),
+        0,
+        "another subscriber's filter takes none"
+    );
+    assert_eq!(
+        into_bucket("refusing", None, true).total_replayed(),
+        n,
+        "a dry run counts them all"
+    );
+    assert_eq!(into_bucket("refusing", Some(5), false).total_replayed(), 5);
+    let after = look();
+    assert_eq!(
+        (after.total.handled, after.total.unhandled),
+        (5, n - 5),
+        "the limit left the others unhandled"
+    );
+    assert_eq!(
+        into_bucket("refusing", None, false).total_replayed(),
+        n - 5,
+        "and the next run takes them"
+    );
+    assert_eq!(look().total.unhandled, 0);
+    let copies = count_records(&kafka(), &setup.bucket("500ms"), Isolation::ReadCommitted).unwrap()
+        - bucket_before;
+    assert_eq!(
+        copies, n,
+        "each dead letter replayed once; the dry run wrote nothing"
+    );
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
+    // A slow failing endpoint (20 ms a request, 2 at a time), so every stage's hand-offs spread
+    // over many transactions and the kills land while records move between buckets.
+    let failing = Webhook::up(Behaviour::StatusAfter(503, Duration::from_millis(20)));
+    let healthy = Webhook::up(Behaviour::Ok);
+    let subs = [("failing", failing.url()), ("healthy", healthy.url())];
+    let setup = Setup::with_in_flight("deliver-kill", 3, "300ms,600ms,900ms", &subs, 2);
+    // No breaker: this test counts every failing subscriber's record through every bucket with
+    // four real attempts; an open circuit would hand records on untried.
+    let no_breaker = ["--breaker-failures", "0"];
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..150);
+    // Crashes inside open hand-off transactions, their records already in the log: after 30
+    // hand-offs (into the first bucket), then after 180 (the 150 of the first bucket committed,
+    // the 30th from the first bucket into the second).
+    for after in ["30", "180"] {
+        let crashed = setup
+            .spawn_with(&[&no_breaker[..], &["--test-crash-after-handoffs", after]].concat())
+            .wait(Duration::from_secs(90));
+        assert!(!crashed.success(), "the hook crashed it");
+    }
+    let mut deliverer = setup.spawn_with(&no_breaker);
+    // SIGKILLs once each stage is under way: hand-offs into every bucket and into the DLQ.
+    let stages = [
+        setup.bucket("300ms"),
+        setup.bucket("300ms"),
+        setup.bucket("600ms"),
+        setup.bucket("900ms"),
+        setup.dlq(),
+    ];
+    let mut kills = 2;
+    for (i, topic) in stages.iter().enumerate() {
+        let at_least = 20 + 40 * (i as u64 % 2);
+        wait_until(
+            &format!("{topic} has {at_least} hand-offs"),
+            Duration::from_secs(60),
+            || count_records(&kafka(), topic, Isolation::ReadCommitted).unwrap_or(0) >= at_least,
+        );
+        deliverer.signal_if_running("KILL");
+        let _ = deliverer.wait(EXIT);
+        kills += 1;
+        deliverer = setup.spawn_with(&no_breaker);
+    }
+    wait_until(
+        "every failing delivery reached the DLQ",
+        Duration::from_secs(120),
+        || {
+            count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap_or(0)
+                >= ids.len() as u64
+                && healthy.accepted().len() == ids.len()
+        },
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+    // How many hand-offs the kills left behind in aborted transactions (visible read_uncommitted).
+    let aborted: Vec<u64> = stages[1..]
+        .iter()
+        .map(|t| {
+            count_records(&kafka(), t, Isolation::ReadUncommitted).unwrap()
+                - count_records(&kafka(), t, Isolation::ReadCommitted).unwrap()
+        })
+        .collect();
+    eprintln!(
+        "{kills} crashes (2 inside a hand-off transaction, the rest SIGKILLs); aborted hand-offs per bucket and DLQ: {aborted:?}; the failing subscriber saw {} requests for {} keys",
+        failing.requests().len(),
+        ids.len()
+    );
+    assert!(
+        aborted[0] >= 30 && aborted[1] >= 1,
+        "the crashes left aborted hand-offs behind: {aborted:?}"
+    );
+
+    // Each (notification, failing) passed every bucket once and reached the DLQ once.
+    for b in ["300ms", "600ms", "900ms"] {
+        assert_exactly_once(&setup.bucket(b), &ids, "failing");
+    }
+    assert_exactly_once(&setup.dlq(), &ids, "failing");
+    for (_, _, h) in handoffs(
+        &setup.dlq(),
+        &["dlq.error.class", "dlq.attempts", "retry.error.class"],
+    ) {
+        assert_eq!(h, ["delivery.transient.exhausted", "4", "http.5xx"]);
+    }
+    assert_eq!(
+        count_records(&kafka(), &setup.parking_lot(), Isolation::ReadCommitted).unwrap(),
+        0
+    );
+    assert_eq!(
+        healthy.accepted(),
+        keys(&ids, "healthy"),
+        "the healthy subscriber accepted each once by key"
+    );
+    // At least once over HTTP: every attempt of the failing subscriber was made at least once.
+    let per = failing.per_key();
+    assert!(
+        per.len() == ids.len() && per.values().all(|rs| rs.len() >= 4),
+        "four attempts per key at least"
+    );
+}
