@@ -31,6 +31,15 @@
 #                                     one broker of the cluster: stop is SIGTERM (a controlled
 #                                     shutdown), kill is SIGKILL; start waits until K is registered
 #
+# A local SECURED broker (scripts/kafka/secure.sh has the details: SASL_SSL with SCRAM-SHA-512 on
+# 127.0.0.1:29094, TLS certificates made with openssl, the StandardAuthorizer, SCRAM users per
+# binary; state, certificates and passwords in .kafka/secure/), beside the others:
+#   scripts/kafka.sh up|down [--wipe]|status|logs --secure
+#   scripts/kafka.sh env --secure     print KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and
+#                                     KAFKA_SECURE_CA as shell exports (no secret)
+#   scripts/kafka.sh password --secure USER   print USER's password (the only command that does)
+#   scripts/acls.sh                   the least-privilege ACLs of each binary (docs/security.md)
+#
 # All state lives in .kafka/ at the repository's top (git-ignored):
 #   .kafka/jars/              the jars; .kafka/jars/.stamp holds the hash of pom.xml they came from,
 #                             so a change to the pom fetches them again
@@ -328,8 +337,15 @@ inter.broker.listener.name=PLAINTEXT
 log.dirs=$DATA
 num.partitions=1
 default.replication.factor=1
-min.insync.replicas=1
 auto.create.topics.enable=$KAFKA_AUTO_CREATE_TOPICS
+$(one_node_properties)
+EOF
+}
+
+# The settings of a one-node cluster, shared by the plain and the secured broker.
+one_node_properties() {
+  cat <<EOF
+min.insync.replicas=1
 # Internal topics on one node: replication 1, and fewer partitions than the default 50, so the
 # first consumer group and the first transactional producer do not wait for 50 partitions.
 offsets.topic.replication.factor=1
@@ -582,23 +598,31 @@ usage() {
   sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
 }
 
-# The cluster's commands live in kafka/cluster.sh.
+# The cluster's commands live in kafka/cluster.sh, the secured broker's in kafka/secure.sh.
 # shellcheck source=kafka/cluster.sh
 source "$SCRIPT_DIR/kafka/cluster.sh"
+# shellcheck source=kafka/secure.sh
+source "$SCRIPT_DIR/kafka/secure.sh"
 
 main() {
-  local cmd=${1:-} args=()
+  local cmd=${1:-} args=() secure=0
   (($#)) && shift
-  # --brokers N (or KAFKA_BROKERS=N) with N > 1: up, down, status and logs act on the cluster.
+  # --brokers N (or KAFKA_BROKERS=N) with N > 1: up, down, status and logs act on the cluster;
+  # --secure: on the secured broker.
   while (($#)); do
     case $1 in
       --brokers) shift; KAFKA_BROKERS=${1:-} ;;
       --brokers=*) KAFKA_BROKERS=${1#--brokers=} ;;
+      --secure) secure=1 ;;
       *) args+=("$1") ;;
     esac
     shift
   done
   set -- ${args[@]+"${args[@]}"}
+  if ((secure)); then
+    secure_main "$cmd" "$@"
+    return
+  fi
   [[ $KAFKA_BROKERS =~ ^[0-9]+$ ]] || die "--brokers/KAFKA_BROKERS must be a number, not '$KAFKA_BROKERS'"
   if ((KAFKA_BROKERS > 1)); then
     case $cmd in

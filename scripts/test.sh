@@ -9,6 +9,10 @@
 # Broker tests are #[ignore]d under a plain `cargo test` (no broker there); here they run with
 # --include-ignored, so none is silently skipped.
 #
+# The secure tests (tests/security.rs) run on the local SECURED broker (scripts/kafka.sh up --secure:
+# SASL_SSL, SCRAM users, ACLs), started and stopped the same way, in parallel with the others;
+# KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and KAFKA_SECURE_CA tell the tests where it is.
+#
 # alert-sink's tests need PostgreSQL too: scripts/postgres.sh up when it is not running (stopped
 # again at the end), unless DATABASE_URL names a server already.
 #
@@ -37,10 +41,12 @@ fi
 
 # PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
 # running (and stopped again at the end); a DATABASE_URL given by the caller is used as it is.
-started=0 cluster_started=0 pg_started=0
+started=0 cluster_started=0 secure_started=0 pg_started=0
 cleanup() {
   if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; fi
   if [ "$cluster_started" = 1 ]; then scripts/kafka.sh down --brokers 3 --wipe >/dev/null || true; fi
+  # --wipe: its certificates and passwords go with it.
+  if [ "$secure_started" = 1 ]; then scripts/kafka.sh down --secure --wipe >/dev/null || true; fi
   if [ "$pg_started" = 1 ]; then scripts/postgres.sh down >/dev/null || true; fi
 }
 trap cleanup EXIT
@@ -65,7 +71,13 @@ if ! scripts/kafka.sh status --brokers 3 >/dev/null 2>&1; then
   scripts/kafka.sh up --brokers 3 &
   pids+=($!)
 fi
+if ! scripts/kafka.sh status --secure >/dev/null 2>&1; then
+  secure_started=1
+  scripts/kafka.sh up --secure &
+  pids+=($!)
+fi
 for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid"; done
+eval "$(scripts/kafka.sh env --secure)"
 
 SECONDS=0
 cargo build --locked --workspace --all-targets

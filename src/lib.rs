@@ -39,7 +39,8 @@
 //!   `/readyz` endpoint.
 //!
 //! Shared plumbing and the tools around the processor:
-//! - [`kafka`]: client configuration, topics, offsets, readers, the tick feed.
+//! - [`kafka`]: client configuration, secrets, the start-up connect and access checks, topics,
+//!   offsets, readers, the tick feed.
 //! - [`tools`]: the commit/abort experiment, the tick generator, the verifier (oracle), the DLQ
 //!   replay (with its replay ledger), inspection and backlog watcher.
 //!

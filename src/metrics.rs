@@ -39,6 +39,7 @@ pub const DELIVERY_FAILURES: &str = "alerts_delivery_failures_total";
 pub const CONSUMER_LAG: &str = "alerts_consumer_lag";
 pub const DLQ_OLDEST_AGE: &str = "alerts_dlq_oldest_unhandled_age_seconds";
 pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
+pub const NOT_AUTHORISED: &str = "alerts_not_authorised_total";
 
 /// How a metric is exposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +68,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition."),
     (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet replayed (no entry in the replay ledger <dlq>.replayed; 0 when none)."),
     (DLQ_UNHANDLED, Kind::Gauge, "Dead letters not yet replayed (no entry in the replay ledger <dlq>.replayed): a count of records."),
+    (NOT_AUTHORISED, Kind::Counter, "Transactions aborted because a right was refused, by right (e.g. \"Write on Topic notifications\"); the input is redone once it is granted."),
 ];
 
 /// Dead-letter classes, the values of the `class` label of [`DEAD_LETTERED`].
@@ -173,11 +175,17 @@ pub fn fenced() {
     counter!(FENCED).increment(1);
 }
 
+/// A transaction aborted because `right` was refused.
+pub fn not_authorised(right: &str) {
+    counter!(NOT_AUTHORISED, "right" => right.to_owned()).increment(1);
+}
+
 /// Registers the per-topic series of the topics a service writes, at zero, so an alert on them
 /// (a DLQ that cannot be written) has a series from the start.
 pub fn topics_written(topics: &[&str]) {
     for topic in topics {
         counter!(DELIVERY_FAILURES, "topic" => topic.to_string()).increment(0);
+        counter!(NOT_AUTHORISED, "right" => format!("Write on Topic {topic}")).increment(0);
     }
 }
 

@@ -53,6 +53,17 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<bool> {
     let cli = Cli::parse();
     let kafka = cli.kafka.connect()?;
+    let mut read = vec![cli.input.clone()];
+    if !cli.table {
+        read.push(cli.output.clone());
+    }
+    price_alerts::kafka::access::check(
+        &kafka,
+        &price_alerts::kafka::access::Needs {
+            read,
+            ..Default::default()
+        },
+    )?;
     let rules = Rules::load(&cli.rules)?;
     let faults = price_alerts::dlq::FaultInjection {
         enabled: cli.inject_faults,

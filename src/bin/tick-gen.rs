@@ -4,8 +4,9 @@ use anyhow::Context as _;
 use clap::Parser;
 use price_alerts::cli::main_of;
 use price_alerts::cli::tickgen::TickGenArgs;
+use price_alerts::kafka::access::{check, Needs};
 use price_alerts::kafka::feed::Feed;
-use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::kafka::topics::{ensure_topic, TopicSpec};
 use price_alerts::tools::generate::{generate, GenOptions};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -31,14 +32,22 @@ fn run() -> anyhow::Result<()> {
         return Ok(());
     }
     let kafka = cli.kafka.connect()?;
-    futures::executor::block_on(create_topics(
+    check(
         &kafka,
-        &[TopicSpec {
+        &Needs {
+            write: vec![cli.topic.clone()],
+            ..Needs::default()
+        },
+    )?;
+    // Created only when missing: a producer with Write but no Create on an existing topic is fine.
+    futures::executor::block_on(ensure_topic(
+        &kafka,
+        &TopicSpec {
             name: cli.topic.clone(),
             partitions: cli.partitions,
             compacted: false,
             retention: None,
-        }],
+        },
     ))?;
     let started = Instant::now();
     Feed::new(&kafka)?.send_ticks_at_rate(&cli.topic, &ticks, cli.rate)?;

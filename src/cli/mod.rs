@@ -27,19 +27,26 @@ pub use pipeline::{GuaranteeArg, PipelineArgs};
 
 use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
 use crate::kafka::connect::{self, ConnectError};
+use crate::kafka::secrets;
 use clap::Args;
 use std::time::Duration;
 
-/// `--bootstrap` and `-X key=value`, as every binary takes them.
+/// `--bootstrap`, `-X key=value` and `--config`, as every binary takes them.
 #[derive(Debug, Clone, Args)]
 pub struct KafkaArgs {
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = DEFAULT_BOOTSTRAP)]
     pub bootstrap: String,
     /// A librdkafka property for every client, as key=value (repeatable), e.g.
-    /// -X security.protocol=SASL_SSL. Properties the exactly-once guarantee rests on are refused.
+    /// -X security.protocol=SASL_SSL. Properties the exactly-once guarantee rests on are refused,
+    /// and so are secrets (a command line is visible to every local user): see --config.
     #[arg(short = 'X', value_name = "KEY=VALUE")]
     pub properties: Vec<String>,
+    /// A TOML file whose [librdkafka] table is passed to every client (like -X; -X wins): the
+    /// place for secrets and TLS paths. Holding a secret, it must be readable by its owner only
+    /// (chmod 600). The SASL password may come from KAFKA_SASL_PASSWORD instead.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     /// How long a broker at --bootstrap has to answer at start before the process gives up,
     /// naming the address and the cause (refused, DNS, TLS, SASL).
     #[arg(long, default_value = "10s", value_parser = duration)]
@@ -47,9 +54,31 @@ pub struct KafkaArgs {
 }
 
 impl KafkaArgs {
-    /// The client configuration as given, unchecked.
+    /// The client configuration as given (-X, then the --config file, then KAFKA_SASL_PASSWORD,
+    /// each filling in only what the ones before left unset), unchecked.
     pub fn config(&self) -> anyhow::Result<KafkaConfig> {
-        KafkaConfig::new(&self.bootstrap).with_overrides(&self.properties)
+        use anyhow::Context as _;
+        for pair in &self.properties {
+            if let Some((k, _)) = pair.split_once('=') {
+                secrets::refuse_on_command_line(k.trim())?;
+            }
+        }
+        let mut kafka = KafkaConfig::new(&self.bootstrap).with_overrides(&self.properties)?;
+        if let Some(path) = &self.config {
+            for (k, v) in secrets::read_config_file(path)? {
+                if !kafka.properties.contains_key(&k) {
+                    kafka
+                        .set(&k, &v)
+                        .with_context(|| format!("config file {}", path.display()))?;
+                }
+            }
+        }
+        if let Ok(password) = std::env::var(secrets::PASSWORD_ENV) {
+            if !kafka.properties.contains_key("sasl.password") {
+                kafka.set("sasl.password", &password)?;
+            }
+        }
+        Ok(kafka)
     }
 
     /// The client configuration, checked: every property accepted by librdkafka, and a broker at

@@ -21,9 +21,6 @@ pub struct PipelineArgs {
     /// Alert rules (TOML: [symbols] SYMBOL = ["threshold", ...]).
     #[arg(long, env = "ALERT_RULES")]
     pub rules: std::path::PathBuf,
-    /// Optional config file; its [librdkafka] table is passed to every client (like -X).
-    #[arg(long)]
-    pub config: Option<std::path::PathBuf>,
     /// Application id: consumer group, transactional-id prefix, changelog name (<app>-state).
     #[arg(long, default_value = "price-alerts")]
     pub app_id: String,
@@ -124,43 +121,10 @@ impl From<GuaranteeArg> for Guarantee {
     }
 }
 
-/// The `[librdkafka]` table of a config file.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    /// librdkafka properties for every client.
-    #[serde(default)]
-    librdkafka: std::collections::BTreeMap<String, toml::Value>,
-}
-
 impl PipelineArgs {
     /// Validates the arguments, reads the rules and config files, and builds the options.
     pub fn options(&self) -> anyhow::Result<PipelineOptions> {
-        use anyhow::Context as _;
-        let mut kafka = self.kafka.config()?;
-        if let Some(path) = &self.config {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let file: FileConfig =
-                toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?;
-            for (k, v) in file.librdkafka {
-                let v = match v {
-                    toml::Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                // -X on the command line wins over the file.
-                if !self
-                    .kafka
-                    .properties
-                    .iter()
-                    .any(|p| p.split_once('=').is_some_and(|(pk, _)| pk.trim() == k))
-                {
-                    kafka
-                        .set(&k, &v)
-                        .with_context(|| format!("config file {}", path.display()))?;
-                }
-            }
-        }
+        let kafka = self.kafka.config()?;
         kafka.validate()?;
         let rules = crate::rules::Rules::load(&self.rules)?;
         if rules.is_empty() {

@@ -48,12 +48,22 @@ const MANAGED: &[(&str, &str)] = &[
 ];
 
 /// Connection settings shared by every client, plus the user's pass-through properties.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KafkaConfig {
     /// `bootstrap.servers` of every client.
     pub bootstrap: String,
     /// Raw librdkafka properties applied to every client after ours (already validated).
     pub properties: BTreeMap<String, String>,
+}
+
+/// Secrets (`sasl.password`, …) show as `[redacted]`: a configuration may end up in a log line.
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("properties", &super::secrets::redacted(&self.properties))
+            .finish()
+    }
 }
 
 /// How a standalone reader (verifier, state restore) sees transactions.
@@ -328,6 +338,16 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("no.such.property"), "{err}");
+    }
+
+    #[test]
+    fn debug_never_shows_a_password() {
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["sasl.password=hunter2-secret", "sasl.username=u"])
+            .unwrap();
+        let shown = format!("{k:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("sasl.username"), "{shown}");
     }
 
     #[test]

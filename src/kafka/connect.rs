@@ -149,6 +149,17 @@ struct Probe {
 }
 
 impl Probe {
+    /// Keeps `code` unless it is only a summary ("all brokers are down") of what is kept already.
+    fn note(&self, code: RDKafkaErrorCode, detail: &str) {
+        let Ok(mut last) = self.last.lock() else {
+            return;
+        };
+        let summary = matches!(code, RDKafkaErrorCode::AllBrokersDown);
+        if last.is_none() || !summary {
+            *last = Some((code, detail.to_owned()));
+        }
+    }
+
     fn last(&self) -> Option<(RDKafkaErrorCode, String)> {
         self.last.lock().ok().and_then(|l| l.clone())
     }
@@ -156,6 +167,16 @@ impl Probe {
 
 impl ClientContext for Probe {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        // A failed TLS handshake is logged by librdkafka's broker thread at once; the error
+        // event with the same text only arrives when the check next serves its queue, and on a
+        // busy machine it has come too late. So the log line settles it too (without its
+        // "[thrd:…]: " prefix).
+        if is_tls(log_message) {
+            let detail = log_message
+                .split_once("]: ")
+                .map_or(log_message, |(_, rest)| rest);
+            self.note(RDKafkaErrorCode::SSL, detail);
+        }
         // The check reports the failure itself; librdkafka's lines about it are detail.
         if matches!(level, RDKafkaLogLevel::Debug) {
             logging::log(level, fac, log_message);
@@ -163,15 +184,8 @@ impl ClientContext for Probe {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let Some(code) = error.rdkafka_error_code() else {
-            return;
-        };
-        let Ok(mut last) = self.last.lock() else {
-            return;
-        };
-        let summary = matches!(code, RDKafkaErrorCode::AllBrokersDown);
-        if last.is_none() || !summary {
-            *last = Some((code, reason.to_owned()));
+        if let Some(code) = error.rdkafka_error_code() {
+            self.note(code, reason);
         }
     }
 }

@@ -3,6 +3,10 @@
 //! - [`config`]: the one place that builds rdkafka client configurations, and the pass-through
 //!   properties with the ones the guarantee rests on refused.
 //! - [`connect`]: the start-up check that a broker answers, naming the address and the cause.
+//! - [`secrets`]: where passwords may come from (a mode-600 `--config` file, an environment
+//!   variable; never the command line) and their redaction.
+//! - [`access`]: the start-up authorisation check: the rights each binary needs, named when
+//!   missing ("Write on Topic notifications").
 //! - [`logging`]: librdkafka's own lines and events through tracing, rate-limited.
 //! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned).
 //! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
@@ -11,12 +15,14 @@
 //! - [`feed`]: the upstream tick feed: an idempotent producer that loads input and says where
 //!   each record landed.
 
+pub mod access;
 pub mod config;
 pub mod connect;
 pub mod feed;
 pub mod logging;
 pub mod offsets;
 pub mod read;
+pub mod secrets;
 pub mod topics;
 
 pub use config::{Isolation, KafkaConfig};

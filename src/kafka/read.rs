@@ -15,7 +15,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Offset;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// A standalone reader. Its context logs through [`super::logging`], where the end-of-partition
 /// event that librdkafka also reports as an error is logged at debug level.
@@ -27,6 +27,14 @@ pub fn reader(kafka: &KafkaConfig, isolation: Isolation) -> anyhow::Result<Reade
         .reader(isolation)
         .create_with_context(Logged)
         .context("creating a reader")
+}
+
+/// Whether `e` is the broker refusing a reader's nominal group (`price-alerts-reader`, see
+/// [`KafkaConfig::reader`]). librdkafka wants a group.id even for assign() and then looks up that
+/// group's coordinator, which a least-privilege principal is refused; a reader never uses the
+/// group (it commits nothing), so the refusal is noise, not an error worth a warning.
+pub fn is_nominal_group_refused(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::GroupAuthorizationFailed)
 }
 
 /// Default bound on reading a topic to its end.
@@ -99,6 +107,9 @@ pub fn read_partitions_to_end(
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 pending.remove(&p);
+            }
+            Some(Err(e)) if is_nominal_group_refused(&e) => {
+                debug!(topic, error = %e, "reader's nominal group refused")
             }
             // Connection trouble is retried by librdkafka; the deadline bounds the wait.
             Some(Err(e)) => warn!(topic, error = %e, "error while reading; retrying"),

@@ -40,6 +40,15 @@ use tracing::{debug, error, info, warn};
 /// Bound on broker round trips of the rewind (committed offsets, seek).
 const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Back-off after the first transaction aborted for a missing Write; it doubles per abort in a
+/// row up to [`DENIED_BACKOFF_MAX`], far below `max.poll.interval.ms`.
+const DENIED_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Bound on each metadata round trip that asks whether a Write is refused, after a failed abort:
+/// short, so an instance that is stopping for another reason is not held up.
+const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Counters of one engine; printed at shutdown (as aligned text, or JSON) and exported as metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Stats {
@@ -134,13 +143,18 @@ impl OpenTxn {
 }
 
 /// What the lock guards: the open batch, the per-partition state, a fatal error raised inside the
-/// rebalance callback (reported after `poll` returns), and the counters.
+/// rebalance callback (reported after `poll` returns), the counters, and the back-off while a
+/// right is missing.
 #[derive(Default)]
 pub(super) struct Session {
     txn: Option<OpenTxn>,
     pub state: StateStore,
     fatal: Option<TxnError>,
     stats: Stats,
+    /// Transactions aborted in a row because a Write was refused; reset by a commit.
+    denied_in_a_row: u32,
+    /// How long the loop waits before the next attempt, set by such an abort (taken once).
+    backoff: Option<Duration>,
 }
 
 impl Session {
@@ -157,6 +171,12 @@ impl Session {
     /// A fatal error of the rebalance callback, once.
     pub fn take_fatal(&mut self) -> Option<TxnError> {
         self.fatal.take()
+    }
+
+    /// How long to wait before the next attempt, once, after a transaction aborted because a
+    /// right was missing.
+    pub fn take_backoff(&mut self) -> Option<Duration> {
+        self.backoff.take()
     }
 
     pub fn stats(&self) -> &Stats {
@@ -183,13 +203,11 @@ impl Committer {
     /// predecessor and aborts what it left open), or idempotent in the at-least-once mode.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
         let producer = match settings.guarantee {
-            Guarantee::ExactlyOnce => {
-                let cfg = settings.kafka.transactional_producer(
-                    &settings.transactional_id(),
-                    settings.transaction_timeout,
-                )?;
-                TxnProducer::new(&cfg).context("starting the transactional producer")?
-            }
+            Guarantee::ExactlyOnce => TxnProducer::start(
+                &settings.kafka,
+                &settings.transactional_id(),
+                settings.transaction_timeout,
+            )?,
             Guarantee::AtLeastOnce => {
                 TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
                     .context("starting the idempotent producer")?
@@ -386,6 +404,13 @@ impl Committer {
         let Some(txn) = session.txn.take() else {
             return Ok(());
         };
+        if session.denied_in_a_row > 0 {
+            info!(
+                after_aborts = session.denied_in_a_row,
+                "authorised again: transactions commit"
+            );
+            session.denied_in_a_row = 0;
+        }
         let (c, s) = (&txn.counts, &mut session.stats);
         s.commits += 1;
         s.committed_records += txn.records;
@@ -412,6 +437,72 @@ impl Committer {
         Ok(())
     }
 
+    /// After an abort because Write was refused on `topics`: says so (log and metric, per right)
+    /// and sets a growing back-off, so the loop retries the same input now and then instead of
+    /// spinning, until the right is granted again.
+    fn report_refused(&self, session: &mut Session, topics: &BTreeSet<String>) {
+        session.denied_in_a_row += 1;
+        let backoff = DENIED_BACKOFF_FIRST
+            .saturating_mul(1 << session.denied_in_a_row.min(6))
+            .min(DENIED_BACKOFF_MAX);
+        session.backoff = Some(backoff);
+        let principal = crate::kafka::access::principal(&self.settings.kafka)
+            .unwrap_or_else(|| "this client".to_owned());
+        for topic in topics {
+            let right = format!("Write on Topic {topic}");
+            m::not_authorised(&right);
+            warn!(
+                principal = %principal,
+                right = %right,
+                attempts = session.denied_in_a_row,
+                retry_in = ?backoff,
+                "not authorised: transaction aborted and input rewound; retrying until the right is granted"
+            );
+        }
+    }
+
+    /// Aborts the open transaction; returns the topics whose records were refused for lack of
+    /// Write in it (empty for any other abort). If the abort fails fatally because of such a
+    /// refusal, the producer is made again instead (see below).
+    fn abort_open(&self) -> Result<BTreeSet<String>, TxnError> {
+        // Let in-flight produce requests finish first: with records still in flight, Kafka 4.4
+        // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
+        // forced-abort test (the open librdkafka issue #4849 reports the same). Delivery errors
+        // here are expected and change nothing: the transaction is aborted anyway.
+        if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
+            debug!(error = %e, "flush before abort did not complete");
+        }
+        let aborted = self.producer.abort();
+        let mut refused = self.producer.take_refused();
+        match aborted {
+            Ok(()) => Ok(refused),
+            Err(e) if e.class == TxnErrorClass::Fatal && !e.is_fenced() => {
+                // A transaction whose only AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_
+                // FAILED) has nothing registered on the broker, yet librdkafka 2.12 still sends
+                // EndTxn (it counts the request, not what it added); the broker answers
+                // INVALID_TXN_STATE and librdkafka makes that fatal. Nothing is open on the
+                // broker then, so a producer made again with the same transactional id is what a
+                // restart of the process would give, without leaving the group. Only then (the
+                // records of such a transaction may have been purged without a report, so the
+                // broker is asked); any other fatal error stops the engine as before.
+                if refused.is_empty() {
+                    let t = &self.settings.topics;
+                    let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
+                    refused = self
+                        .producer
+                        .refused_writes(&written, REFUSAL_PROBE_TIMEOUT);
+                }
+                if refused.is_empty() {
+                    return Err(e);
+                }
+                warn!(error = %e, "abort failed after a refused Write; making the transactional producer again");
+                self.producer.restart()?;
+                Ok(refused)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
     /// commit.
     pub fn abort_and_rewind<C: ConsumerContext>(
@@ -421,22 +512,18 @@ impl Committer {
         partitions: &[i32],
     ) -> Result<(), TxnError> {
         if let Some(txn) = session.txn.take() {
+            let mut refused = BTreeSet::new();
             if self.settings.guarantee == Guarantee::ExactlyOnce {
-                // Let in-flight produce requests finish first: with records still in flight, Kafka
-                // 4.4 answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in
-                // our forced-abort test (the open librdkafka issue #4849 reports the same).
-                // Delivery errors here are expected and change nothing: the transaction is aborted
-                // anyway.
-                if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
-                    debug!(error = %e, "flush before abort did not complete");
-                }
-                self.producer.abort()?;
+                refused = self.abort_open()?;
                 info!(records = txn.records, "transaction aborted");
             }
             // At least once there is no transaction to abort: what was produced stays, and the
             // redo may repeat it.
             session.stats.aborts += 1;
             m::aborted();
+            if !refused.is_empty() {
+                self.report_refused(session, &refused);
+            }
         }
         session.state.invalidate_all();
         // Without a rewind the redo would skip records: stop rather than lose them.

@@ -271,6 +271,11 @@ impl Engine {
         Ok(())
     }
 
+    /// How long to wait before going on, once, after a transaction aborted for a missing right.
+    pub fn take_backoff(&self) -> anyhow::Result<Option<Duration>> {
+        Ok(self.committer.lock()?.take_backoff())
+    }
+
     /// Whether a transaction is open: since when, and with how many records.
     pub fn open_since(&self) -> anyhow::Result<Option<(Instant, u64)>> {
         Ok(self.committer.lock()?.open_since())

@@ -37,6 +37,7 @@ pub use settings::{
 };
 
 use crate::health::Health;
+use crate::kafka::access::{self, Needs};
 use crate::kafka::topics;
 use anyhow::{bail, Context as _};
 use producer::TxnError;
@@ -56,6 +57,16 @@ pub async fn run(
     health: Health,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Stats> {
+    let t = &opts.engine.topics;
+    let needs = Needs {
+        read: vec![t.input.clone(), t.changelog.clone()],
+        write: vec![t.notifications.clone(), t.dlq.clone(), t.changelog.clone()],
+        group: Some(opts.engine.group_id().to_owned()),
+    };
+    let kafka = opts.engine.kafka.clone();
+    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
+        .await
+        .context("the access check panicked")??;
     let partitions = topics::ensure(
         &opts.engine.kafka,
         &opts.engine.topics,
@@ -133,6 +144,19 @@ pub fn run_blocking(
     }
 }
 
+/// Waits out the back-off the engine asks for after a transaction aborted for a missing right, in
+/// poll-slice steps so that a stop request is seen at once.
+fn back_off(engine: &Engine, stop: &AtomicBool) -> anyhow::Result<()> {
+    let Some(backoff) = engine.take_backoff()? else {
+        return Ok(());
+    };
+    let until = Instant::now() + backoff;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        std::thread::sleep(POLL_SLICE.min(until.saturating_duration_since(Instant::now())));
+    }
+    Ok(())
+}
+
 fn process_until_stopped(
     engine: &Engine,
     opts: &PipelineOptions,
@@ -151,6 +175,7 @@ fn process_until_stopped(
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
+        back_off(engine, stop)?;
         health.beat();
         let unsettled = engine.unsettled()?;
         match unsettled {
@@ -178,6 +203,7 @@ fn process_until_stopped(
                     engine.abort()?;
                 } else {
                     engine.commit()?;
+                    back_off(engine, stop)?;
                 }
             }
             Some(_) => {}

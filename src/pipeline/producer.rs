@@ -16,6 +16,10 @@
 //! break exactly-once, and a supervisor restart (which re-runs `init_transactions`) is the safe
 //! move.
 //!
+//! Authorisation errors are classified in [`classify`] too: a refused transactional id or cluster
+//! right is fatal, a refused topic right abortable (docs/security.md). One librdkafka fatal error
+//! is mended in place: see [`TxnProducer::restart`].
+//!
 //! # Retries
 //! A retriable error repeats the same call with the same arguments, with a short backoff, at most
 //! [`MAX_RETRIES`] times; past that the error is returned, classified fatal.
@@ -26,13 +30,16 @@
 //! plain blocking calls here. Commit and abort take no client-side timeout: they are bounded by
 //! `transaction.timeout.ms`, and a client-side timeout would leave the outcome unknown.
 
+use crate::kafka::access::{self, AccessError};
+use crate::kafka::KafkaConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -58,8 +65,25 @@ pub enum TxnErrorClass {
 }
 
 /// The single decision point for transactional errors.
+///
+/// Authorisation: a transactional id or cluster right that is missing is fatal whatever the flags
+/// say (nothing this instance does can mend it; the operator must grant it, and the start-up check
+/// names it). A topic right that is missing (TOPIC_AUTHORIZATION_FAILED, e.g. Write revoked on the
+/// output while running) keeps librdkafka's class, abortable: the transaction aborts, the input
+/// is rewound, and the loop retries with a backoff, reporting it, until the right is back
+/// (docs/security.md has the reasoning).
 pub fn classify(err: &KafkaError) -> TxnErrorClass {
     match err {
+        _ if matches!(
+            err.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed
+            )
+        ) =>
+        {
+            TxnErrorClass::Fatal
+        }
         KafkaError::Transaction(e) if e.is_fatal() => TxnErrorClass::Fatal,
         KafkaError::Transaction(e) if e.txn_requires_abort() => TxnErrorClass::Abortable,
         KafkaError::Transaction(e) if e.is_retriable() => TxnErrorClass::Retriable,
@@ -142,11 +166,14 @@ impl TxnError {
 }
 
 /// Counts delivery failures, which in a transaction show up again as an abortable commit error;
-/// the at-least-once mode reads them to decide whether offsets may be committed.
+/// the at-least-once mode reads them to decide whether offsets may be committed. Notes the topics
+/// a record was refused for (TOPIC_AUTHORIZATION_FAILED), so the abort that follows can name the
+/// missing right without asking the broker.
 #[derive(Default)]
 pub struct DeliveryContext {
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
+    refused: Mutex<BTreeSet<String>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -174,7 +201,14 @@ impl ProducerContext for DeliveryContext {
             }
             self.failures.fetch_add(1, Ordering::Relaxed);
             crate::metrics::delivery_failed(m.topic());
-            warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+                // Every record of the batch fails alike: the abort that follows names the refused
+                // right once (`Committer::report_refused`), instead of a line per record.
+                debug!(topic = m.topic(), error = %e, "delivery refused");
+                self.note_refused(m.topic());
+            } else {
+                warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
+            }
             if let Ok(mut last) = self.last_error.lock() {
                 *last = Some(e.to_string());
             }
@@ -183,6 +217,14 @@ impl ProducerContext for DeliveryContext {
 }
 
 impl DeliveryContext {
+    fn note_refused(&self, topic: &str) {
+        if let Ok(mut refused) = self.refused.lock() {
+            if !refused.contains(topic) {
+                refused.insert(topic.to_owned());
+            }
+        }
+    }
+
     /// Delivery failures so far.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
@@ -191,55 +233,112 @@ impl DeliveryContext {
 
 /// A producer whose transactional calls retry and classify in one place.
 pub struct TxnProducer {
-    inner: ThreadedProducer<DeliveryContext>,
+    /// The librdkafka producer; replaced by [`TxnProducer::restart`], hence the lock (never
+    /// contended: one thread drives the producer).
+    inner: RwLock<ThreadedProducer<DeliveryContext>>,
+    /// What it was made from, to make it again.
+    config: rdkafka::ClientConfig,
 }
 
 impl TxnProducer {
     /// Creates the producer and registers its transactional.id (fencing any predecessor and
     /// aborting what it left open).
     pub fn new(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, TxnError> {
+        let p = TxnProducer {
+            inner: RwLock::new(Self::registered(config)?),
+            config: config.clone(),
+        };
+        Ok(Arc::new(p))
+    }
+
+    fn registered(
+        config: &rdkafka::ClientConfig,
+    ) -> Result<ThreadedProducer<DeliveryContext>, TxnError> {
         let inner: ThreadedProducer<DeliveryContext> = config
             .create_with_context(DeliveryContext::default())
             .map_err(|e| TxnError::with_class("create producer", TxnErrorClass::Fatal, e))?;
-        let p = TxnProducer { inner };
-        p.retrying("init_transactions", |p| p.init_transactions(INIT_TIMEOUT))?;
-        Ok(Arc::new(p))
+        retrying(&inner, "init_transactions", |p| {
+            p.init_transactions(INIT_TIMEOUT)
+        })?;
+        Ok(inner)
+    }
+
+    /// Replaces the librdkafka producer by a new one with the same transactional id, registered
+    /// again: what a restart of the process would do, without losing the consumer's place in the
+    /// group. `init_transactions` aborts whatever this id left open and bumps its epoch, so it is
+    /// as safe for exactly-once as a crash and restart; the caller rewinds input and state as
+    /// after any abort. Used only where librdkafka made an error fatal that leaves nothing open
+    /// on the broker (see `Committer::abort_open`).
+    pub fn restart(&self) -> Result<(), TxnError> {
+        let fresh = Self::registered(&self.config)?;
+        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    fn producer(&self) -> RwLockReadGuard<'_, ThreadedProducer<DeliveryContext>> {
+        // The guarded value is a client handle, never left half-updated: a poisoned lock is fine.
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The topics whose records were refused for lack of Write (TOPIC_AUTHORIZATION_FAILED, in a
+    /// delivery report or at once from `send`) since the last call.
+    pub fn take_refused(&self) -> BTreeSet<String> {
+        let producer = self.producer();
+        let refused = producer
+            .context()
+            .refused
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r));
+        refused.unwrap_or_default()
+    }
+
+    /// Of `topics`, those this producer's principal may not even Describe, hence not Write
+    /// ([`access::refused`]; a metadata round trip each, bounded by `timeout`). Errors other than
+    /// a refusal count as not refused: this only names a refusal, it does not detect outages.
+    pub fn refused_writes(&self, topics: &[String], timeout: Duration) -> BTreeSet<String> {
+        let producer = self.producer();
+        topics
+            .iter()
+            .filter(|t| access::refused(producer.client(), t, timeout).unwrap_or(false))
+            .cloned()
+            .collect()
+    }
+
+    /// The transactional producer of `transactional_id`, registered ([`TxnProducer::new`]). A
+    /// registration refused for lack of a right is returned as the [`AccessError`] naming it
+    /// ("Write on TransactionalId <id>").
+    pub fn start(
+        kafka: &KafkaConfig,
+        transactional_id: &str,
+        txn_timeout: Duration,
+    ) -> anyhow::Result<Arc<Self>> {
+        let cfg = kafka.transactional_producer(transactional_id, txn_timeout)?;
+        Self::new(&cfg).map_err(
+            |e| match authorization_failure(kafka, &e, transactional_id) {
+                Some(denied) => denied.into(),
+                None => anyhow::Error::new(e).context(format!(
+                    "registering the transactional id {transactional_id}"
+                )),
+            },
+        )
     }
 
     /// A producer without transactions (at-least-once mode): same send path, no init.
     pub fn non_transactional(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, KafkaError> {
         let inner: ThreadedProducer<DeliveryContext> =
             config.create_with_context(DeliveryContext::default())?;
-        Ok(Arc::new(TxnProducer { inner }))
+        Ok(Arc::new(TxnProducer {
+            inner: RwLock::new(inner),
+            config: config.clone(),
+        }))
     }
 
     fn retrying(
         &self,
         step: &'static str,
-        mut call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
+        call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
     ) -> Result<(), TxnError> {
-        let mut attempt = 0;
-        loop {
-            match call(&self.inner) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    let err = TxnError::new(step, e);
-                    if err.class == TxnErrorClass::Retriable && attempt < MAX_RETRIES {
-                        attempt += 1;
-                        warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
-                        std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
-                        continue;
-                    }
-                    if err.class == TxnErrorClass::Retriable {
-                        return Err(TxnError {
-                            class: TxnErrorClass::Fatal,
-                            ..err
-                        });
-                    }
-                    return Err(err);
-                }
-            }
-        }
+        retrying(&self.producer(), step, call)
     }
 
     pub fn begin(&self) -> Result<(), TxnError> {
@@ -277,15 +376,21 @@ impl TxnProducer {
     /// Enqueues one record. A full local queue is waited out (the polling thread drains it);
     /// any other refusal is returned for the caller to classify.
     pub fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+        let producer = self.producer();
         loop {
-            match self.inner.send(record) {
+            match producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     debug!("producer queue full; waiting");
                     record = r;
-                    self.inner.poll(Duration::from_millis(10));
+                    producer.poll(Duration::from_millis(10));
                 }
-                Err((e, _)) => return Err(e),
+                Err((e, r)) => {
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+                        producer.context().note_refused(r.topic);
+                    }
+                    return Err(e);
+                }
             }
         }
     }
@@ -294,8 +399,9 @@ impl TxnProducer {
     /// [`TxnProducer::commit`] for why not in one call.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         let deadline = Instant::now() + timeout;
+        let producer = self.producer();
         loop {
-            match self.inner.flush(Duration::from_millis(1)) {
+            match producer.flush(Duration::from_millis(1)) {
                 Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
                     if Instant::now() < deadline => {}
                 other => return other,
@@ -305,6 +411,52 @@ impl TxnProducer {
 
     /// Delivery failures seen so far.
     pub fn delivery_failures(&self) -> u64 {
-        self.inner.context().failures()
+        self.producer().context().failures()
     }
+}
+
+/// Calls `call` until it succeeds or fails for good: a retriable error repeats it with a short
+/// backoff, at most [`MAX_RETRIES`] times (then it is fatal); any other error is returned with its
+/// class.
+fn retrying(
+    producer: &ThreadedProducer<DeliveryContext>,
+    step: &'static str,
+    mut call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
+) -> Result<(), TxnError> {
+    let mut attempt = 0;
+    loop {
+        match call(producer) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let err = TxnError::new(step, e);
+                if err.class == TxnErrorClass::Retriable && attempt < MAX_RETRIES {
+                    attempt += 1;
+                    warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
+                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
+                    continue;
+                }
+                if err.class == TxnErrorClass::Retriable {
+                    return Err(TxnError {
+                        class: TxnErrorClass::Fatal,
+                        ..err
+                    });
+                }
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// The missing right behind a transactional error, if it is an authorisation failure:
+/// `Write on TransactionalId <id>` for a refused `init_transactions`, and so on
+/// ([`access::from_kafka_error`]).
+fn authorization_failure(
+    kafka: &KafkaConfig,
+    err: &TxnError,
+    transactional_id: &str,
+) -> Option<AccessError> {
+    let TxnCause::Kafka(e) = &err.cause else {
+        return None;
+    };
+    access::from_kafka_error(kafka, e, transactional_id)
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod postgres;
+pub mod secure;
 pub mod webhook;
 
 use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};

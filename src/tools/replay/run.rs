@@ -46,6 +46,7 @@ use super::ledger;
 use super::select::Selection;
 use super::{class_of, subscriber_of, table};
 use crate::dlq::{copy_headers, header};
+use crate::kafka::access::{self, Needs};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
 use crate::kafka::read::{
     partition_count, partition_count_if_exists, read_partitions_to_end, reader, Reader,
@@ -239,6 +240,16 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
     {
         bail!("cannot replay {} into {to}", opts.dlq);
     }
+    let mut needs = Needs {
+        read: vec![opts.dlq.clone()],
+        ..Needs::default()
+    };
+    if !opts.dry_run {
+        needs.read.push(ledger_topic.clone());
+        needs.write.push(ledger_topic.clone());
+        needs.write.extend(opts.to.clone());
+    }
+    access::check(&opts.kafka, &needs)?;
     let consumer = reader(&opts.kafka, Isolation::ReadCommitted)?;
     let count = partition_count(&consumer, &opts.dlq, DEFAULT_READ_TIMEOUT)
         .with_context(|| format!("the DLQ {}", opts.dlq))?;
@@ -249,11 +260,11 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         None
     } else {
         ledger::ensure(&opts.kafka, &opts.dlq)?;
-        let cfg = opts.kafka.transactional_producer(
+        Some(TxnProducer::start(
+            &opts.kafka,
             &ledger::transactional_id(&opts.dlq),
             opts.transaction_timeout,
-        )?;
-        Some(TxnProducer::new(&cfg).context("registering the replay's transactional id")?)
+        )?)
     };
     let ledger = ledger::read(&opts.kafka, &opts.dlq)?;
     info!(dlq = %opts.dlq, handled = ledger.len(), dry_run = opts.dry_run, "replay starting");

@@ -344,6 +344,7 @@ impl Tail {
             KafkaError::PartitionEOF(p) => {
                 self.pending.remove(&p);
             }
+            e if crate::kafka::read::is_nominal_group_refused(&e) => {}
             e => {
                 self.errors += 1;
                 self.last_error = Some(e);

@@ -1,0 +1,260 @@
+//! The start-up authorisation check: does this principal hold the rights the binary needs, and
+//! if not, which one is missing, named as an operator grants it ("Write on Topic notifications").
+//!
+//! Without it a missing ACL shows up late and vague: a consumer that never gets records, a
+//! transaction that aborts, librdkafka retrying for ever. Each binary states what it needs
+//! ([`Needs`]) and [`check`] asks the broker, before anything is read or written:
+//!
+//! - topics: a metadata request per topic. Kafka answers TOPIC_AUTHORIZATION_FAILED when the
+//!   principal may not even Describe the topic; since Read and Write each imply Describe, that
+//!   means every right the binary needs on it is missing. (A principal that may Describe a topic
+//!   through some other ACL but not Write it passes here; its first transaction then fails with
+//!   TOPIC_AUTHORIZATION_FAILED, which the pipeline reports and retries like a Write revoked
+//!   while running: see docs/security.md.)
+//! - the consumer group: an OffsetFetch for the group (Describe on the group, implied by Read).
+//! - the transactional id: `init_transactions` itself, which fails with
+//!   TRANSACTIONAL_ID_AUTHORIZATION_FAILED; [`from_kafka_error`] names it.
+//!
+//! Unknown topics are not this check's business: the binaries create or refuse them themselves.
+
+use super::config::KafkaConfig;
+use super::logging::Logged;
+use rdkafka::client::Client;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, TopicPartitionList};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Bound on each broker round trip of the check.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a binary needs of the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Needs {
+    /// Topics it reads (Read).
+    pub read: Vec<String>,
+    /// Topics it writes (Write).
+    pub write: Vec<String>,
+    /// The consumer group it reads with and commits to (Read).
+    pub group: Option<String>,
+}
+
+/// One right the principal lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// Kafka's operation name: Read, Write, IdempotentWrite.
+    pub operation: &'static str,
+    /// Kafka's resource type: Topic, Group, TransactionalId, Cluster.
+    pub resource: &'static str,
+    pub name: String,
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {} {}", self.operation, self.resource, self.name)
+    }
+}
+
+/// The principal lacks rights: which, and who it is.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct AccessError {
+    /// `User:<sasl.username>`, when SASL names one.
+    pub principal: Option<String>,
+    pub missing: Vec<Missing>,
+}
+
+impl fmt::Display for AccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rights: Vec<String> = self.missing.iter().map(Missing::to_string).collect();
+        match &self.principal {
+            Some(p) => write!(f, "not authorised: {p} lacks {}", rights.join(", "))?,
+            None => write!(f, "not authorised: missing {}", rights.join(", "))?,
+        }
+        write!(
+            f,
+            " (docs/security.md lists each binary's ACLs; scripts/acls.sh applies them)"
+        )
+    }
+}
+
+impl AccessError {
+    pub fn new(kafka: &KafkaConfig, missing: Vec<Missing>) -> Self {
+        AccessError {
+            principal: principal(kafka),
+            missing,
+        }
+    }
+}
+
+/// The principal the broker sees, as far as the configuration tells (SASL user names only).
+pub fn principal(kafka: &KafkaConfig) -> Option<String> {
+    kafka
+        .properties
+        .get("sasl.username")
+        .map(|u| format!("User:{u}"))
+}
+
+/// Checks `needs` against the broker. Blocking. Returns every missing right at once, so one round
+/// of ACL fixes is enough; other failures (no broker) are left to the connect check before it.
+pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {
+    let client: BaseConsumer<Logged> = kafka.admin().create_with_context(Logged)?;
+    let mut missing = Vec::new();
+    let topics = needs
+        .read
+        .iter()
+        .map(|t| ("Read", t))
+        .chain(needs.write.iter().map(|t| ("Write", t)));
+    for (operation, topic) in topics {
+        if refused(client.client(), topic, CHECK_TIMEOUT)? {
+            missing.push(Missing {
+                operation,
+                resource: "Topic",
+                name: topic.clone(),
+            });
+        }
+    }
+    if let Some(group) = &needs.group {
+        if group_denied(kafka, group, needs.read.first().map_or("-", String::as_str))? {
+            missing.push(Missing {
+                operation: "Read",
+                resource: "Group",
+                name: group.clone(),
+            });
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(AccessError::new(kafka, missing).into())
+}
+
+/// Whether the broker refuses `client`'s principal even Describe on `topic` (so every other right
+/// on it too): one metadata round trip, bounded by `timeout`.
+pub fn refused<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .any(|t| t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)))
+}
+
+/// Whether the broker refuses the group: an OffsetFetch for it (any partition will do, the
+/// group's authorisation comes first). librdkafka does not return the refusal from the call: it
+/// reports FindCoordinator's GROUP_AUTHORIZATION_FAILED as an error event and retries, so the
+/// call is repeated in short slices while the events are watched.
+fn group_denied(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<bool> {
+    let mut cfg = kafka.admin();
+    cfg.set("group.id", group);
+    let consumer: BaseConsumer<Denials> = cfg.create_with_context(Denials::default())?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let deadline = Instant::now() + CHECK_TIMEOUT;
+    loop {
+        let result = consumer.committed_offsets(tpl.clone(), Duration::from_millis(500));
+        // Serve the error events queued meanwhile.
+        let _ = consumer.poll(Duration::ZERO);
+        let refused = |e: &KafkaError| {
+            e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
+        };
+        if result.as_ref().err().is_some_and(refused) || consumer.context().group_refused() {
+            return Ok(true);
+        }
+        // Answered, or no answer in time: either way not a refusal this check can name.
+        if result.is_ok() || Instant::now() >= deadline {
+            return Ok(false);
+        }
+    }
+}
+
+/// A client context that notes a GROUP_AUTHORIZATION_FAILED error event (and logs the others).
+#[derive(Default)]
+struct Denials {
+    group_refused: AtomicBool,
+}
+
+impl Denials {
+    fn group_refused(&self) -> bool {
+        self.group_refused.load(Ordering::Relaxed)
+    }
+}
+
+impl ClientContext for Denials {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        super::logging::log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+            // The check reports it, naming the group; no second line about it.
+            self.group_refused.store(true, Ordering::Relaxed);
+            return;
+        }
+        super::logging::error(&error, reason);
+    }
+}
+
+impl ConsumerContext for Denials {}
+
+/// The right a Kafka error says is missing, if it is a refused transactional id (named
+/// `transactional_id`) or cluster right. (A refused topic has no name in a produce error; the
+/// pipeline asks the broker instead, [`refused`].)
+pub fn from_kafka_error(
+    kafka: &KafkaConfig,
+    err: &KafkaError,
+    transactional_id: &str,
+) -> Option<AccessError> {
+    let missing = match err.rdkafka_error_code()? {
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => Missing {
+            operation: "Write",
+            resource: "TransactionalId",
+            name: transactional_id.to_owned(),
+        },
+        RDKafkaErrorCode::ClusterAuthorizationFailed => Missing {
+            operation: "IdempotentWrite",
+            resource: "Cluster",
+            name: "kafka-cluster".to_owned(),
+        },
+        _ => return None,
+    };
+    Some(AccessError::new(kafka, vec![missing]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_the_right_as_an_operator_grants_it() {
+        let kafka = KafkaConfig::new("h:1")
+            .with_overrides(&["sasl.username=pipeline"])
+            .unwrap();
+        let err = AccessError::new(
+            &kafka,
+            vec![
+                Missing {
+                    operation: "Write",
+                    resource: "TransactionalId",
+                    name: "price-alerts-0".into(),
+                },
+                Missing {
+                    operation: "Read",
+                    resource: "Group",
+                    name: "price-alerts".into(),
+                },
+            ],
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("not authorised: User:pipeline lacks Write on TransactionalId price-alerts-0, Read on Group price-alerts"),
+            "{text}"
+        );
+    }
+}
