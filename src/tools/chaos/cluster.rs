@@ -174,15 +174,32 @@ impl Cluster {
             .admin()
             .create()
             .context("creating a metadata client")?;
-        let md = probe
-            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-            .with_context(|| format!("metadata of {topic}"))?;
-        Ok(md
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions())
-            .map(|p| p.replicas().len())
-            .collect())
+        // A broker that has just come back can answer for a topic with an error and no partitions
+        // (its metadata not caught up yet): that is not the topic's replication, so ask again
+        // until the answer has partitions, or report the error it kept giving.
+        let deadline = Instant::now() + METADATA_TIMEOUT;
+        loop {
+            let md = probe
+                .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+                .with_context(|| format!("metadata of {topic}"))?;
+            let t = md.topics().iter().find(|t| t.name() == topic);
+            let error = t.and_then(|t| t.error());
+            let rf: Vec<usize> = t
+                .iter()
+                .flat_map(|t| t.partitions())
+                .map(|p| p.replicas().len())
+                .collect();
+            if (error.is_none() && !rf.is_empty()) || Instant::now() >= deadline {
+                if let (Some(e), true) = (error, rf.is_empty()) {
+                    bail!(
+                        "metadata of {topic}: {:?}",
+                        rdkafka::error::RDKafkaErrorCode::from(e)
+                    );
+                }
+                return Ok(rf);
+            }
+            std::thread::sleep(Duration::from_millis(200)); // the broker's metadata catching up
+        }
     }
 }
 
