@@ -31,6 +31,14 @@ pub const ERROR_CLASS: &str = "retry.error.class";
 pub const ERROR_MESSAGE: &str = "retry.error.message";
 /// The one subscriber this record is for.
 pub const SUBSCRIBER: &str = "retry.subscriber";
+/// How many times the delivery came due in the last bucket, was not tried (circuit open, no
+/// turn) and was handed to the last bucket again (absent: 0). See [`Buckets::next_untried`].
+pub const UNTRIED_PASSES: &str = "retry.untried.passes";
+
+/// How many times an untried delivery goes round the last bucket again before it is
+/// dead-lettered: it then waits about this many times the last bucket's delay beyond the retry
+/// window (with the default buckets, 2 x 10 m beyond 5 s + 1 m + 10 m).
+pub const MAX_UNTRIED_PASSES: u32 = 2;
 
 /// Every `retry.*` header (a hand-off writes them afresh).
 pub const HEADERS: &[&str] = &[
@@ -40,6 +48,7 @@ pub const HEADERS: &[&str] = &[
     ERROR_CLASS,
     ERROR_MESSAGE,
     SUBSCRIBER,
+    UNTRIED_PASSES,
 ];
 
 /// The default bucket delays, as DESIGN.md draws them.
@@ -186,25 +195,28 @@ impl Buckets {
     }
 
     /// Where a delivery that was **not tried** at `stage` goes (skipped by an open circuit, or no
-    /// turn): as [`Buckets::next`], except that it is not dead-lettered untried. Past the last
-    /// bucket it waits in the last bucket again, until twice the retry window (the sum of the
-    /// delays) has passed since its first failure (`None`: it has none yet): an endpoint that
+    /// turn): as [`Buckets::next`], except that it is not dead-lettered at once. Past the last
+    /// bucket it waits in the last bucket again, [`MAX_UNTRIED_PASSES`] times (`untried_passes`:
+    /// how many it has made, its `retry.untried.passes`), then it is exhausted. An endpoint that
     /// never answers still ends in the DLQ, but a record is not given up only because the circuit
     /// happened to be open when it came due.
-    pub fn next_untried(
-        &self,
-        stage: Stage,
-        first_failure: Option<SystemTime>,
-        now: SystemTime,
-    ) -> Next {
-        let window: Duration = self.delays.iter().sum();
-        let waited = first_failure.map_or(Duration::ZERO, |t| {
-            now.duration_since(t).unwrap_or_default()
-        });
+    ///
+    /// What counts is what happened to the record, never the wall clock: a deliverer that stalled
+    /// or was down for a while finds its records due with the circuit not yet probed, and that
+    /// must not dead-letter them (it costs each one pass, not its whole allowance).
+    pub fn next_untried(&self, stage: Stage, untried_passes: u32) -> Next {
         match (self.next(stage), stage) {
-            (Next::Exhausted, Stage::Bucket(i)) if waited < 2 * window => Next::Bucket(i),
+            (Next::Exhausted, Stage::Bucket(i)) if untried_passes < MAX_UNTRIED_PASSES => {
+                Next::Bucket(i)
+            }
             (next, _) => next,
         }
+    }
+
+    /// Whether handing a record from `stage` on to `next` is an untried pass round the last
+    /// bucket (one more for its `retry.untried.passes`).
+    pub fn is_untried_pass(&self, stage: Stage, next: Next) -> bool {
+        matches!((stage, next), (Stage::Bucket(i), Next::Bucket(j)) if i == j)
     }
 
     /// When a record handed to bucket `i` at `now` is due: the bucket's delay, or the receiver's
@@ -226,6 +238,8 @@ pub struct RetryState {
     pub error_class: String,
     pub error_message: String,
     pub subscriber: String,
+    /// Untried passes round the last bucket ([`UNTRIED_PASSES`]); not attempts.
+    pub untried_passes: u32,
 }
 
 impl RetryState {
@@ -240,12 +254,14 @@ impl RetryState {
             next_due_at: h(NEXT_DUE_AT).and_then(parse_time).unwrap_or(fallback_due),
             error_class: h(ERROR_CLASS).unwrap_or_default().to_owned(),
             error_message: h(ERROR_MESSAGE).unwrap_or_default().to_owned(),
+            untried_passes: h(UNTRIED_PASSES).and_then(|p| p.parse().ok()).unwrap_or(0),
         })
     }
 
     /// Appends the `retry.*` headers.
     pub fn append(&self, mut headers: OwnedHeaders) -> OwnedHeaders {
         let attempt = self.attempt.to_string();
+        let passes = self.untried_passes.to_string();
         let due = format_time(self.next_due_at);
         let message = crate::dlq::sanitize(&self.error_message);
         for (key, value) in [
@@ -255,6 +271,7 @@ impl RetryState {
             (ERROR_CLASS, self.error_class.as_str()),
             (ERROR_MESSAGE, message.as_str()),
             (SUBSCRIBER, self.subscriber.as_str()),
+            (UNTRIED_PASSES, passes.as_str()),
         ] {
             headers = headers.insert(Header {
                 key,
@@ -297,28 +314,98 @@ mod tests {
     }
 
     #[test]
-    fn an_untried_delivery_is_not_dead_lettered_within_twice_the_window() {
-        let d = b("1s,2s,3s"); // window 6 s
-        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
-        assert_eq!(d.next_untried(Stage::Main, None, t0), Next::Bucket(0));
+    fn an_untried_delivery_goes_round_the_last_bucket_twice_then_is_exhausted() {
+        let d = b("1s,2s,3s");
+        assert_eq!(d.next_untried(Stage::Main, 0), Next::Bucket(0));
+        assert_eq!(d.next_untried(Stage::Bucket(1), 0), Next::Bucket(2));
+        for passes in 0..MAX_UNTRIED_PASSES {
+            let next = d.next_untried(Stage::Bucket(2), passes);
+            assert_eq!(
+                next,
+                Next::Bucket(2),
+                "again the last bucket ({passes} passes)"
+            );
+            assert!(d.is_untried_pass(Stage::Bucket(2), next));
+        }
         assert_eq!(
-            d.next_untried(Stage::Bucket(1), Some(t0), t0),
-            Next::Bucket(2)
-        );
-        assert_eq!(
-            d.next_untried(Stage::Bucket(2), Some(t0), t0 + Duration::from_secs(11)),
-            Next::Bucket(2),
-            "again the last bucket"
-        );
-        assert_eq!(
-            d.next_untried(Stage::Bucket(2), Some(t0), t0 + Duration::from_secs(12)),
+            d.next_untried(Stage::Bucket(2), MAX_UNTRIED_PASSES),
             Next::Exhausted
         );
+        assert!(!d.is_untried_pass(Stage::Bucket(1), Next::Bucket(2)));
+        assert!(!d.is_untried_pass(Stage::Main, Next::Bucket(0)));
         assert_eq!(
             d.next(Stage::Bucket(2)),
             Next::Exhausted,
             "a tried one is exhausted at once"
         );
+    }
+
+    /// A retry record as the bucket `2` consumer reads it.
+    fn retry_record(headers: &[(&str, &str)]) -> rdkafka::message::OwnedMessage {
+        let headers = headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(*value),
+            })
+        });
+        rdkafka::message::OwnedMessage::new(
+            None,
+            None,
+            "n.retry.10s".into(),
+            rdkafka::Timestamp::NotAvailable,
+            0,
+            0,
+            Some(headers),
+        )
+    }
+
+    #[test]
+    fn a_stall_of_the_deliverer_does_not_exhaust_an_untried_delivery() {
+        // Buckets 1s,2s,10s (window 13 s, as in tests/deliver.rs): the first failure is 10x the
+        // window ago (the deliverer stalled), but the record has gone round the last bucket
+        // untried only once. It waits in the last bucket again, it does not reach the DLQ.
+        let d = b("1s,2s,10s");
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let long_ago = format_time(now - 10 * Duration::from_secs(13));
+        let m = retry_record(&[
+            (SUBSCRIBER, "down"),
+            (ATTEMPT, "2"),
+            (FIRST_FAILURE_AT, &long_ago),
+            (UNTRIED_PASSES, "1"),
+        ]);
+        let state = RetryState::of(&m, now).unwrap();
+        assert_eq!(state.untried_passes, 1);
+        assert_eq!(
+            d.next_untried(Stage::Bucket(2), state.untried_passes),
+            Next::Bucket(2)
+        );
+        // Without the header: none yet.
+        let m = retry_record(&[(SUBSCRIBER, "down"), (FIRST_FAILURE_AT, &long_ago)]);
+        assert_eq!(RetryState::of(&m, now).unwrap().untried_passes, 0);
+    }
+
+    #[test]
+    fn the_retry_state_round_trips_through_its_headers() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let state = RetryState {
+            attempt: 3,
+            first_failure_at: format_time(now),
+            next_due_at: now,
+            error_class: "circuit_open".into(),
+            error_message: "not tried".into(),
+            subscriber: "down".into(),
+            untried_passes: 2,
+        };
+        let m = rdkafka::message::OwnedMessage::new(
+            None,
+            None,
+            "n.retry.10s".into(),
+            rdkafka::Timestamp::NotAvailable,
+            0,
+            0,
+            Some(state.append(OwnedHeaders::new())),
+        );
+        assert_eq!(RetryState::of(&m, UNIX_EPOCH), Some(state));
     }
 
     #[test]

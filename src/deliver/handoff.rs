@@ -61,6 +61,9 @@ pub struct Handoff {
     /// (circuit open) or deferred (no turn) does not use up attempts it never had. It does move
     /// on a stage: the retry window is the buckets' delays, tried or not.
     pub tried: bool,
+    /// Whether it is an untried pass round the last bucket ([`Buckets::is_untried_pass`]): one
+    /// more for `retry.untried.passes`, which decides when an untried delivery is given up.
+    pub untried_pass: bool,
 }
 
 impl Handoff {
@@ -94,6 +97,7 @@ impl Handoff {
             error_class: self.error_class.clone(),
             error_message: self.error_message.clone(),
             subscriber: self.subscriber.clone(),
+            untried_passes: prev.map_or(0, |p| p.untried_passes) + u32::from(self.untried_pass),
         }
     }
 }

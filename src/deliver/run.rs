@@ -20,7 +20,7 @@
 //! the batch is delivered again (the HTTP side is at-least-once) and handed off once. A fatal one
 //! (fenced by a newer instance, say) stops the deliverer non-zero.
 
-use super::buckets::{from_millis, parse_time, Next, RetryState, Stage};
+use super::buckets::{from_millis, Next, RetryState, Stage};
 use super::dispatch::{Dispatcher, Job, Lane};
 use super::handoff::{self, rewind_positions, Batch, CrashHook, Handoff, Target};
 use super::http::{self, Outcome};
@@ -394,6 +394,7 @@ impl Deliverer {
                 not_before: None,
                 // Examined once, as the pipeline counts a bad input's one attempt.
                 tried: true,
+                untried_pass: false,
             };
             let head = match m.payload().map(serde_json::from_slice::<Head>) {
                 Some(Ok(h)) => h,
@@ -470,15 +471,15 @@ impl Deliverer {
                 .buckets
                 .stage_of(records[job.record].topic())
                 .unwrap_or(Stage::Main);
-            // A delivery not tried (circuit open, no turn) is not dead-lettered for that alone.
+            // A delivery not tried (circuit open, no turn) is not dead-lettered for that alone: it
+            // goes round the last bucket again a few times, counted on the record, not by the clock.
             let next = if attempt.tried() {
                 self.opts.buckets.next(stage)
             } else {
-                let first = states[job.record]
-                    .as_ref()
-                    .and_then(|s| parse_time(&s.first_failure_at));
-                self.opts.buckets.next_untried(stage, first, now)
+                let passes = states[job.record].as_ref().map_or(0, |s| s.untried_passes);
+                self.opts.buckets.next_untried(stage, passes)
             };
+            let untried_pass = !attempt.tried() && self.opts.buckets.is_untried_pass(stage, next);
             let (target, class, message, not_before) = match outcome {
                 Outcome::Delivered => {
                     let written = records[job.record].timestamp().to_millis().map(from_millis);
@@ -511,6 +512,7 @@ impl Deliverer {
                 error_message: message,
                 not_before,
                 tried: attempt.tried(),
+                untried_pass,
             });
         }
         let committing = Instant::now();
