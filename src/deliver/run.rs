@@ -28,6 +28,7 @@ use super::metrics as m;
 use super::options::DeliverOptions;
 use super::subscriptions::Subscriber;
 use crate::health::Health;
+use crate::kafka::access::{self, Needs};
 use crate::kafka::logging::Logged;
 use crate::kafka::topics::{ensure_topic, TopicSpec};
 use crate::pipeline::producer::{TxnErrorClass, TxnProducer};
@@ -87,6 +88,24 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<DeliverStats> {
     tokio::pin!(shutdown);
+    health.not_ready("checking access");
+    // The rights it needs, asked of the broker before anything is read or written, so a missing
+    // ACL fails the start naming it (docs/security.md, role `deliver`).
+    let buckets = opts.buckets.bucket_topics();
+    let needs = Needs {
+        read: std::iter::once(opts.buckets.topic.clone())
+            .chain(buckets.iter().cloned())
+            .collect(),
+        write: buckets
+            .into_iter()
+            .chain([opts.buckets.dlq(), opts.buckets.parking_lot()])
+            .collect(),
+        group: Some(opts.group_id.clone()),
+    };
+    let kafka = opts.kafka.clone();
+    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
+        .await
+        .context("the access check panicked")??;
     health.not_ready("creating topics");
     let partitions = create_topics(&opts).await?;
     let client = http::client(opts.connect_timeout, opts.request_timeout)?;
