@@ -21,11 +21,12 @@
 
 use super::buckets::{Buckets, RetryState};
 use crate::dlq::{copy_headers, Coordinates, Letter};
+use crate::kafka::offsets::positions_list;
 use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseRecord;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 use tracing::warn;
@@ -156,17 +157,6 @@ pub fn rewind_positions(records: &[OwnedMessage]) -> BTreeMap<(String, i32), i64
     first
 }
 
-/// A partition list with offsets.
-pub fn tpl(
-    positions: &BTreeMap<(String, i32), i64>,
-) -> Result<TopicPartitionList, rdkafka::error::KafkaError> {
-    let mut tpl = TopicPartitionList::new();
-    for ((topic, partition), offset) in positions {
-        tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
-    }
-    Ok(tpl)
-}
-
 /// Writes the batch's hand-offs and moves its offsets, in one transaction. On an error the open
 /// transaction is aborted when the producer still can; the caller rewinds (abortable) or stops.
 pub fn commit(
@@ -225,7 +215,8 @@ fn send_all(
             .map_err(|e| TxnError::new("send hand-off", e))?;
         hook.sent(producer);
     }
-    let offsets = tpl(&positions(batch.records)).map_err(|e| TxnError::new("offsets", e))?;
+    let offsets =
+        positions_list(&positions(batch.records)).map_err(|e| TxnError::new("offsets", e))?;
     producer.send_offsets(&offsets, group)
 }
 

@@ -30,6 +30,7 @@ use super::subscriptions::Subscriber;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::logging::Logged;
+use crate::kafka::offsets::positions_list;
 use crate::kafka::topics::{ensure_topic, TopicSpec};
 use crate::pipeline::producer::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
@@ -102,10 +103,7 @@ pub async fn run(
             .collect(),
         group: Some(opts.group_id.clone()),
     };
-    let kafka = opts.kafka.clone();
-    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
-        .await
-        .context("the access check panicked")??;
+    access::check_async(&opts.kafka, needs).await?;
     health.not_ready("creating topics");
     let partitions = create_topics(&opts).await?;
     let client = http::client(opts.connect_timeout, opts.request_timeout)?;
@@ -370,7 +368,7 @@ impl Deliverer {
             return Ok(());
         }
         self.seek(&due)?;
-        let tpl = handoff::tpl(&due)?;
+        let tpl = positions_list(&due)?;
         self.consumer.resume(&tpl).context("resuming partitions")?;
         for tp in due.keys() {
             self.held.remove(tp);
@@ -382,7 +380,7 @@ impl Deliverer {
     fn seek(&self, positions: &BTreeMap<(String, i32), i64>) -> anyhow::Result<()> {
         let result = self
             .consumer
-            .seek_partitions(handoff::tpl(positions)?, SEEK_TIMEOUT)
+            .seek_partitions(positions_list(positions)?, SEEK_TIMEOUT)
             .context("seeking")?;
         for e in result.elements() {
             e.error()

@@ -98,6 +98,14 @@ pub fn principal(kafka: &KafkaConfig) -> Option<String> {
         .map(|u| format!("User:{u}"))
 }
 
+/// [`check`] for async callers: on a blocking thread, since it waits on broker round trips.
+pub async fn check_async(kafka: &KafkaConfig, needs: Needs) -> anyhow::Result<()> {
+    let kafka = kafka.clone();
+    tokio::task::spawn_blocking(move || check(&kafka, &needs))
+        .await
+        .map_err(|e| anyhow::anyhow!("the access check panicked: {e}"))?
+}
+
 /// Checks `needs` against the broker. Blocking. Returns every missing right at once, so one round
 /// of ACL fixes is enough; other failures (no broker) are left to the connect check before it.
 pub fn check(kafka: &KafkaConfig, needs: &Needs) -> anyhow::Result<()> {

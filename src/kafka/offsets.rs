@@ -44,6 +44,17 @@ pub fn position_list(
     Ok(tpl)
 }
 
+/// A list of partitions of any topics, each at its offset: `(topic, partition) -> offset`.
+pub fn positions_list(
+    positions: &std::collections::BTreeMap<(String, i32), i64>,
+) -> Result<TopicPartitionList, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in positions {
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
+    }
+    Ok(tpl)
+}
+
 /// The committed offsets of `tpl`'s partitions for the consumer's group, asked again while the
 /// group coordinator is moving or loading, until `timeout`.
 ///

@@ -63,10 +63,7 @@ pub async fn run(
         write: vec![t.notifications.clone(), t.dlq.clone(), t.changelog.clone()],
         group: Some(opts.engine.group_id().to_owned()),
     };
-    let kafka = opts.engine.kafka.clone();
-    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
-        .await
-        .context("the access check panicked")??;
+    access::check_async(&opts.engine.kafka, needs).await?;
     let partitions = topics::ensure(
         &opts.engine.kafka,
         &opts.engine.topics,

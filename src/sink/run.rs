@@ -46,17 +46,12 @@ pub async fn run(
     m::ready(false);
     health.not_ready("connecting to the database");
     info!(db = %db::describe(&opts.db), topic = %opts.topic, group = %opts.group_id, "alert-sink starting");
-    let (kafka, needs) = (
-        opts.kafka.clone(),
-        Needs {
-            read: vec![opts.topic.clone()],
-            write: vec![],
-            group: Some(opts.group_id.clone()),
-        },
-    );
-    tokio::task::spawn_blocking(move || access::check(&kafka, &needs))
-        .await
-        .context("the access check panicked")??;
+    let needs = Needs {
+        read: vec![opts.topic.clone()],
+        write: vec![],
+        group: Some(opts.group_id.clone()),
+    };
+    access::check_async(&opts.kafka, needs).await?;
     let Some(mut client) = db::connect_waiting(&opts.db, opts.backoff, &mut shutdown).await? else {
         info!("shutdown requested while waiting for the database");
         return Ok(SinkStats::default());
