@@ -78,10 +78,7 @@ impl Rules {
             line: line_of(text, offset),
             reason,
         };
-        let file: RulesFile = toml::from_str(text).map_err(|e| {
-            let offset = e.span().map(|s| s.start).unwrap_or(0);
-            invalid(offset, e.message().trim().to_owned())
-        })?;
+        let file: RulesFile = parse_toml(text).map_err(|(offset, why)| invalid(offset, why))?;
         let mut by_symbol = BTreeMap::new();
         for (symbol, list) in file.symbols {
             let at = symbol.span().start;
@@ -167,6 +164,15 @@ impl Rules {
         }
         out
     }
+}
+
+/// Parses a TOML file, or says where and why not: the byte offset of the error (0 when toml gives
+/// none) and its message. Shared by every TOML file the project reads (rules, subscriptions).
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (usize, String)> {
+    toml::from_str(text).map_err(|e| {
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        (offset, e.message().trim().to_owned())
+    })
 }
 
 /// 1-based line number of a byte offset.

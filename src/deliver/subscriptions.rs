@@ -13,7 +13,7 @@
 //! whole at start, with the line and the reason, as the rules file is: a deliverer that silently
 //! dropped a subscriber would silently drop its alerts.
 
-use crate::rules::line_of;
+use crate::rules::{line_of, parse_toml};
 use crate::tick::valid_symbol;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -106,10 +106,7 @@ impl Subscriptions {
             line: line_of(text, offset),
             reason,
         };
-        let file: File = toml::from_str(text).map_err(|e| {
-            let offset = e.span().map(|s| s.start).unwrap_or(0);
-            invalid(offset, e.message().trim().to_owned())
-        })?;
+        let file: File = parse_toml(text).map_err(|(offset, why)| invalid(offset, why))?;
         if file.subscribers.is_empty() {
             return Err(invalid(
                 0,
