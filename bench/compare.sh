@@ -25,7 +25,9 @@
 #   ROUNDS           runs per side, mode and size [3]
 #   SIZES            record sizes in bytes, space-separated [100 1024]
 #   RECORDS          measured records per run, one per size [1000000 300000]
-#   MODES            plain, idempotent, txn-N (transactional, commit every N ms) [plain idempotent txn-100]
+#   MODES            plain, idempotent, txn-N (transactional, commit every N ms), overlap-N (ours
+#                    only: transactional with the commit overlapped, two producers)
+#                    [plain idempotent txn-100]
 #   PARTITIONS       partitions per topic [3]
 #   WARMUP           warm-up records per run, not measured [10000]
 #   OUT              where the raw samples, logs and the table go [bench/out/compare-<time>]
@@ -96,14 +98,16 @@ print_table() { # prints the table of $OUT/samples.tsv and saves it as $OUT/comp
       value[$1, $2, $3, $4] = $5; if ($4 + 0 > rounds) rounds = $4 + 0
     }
     END {
-      printf "%-11s %6s %5s %14s %14s %12s %11s %11s %13s %13s\n", "mode", "size", "runs", "ours rec/s", "theirs rec/s",
+      printf "%-13s %6s %5s %14s %14s %12s %11s %11s %13s %13s\n", "mode", "size", "runs", "ours rec/s", "theirs rec/s",
         "ours/theirs", "ours /idem", "theirs /idem", "ours paired", "theirs paired"
       for (s = 1; s <= ns; s++) for (m = 1; m <= nm; m++) {
         o = median(samples["ours" SUBSEP M[m] SUBSEP S[s]]); t = median(samples["theirs" SUBSEP M[m] SUBSEP S[s]])
         oi = median(samples["ours" SUBSEP "idempotent" SUBSEP S[s]]); ti = median(samples["theirs" SUBSEP "idempotent" SUBSEP S[s]])
-        printf "%-11s %4d B %5d %14.0f %14.0f %12.3f %11s %11s %13s %13s\n", M[m], S[s], count["ours", M[m], S[s]], o, t,
-          (t > 0 ? o / t : 0), (oi > 0 ? sprintf("%.3f", o / oi) : "-"), (ti > 0 ? sprintf("%.3f", t / ti) : "-"),
-          paired("ours", M[m], S[s]), paired("theirs", M[m], S[s])
+        # overlap-N has no Java counterpart: its theirs columns stay empty
+        printf "%-13s %4d B %5d %14.0f %14s %12s %11s %11s %13s %13s\n", M[m], S[s], count["ours", M[m], S[s]], o,
+          (t != "" ? sprintf("%.0f", t) : "-"), (t > 0 ? sprintf("%.3f", o / t) : "-"),
+          (oi > 0 ? sprintf("%.3f", o / oi) : "-"), (t != "" && ti > 0 ? sprintf("%.3f", t / ti) : "-"),
+          paired("ours", M[m], S[s]), (t != "" ? paired("theirs", M[m], S[s]) : "-")
       }
     }' "$SAMPLES")
   librdkafka=$(sed -n 's/.*"librdkafka_version": "\([^"]*\)".*/\1/p' "$OUT"/ours-*/results.json | head -n 1)
@@ -134,8 +138,8 @@ fi
 ((${#SIZES[@]} == ${#RECORDS[@]})) || die "SIZES has ${#SIZES[@]} sizes but RECORDS ${#RECORDS[@]} counts: give one count per size"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
 for m in "${MODES[@]}"; do
-  [[ $m == plain || $m == idempotent || $m =~ ^txn-[1-9][0-9]*$ ]] \
-    || die "unknown mode '$m' (plain, idempotent or txn-N with N the commit interval in ms)"
+  [[ $m == plain || $m == idempotent || $m =~ ^(txn|overlap)-[1-9][0-9]*$ ]] \
+    || die "unknown mode '$m' (plain, idempotent, txn-N or overlap-N with N the commit interval in ms)"
 done
 command -v "$JAVA" >/dev/null 2>&1 || die "java not found (Java 17+ is needed for ProducerPerformance; or set JAVA)"
 
@@ -173,6 +177,7 @@ ours() { # MODE SIZE RECORDS ROUND
   case $mode in
     plain | idempotent) sel=(--modes "$mode") ;;
     txn-*) sel=(--modes transactional --commit-intervals "${mode#txn-}ms") ;;
+    overlap-*) sel=(--modes overlapped --commit-intervals "${mode#overlap-}ms") ;;
   esac
   dir="$OUT/ours-$mode-${size}b-r$round"
   if ! "$BIN" --bootstrap "$KAFKA_BOOTSTRAP" --sizes "$size" --records "$records" --warmup "$WARMUP" \
@@ -237,6 +242,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
     records=${RECORDS[$i]}
     for mode in "${MODES[@]}"; do
       if ((round % 2 == 1)); then order=(ours theirs); else order=(theirs ours); fi
+      # The Java client has no overlapped mode: overlap-N runs on our side only.
+      [[ $mode == overlap-* ]] && order=(ours)
       for side in "${order[@]}"; do
         rps=$("$side" "$mode" "$size" "$records" "$round")
         log "round $round/$ROUNDS  $(printf '%-10s %5s B  %-6s %12.0f records/s' "$mode" "$size" "$side" "$rps")"

@@ -35,6 +35,7 @@ fn reported_counts_equal_the_records_read_back() {
                 ModeKind::Plain,
                 ModeKind::Idempotent,
                 ModeKind::Transactional,
+                ModeKind::Overlapped,
             ],
             &[ms(10), ms(100)],
         ),
@@ -62,8 +63,8 @@ fn reported_counts_equal_the_records_read_back() {
 
     assert_eq!(
         report.runs.len(),
-        4,
-        "plain, idempotent, txn-10ms, txn-100ms"
+        6,
+        "plain, idempotent, txn-10ms, overlap-10ms, txn-100ms, overlap-100ms"
     );
     assert!(!report.interrupted);
     for (r, committed, uncommitted) in checks {
@@ -89,21 +90,26 @@ fn reported_counts_equal_the_records_read_back() {
                 assert!(r.commits >= 1, "{}", r.mode);
                 assert_eq!(r.commit_latencies_ms.len() as u64, r.commits);
                 if interval == 10 {
-                    assert!(r.commits >= 2, "txn-10ms committed {} times", r.commits);
+                    assert!(r.commits >= 2, "{} committed {} times", r.mode, r.commits);
                 }
+                assert_eq!(r.transactions.len() as u64, r.commits, "{}", r.mode);
+                let in_txns: u64 = r.transactions.iter().map(|t| t.records).sum();
+                assert_eq!(in_txns, r.records, "{}: records of the committed transactions", r.mode);
             }
             None => assert_eq!(r.commits, 0),
         }
     }
-    let txn = report.summary("txn-100ms", 100).expect("txn-100ms summary");
-    assert!(txn.ratio_to_idempotent.is_some());
-    assert!(txn.commit_p50_ms.is_some() && txn.commit_p99_ms.is_some());
+    for mode in ["txn-100ms", "overlap-100ms"] {
+        let txn = report.summary(mode, 100).expect("summary");
+        assert!(txn.ratio_to_idempotent.is_some(), "{mode}");
+        assert!(txn.commit_p50_ms.is_some() && txn.commit_p99_ms.is_some(), "{mode}");
+    }
 
     let written = written.expect("writing the outputs");
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("results.json")).expect("results.json"))
             .expect("valid JSON");
-    assert_eq!(json["runs"].as_array().map(Vec::len), Some(4));
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(6));
     let png = std::fs::read(out.join("throughput.png")).expect("throughput.png");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(written.len(), 4);

@@ -8,7 +8,7 @@
 //! ProducerPerformance with the same settings.
 //!
 //! ```text
-//!   schedule: repeat 1 [size 1: plain, idempotent, txn-10ms, txn-100ms, txn-1000ms] [size 2: ...]
+//!   schedule: repeat 1 [size 1: plain, idempotent, txn-10ms, overlap-10ms, txn-100ms, ...] [size 2: ...]
 //!             repeat 2 [...] ...          (modes interleaved: drift hits every mode alike)
 //!   each run: fresh topic, fresh producer, warm-up, timed phase  ([`runner`])
 //!   end:      delete the topics, summarise ([`report`]), write JSON/CSV/PNG ([`plot`])

@@ -5,6 +5,9 @@
 //! - `idempotent`: acks=all, enable.idempotence=true: what every transactional producer already
 //!   pays (the baseline transactions are compared against).
 //! - `transactional`: idempotent plus a transaction committed every commit interval.
+//! - `overlapped`: the same transactions, with the commit off the critical path: two transactional
+//!   producers used alternately, so transaction n+1 is produced while n commits (see
+//!   [`super::runner`] for the rules that keep it exactly-once).
 //!
 //! The client configurations come from [`KafkaConfig`] (the one place that builds them); this
 //! module only adds the batching settings that must be equal in every mode and on the Java side
@@ -54,6 +57,9 @@ pub enum ModeKind {
     /// One mode per commit interval.
     #[value(alias = "txn")]
     Transactional,
+    /// Transactional, the commit overlapped with the next transaction; one mode per interval.
+    #[value(alias = "overlap")]
+    Overlapped,
 }
 
 /// One producer mode under test.
@@ -66,6 +72,11 @@ pub enum Mode {
     Transactional {
         commit_interval: Duration,
     },
+    /// As `Transactional`, but the commit runs beside the next transaction's production, on the
+    /// other of two transactional producers.
+    Overlapped {
+        commit_interval: Duration,
+    },
 }
 
 impl Mode {
@@ -74,24 +85,39 @@ impl Mode {
             Mode::Plain => ModeKind::Plain,
             Mode::Idempotent => ModeKind::Idempotent,
             Mode::Transactional { .. } => ModeKind::Transactional,
+            Mode::Overlapped { .. } => ModeKind::Overlapped,
+        }
+    }
+
+    /// How many producers a run of this mode uses: two when commits overlap, else one.
+    pub fn producers(self) -> usize {
+        match self {
+            Mode::Overlapped { .. } => 2,
+            _ => 1,
         }
     }
 
     /// The commit interval of a transactional mode.
     pub fn commit_interval(self) -> Option<Duration> {
         match self {
-            Mode::Transactional { commit_interval } => Some(commit_interval),
+            Mode::Transactional { commit_interval } | Mode::Overlapped { commit_interval } => {
+                Some(commit_interval)
+            }
             _ => None,
         }
     }
 
-    /// A short label for tables, file rows and topic names: `plain`, `idempotent`, `txn-100ms`.
+    /// A short label for tables, file rows and topic names: `plain`, `idempotent`, `txn-100ms`,
+    /// `overlap-100ms`.
     pub fn label(self) -> String {
         match self {
             Mode::Plain => "plain".into(),
             Mode::Idempotent => "idempotent".into(),
             Mode::Transactional { commit_interval } => {
                 format!("txn-{}ms", commit_interval.as_millis())
+            }
+            Mode::Overlapped { commit_interval } => {
+                format!("overlap-{}ms", commit_interval.as_millis())
             }
         }
     }
@@ -107,7 +133,7 @@ impl Mode {
             // acks=1: the leader's acknowledgement only, the classic at-most-once-ish baseline.
             Mode::Plain => kafka.plain_producer("1"),
             Mode::Idempotent => kafka.idempotent_producer(),
-            Mode::Transactional { .. } => {
+            Mode::Transactional { .. } | Mode::Overlapped { .. } => {
                 kafka.transactional_producer(transactional_id, TRANSACTION_TIMEOUT)?
             }
         })
@@ -120,9 +146,10 @@ impl fmt::Display for Mode {
     }
 }
 
-/// Expands the selected kinds into modes: plain, idempotent, then one transactional mode per
-/// commit interval (in the order given), whatever order the kinds were listed in, without
-/// duplicates.
+/// Expands the selected kinds into modes: plain, idempotent, then per commit interval (in the
+/// order given) the transactional and the overlapped mode, whatever order the kinds were listed
+/// in, without duplicates. Each interval's two transactional modes sit side by side, so they run
+/// within seconds of each other in the interleaved schedule.
 pub fn expand(kinds: &[ModeKind], commit_intervals: &[Duration]) -> Vec<Mode> {
     let mut modes = Vec::new();
     if kinds.contains(&ModeKind::Plain) {
@@ -131,10 +158,13 @@ pub fn expand(kinds: &[ModeKind], commit_intervals: &[Duration]) -> Vec<Mode> {
     if kinds.contains(&ModeKind::Idempotent) {
         modes.push(Mode::Idempotent);
     }
-    if kinds.contains(&ModeKind::Transactional) {
-        for &commit_interval in commit_intervals {
-            let m = Mode::Transactional { commit_interval };
-            if !modes.contains(&m) {
+    for &commit_interval in commit_intervals {
+        let wanted = [
+            (ModeKind::Transactional, Mode::Transactional { commit_interval }),
+            (ModeKind::Overlapped, Mode::Overlapped { commit_interval }),
+        ];
+        for (kind, m) in wanted {
+            if kinds.contains(&kind) && !modes.contains(&m) {
                 modes.push(m);
             }
         }
@@ -194,6 +224,13 @@ mod tests {
             .label(),
             "txn-100ms"
         );
+        assert_eq!(
+            Mode::Overlapped {
+                commit_interval: Duration::from_millis(100)
+            }
+            .label(),
+            "overlap-100ms"
+        );
     }
 
     #[test]
@@ -221,6 +258,26 @@ mod tests {
             ]
         );
         assert_eq!(expand(&[ModeKind::Plain], &[ms(10)]), vec![Mode::Plain]);
+        assert_eq!(
+            expand(
+                &[ModeKind::Overlapped, ModeKind::Transactional],
+                &[ms(10), ms(100)]
+            ),
+            vec![
+                Mode::Transactional {
+                    commit_interval: ms(10)
+                },
+                Mode::Overlapped {
+                    commit_interval: ms(10)
+                },
+                Mode::Transactional {
+                    commit_interval: ms(100)
+                },
+                Mode::Overlapped {
+                    commit_interval: ms(100)
+                },
+            ]
+        );
     }
 
     #[test]

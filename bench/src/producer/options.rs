@@ -17,7 +17,8 @@ use std::time::Duration;
 /// Default number of measured records per run (per size, unless one count per size is given).
 pub const DEFAULT_RECORDS: u64 = 100_000;
 
-/// Producer throughput of the plain, idempotent and transactional modes on a real broker.
+/// Producer throughput of the plain, idempotent, transactional and overlapped modes on a real
+/// broker.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "producer-bench",
@@ -46,14 +47,15 @@ pub struct BenchCli {
     /// Runs of every configuration (mode and size); the report gives their median and range.
     #[arg(long, default_value_t = 3)]
     pub repeats: u32,
-    /// Modes to run, comma-separated; `transactional` runs once per commit interval.
+    /// Modes to run, comma-separated; `transactional` and `overlapped` run once per commit
+    /// interval.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "plain,idempotent,transactional"
+        default_value = "plain,idempotent,transactional,overlapped"
     )]
     pub modes: Vec<ModeKind>,
-    /// Commit intervals of the transactional mode, comma-separated durations (10ms,100ms,1s).
+    /// Commit intervals of the transactional modes, comma-separated durations (10ms,100ms,1s).
     #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "10ms,100ms,1s")]
     pub commit_intervals: Vec<Duration>,
     /// Records produced (and acknowledged or committed) before each run's measurement starts, to the
@@ -168,7 +170,7 @@ impl BenchCli {
         }
         let modes = expand(&self.modes, &self.commit_intervals);
         if modes.is_empty() {
-            bail!("no mode selected (transactional needs at least one --commit-intervals value)");
+            bail!("no mode selected (the transactional modes need at least one --commit-intervals value)");
         }
         let prefix = match &self.topic_prefix {
             Some(p) => p.clone(),
@@ -244,11 +246,17 @@ mod tests {
             o.workload,
             Workload::Records(vec![DEFAULT_RECORDS, DEFAULT_RECORDS])
         );
-        assert_eq!(o.modes.len(), 5);
+        assert_eq!(o.modes.len(), 8);
         assert_eq!(o.modes[0], Mode::Plain);
         assert_eq!(
-            o.modes[4],
+            o.modes[6],
             Mode::Transactional {
+                commit_interval: ms(1000)
+            }
+        );
+        assert_eq!(
+            o.modes[7],
+            Mode::Overlapped {
                 commit_interval: ms(1000)
             }
         );

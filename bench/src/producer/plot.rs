@@ -1,6 +1,7 @@
 //! The PNG plot: transactional throughput against the commit interval.
 //!
-//! One solid line per record size through the median throughput at each commit interval, with a
+//! One solid line per record size (and a thinner one with hollow squares for the overlapped mode)
+//! through the median throughput at each commit interval, with a
 //! vertical bar from the slowest to the fastest repeat, and the same size's idempotent median as a
 //! dashed horizontal line: the gap between the two is the cost of transactions. The x axis is
 //! logarithmic because the default intervals (10, 100, 1000 ms) are decades apart. Throughput is
@@ -59,6 +60,11 @@ pub fn write_png(report: &BenchReport, path: &Path) -> anyhow::Result<bool> {
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("drawing {}", path.display()))?;
     Ok(true)
+}
+
+/// Whether a summary is of the overlapped mode (its label says so: `overlap-100ms`).
+fn is_overlapped(s: &Summary) -> bool {
+    s.mode.starts_with("overlap-")
 }
 
 /// The label of an x key point: the interval it falls on, or nothing.
@@ -121,33 +127,49 @@ fn draw(
 
     for (i, &size) in s.record_sizes.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let mut points: Vec<(f64, f64, f64, f64)> = txn
-            .iter()
-            .filter(|m| m.record_size == size)
-            .filter_map(|m| Some((m.commit_interval_ms? as f64, m.mb_per_s?)))
-            .map(|(x, r)| (x, r.median, r.min, r.max))
-            .collect();
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        if !points.is_empty() {
+        for overlapped in [false, true] {
+            let mut points: Vec<(f64, f64, f64, f64)> = txn
+                .iter()
+                .filter(|m| m.record_size == size && is_overlapped(m) == overlapped)
+                .filter_map(|m| Some((m.commit_interval_ms? as f64, m.mb_per_s?)))
+                .map(|(x, r)| (x, r.median, r.min, r.max))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            // The overlapped mode: a thinner line and hollow squares, in the size's colour.
+            let (width, what) = if overlapped {
+                (2, "overlapped commits")
+            } else {
+                (3, "transactional")
+            };
             chart
                 .draw_series(LineSeries::new(
                     points.iter().map(|p| (p.0, p.1)),
-                    color.stroke_width(3),
+                    color.stroke_width(width),
                 ))?
-                .label(format!("{size} B transactional (median, bar = min-max)"))
+                .label(format!("{size} B {what} (median, bar = min-max)"))
                 .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(width))
                 });
-            chart.draw_series(
-                points
-                    .iter()
-                    .map(|p| Circle::new((p.0, p.1), 5, color.filled())),
-            )?;
-            chart.draw_series(
-                points
-                    .iter()
-                    .map(|p| PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(2))),
-            )?;
+            if overlapped {
+                chart.draw_series(points.iter().map(|p| {
+                    Rectangle::new(
+                        [(p.0 * 0.96, p.1 * 0.985), (p.0 * 1.04, p.1 * 1.015)],
+                        color.stroke_width(2),
+                    )
+                }))?;
+            } else {
+                chart.draw_series(
+                    points
+                        .iter()
+                        .map(|p| Circle::new((p.0, p.1), 5, color.filled())),
+                )?;
+            }
+            chart.draw_series(points.iter().map(|p| {
+                PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(2))
+            }))?;
         }
         let idem = report.summary("idempotent", size);
         if let (Some(mb), Some(rps)) = (

@@ -53,6 +53,12 @@ pub struct Timeline {
     pub drain_p99_ms: f64,
     pub end_p50_ms: f64,
     pub end_p99_ms: f64,
+    /// How long the sending loop waited for a transaction's outcome (the whole commit when
+    /// commits are sequential).
+    #[serde(default)]
+    pub blocked_p50_ms: f64,
+    #[serde(default)]
+    pub blocked_p99_ms: f64,
 }
 
 impl Timeline {
@@ -61,11 +67,12 @@ impl Timeline {
         let pick = |f: fn(&super::runner::TxnTimes) -> f64| {
             txns.iter().map(|t| f(t)).collect::<Vec<f64>>()
         };
-        let (open, records, drain, end) = (
+        let (open, records, drain, end, blocked) = (
             pick(|t| t.open_ms),
             pick(|t| t.records as f64),
             pick(|t| t.drain_ms),
             pick(|t| t.end_ms),
+            pick(|t| t.blocked_ms),
         );
         Some(Timeline {
             transactions: txns.len(),
@@ -75,6 +82,8 @@ impl Timeline {
             drain_p99_ms: percentile(&drain, 99.0)?,
             end_p50_ms: percentile(&end, 50.0)?,
             end_p99_ms: percentile(&end, 99.0)?,
+            blocked_p50_ms: percentile(&blocked, 50.0)?,
+            blocked_p99_ms: percentile(&blocked, 99.0)?,
         })
     }
 }
@@ -334,7 +343,7 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "{:<7} {:<11} {:>4}  {:>30}  {:>24}  {:>6}  {:>20}  {:>17}",
+            "{:<7} {:<13} {:>4}  {:>30}  {:>24}  {:>6}  {:>20}  {:>17}",
             "size",
             "mode",
             "runs",
@@ -374,7 +383,7 @@ impl fmt::Display for BenchReport {
             };
             writeln!(
                 f,
-                "{:<7} {:<11} {:>4}  {rps:>30}  {mbps:>24}  {r:>6}  {paired:>20}  {lat:>17}",
+                "{:<7} {:<13} {:>4}  {rps:>30}  {mbps:>24}  {r:>6}  {paired:>20}  {lat:>17}",
                 format!("{} B", m.record_size),
                 m.mode,
                 m.runs
@@ -399,13 +408,20 @@ impl fmt::Display for BenchReport {
             )?;
             writeln!(
                 f,
-                "{:<7} {:<11} {:>6}  {:>9}  {:>9}  {:>15}  {:>15}",
-                "size", "mode", "txns", "open", "records", "drain p50/p99", "EndTxn p50/p99"
+                "{:<7} {:<13} {:>6}  {:>9}  {:>9}  {:>15}  {:>15}  {:>15}",
+                "size",
+                "mode",
+                "txns",
+                "open",
+                "records",
+                "drain p50/p99",
+                "EndTxn p50/p99",
+                "blocked p50/p99"
             )?;
             for (m, t) in timelines {
                 writeln!(
                     f,
-                    "{:<7} {:<11} {:>6}  {:>9.1}  {:>9.0}  {:>15}  {:>15}",
+                    "{:<7} {:<13} {:>6}  {:>9.1}  {:>9.0}  {:>15}  {:>15}  {:>15}",
                     format!("{} B", m.record_size),
                     m.mode,
                     t.transactions,
@@ -413,6 +429,7 @@ impl fmt::Display for BenchReport {
                     t.records_p50,
                     format!("{:.1}/{:.1}", t.drain_p50_ms, t.drain_p99_ms),
                     format!("{:.1}/{:.1}", t.end_p50_ms, t.end_p99_ms),
+                    format!("{:.1}/{:.1}", t.blocked_p50_ms, t.blocked_p99_ms),
                 )?;
             }
         }
