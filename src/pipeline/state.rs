@@ -119,6 +119,7 @@ pub fn restore(
         }
         Ok(())
     })?;
+    crate::metrics::restore_read(n);
     if skipped > 0 {
         warn!(
             changelog,
