@@ -481,3 +481,34 @@ fn now_ms() -> f64 {
         .map(|d| d.as_secs_f64() * 1000.0)
         .unwrap_or(0.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_variant_is_a_name_arguments_and_environment() {
+        let v: Variant = "small=-X queued.min.messages=1000 env:MALLOC_ARENA_MAX=2"
+            .parse()
+            .unwrap();
+        assert_eq!(v.name, "small");
+        assert_eq!(v.args, ["-X", "queued.min.messages=1000"]);
+        assert_eq!(v.env, [("MALLOC_ARENA_MAX".to_owned(), "2".to_owned())]);
+        let shipped: Variant = "shipped=".parse().unwrap();
+        assert!(shipped.args.is_empty() && shipped.env.is_empty());
+        assert!("no-equals".parse::<Variant>().is_err());
+        assert!("bad=env:NOVALUE".parse::<Variant>().is_err());
+    }
+
+    #[test]
+    fn every_configuration_runs_once_per_variant() {
+        let variants: Vec<Variant> = vec!["a=".parse().unwrap(), "b=".parse().unwrap()];
+        let configs = Config::list(&[10, 100], true, &variants);
+        assert_eq!(configs.len(), 6);
+        assert_eq!(configs[3].label(), "exactly-once 10ms [b]");
+        assert_eq!(
+            Config::list(&[100], false, &[])[0].label(),
+            "exactly-once 100ms"
+        );
+    }
+}

@@ -483,3 +483,26 @@ fn crash_and_restart(
         peak_rss_mib,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{HashMap, HashSet};
+
+    #[test]
+    fn the_covering_stream_gives_every_symbol_state_before_its_walk() {
+        let (rules, ticks) = covering_stream(50, 500, 7);
+        assert_eq!(rules.len(), 50);
+        let first: HashSet<&str> = ticks[..50].iter().map(|t| t.symbol.as_str()).collect();
+        assert_eq!(first.len(), 50, "one tick per symbol first");
+        // Per symbol, seqs only grow: no tick of the walk is stale against the covering one.
+        let mut last: HashMap<&str, u64> = HashMap::new();
+        for t in &ticks {
+            if let Some(&prev) = last.get(t.symbol.as_str()) {
+                assert!(t.seq > prev, "{} seq {} after {prev}", t.symbol, t.seq);
+            }
+            last.insert(&t.symbol, t.seq);
+        }
+        assert_eq!(ticks.len(), 550);
+    }
+}
