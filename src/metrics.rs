@@ -33,6 +33,7 @@ pub const TRANSACTIONS_ABORTED: &str = "alerts_transactions_aborted_total";
 pub const COMMIT_SECONDS: &str = "alerts_commit_seconds";
 pub const PARTITIONS_RESTORED: &str = "alerts_partitions_restored_total";
 pub const RESTORE_SECONDS: &str = "alerts_restore_seconds";
+pub const RESTORE_RECORDS: &str = "alerts_restore_records_total";
 pub const REBALANCES: &str = "alerts_rebalances_total";
 pub const FENCED: &str = "alerts_fenced_total";
 pub const DELIVERY_FAILURES: &str = "alerts_delivery_failures_total";
@@ -62,6 +63,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (COMMIT_SECONDS, Kind::Histogram, "Time to commit a transaction: state, offsets, EndTxn."),
     (PARTITIONS_RESTORED, Kind::Counter, "Input partitions whose state was restored from the changelog."),
     (RESTORE_SECONDS, Kind::Histogram, "Time to restore a batch of partitions from the changelog."),
+    (RESTORE_RECORDS, Kind::Counter, "Changelog records read by restores (with the restore time: the restore rate)."),
     (REBALANCES, Kind::Counter, "Rebalance events of the consumer group, by kind (assign, revoke, lost)."),
     (FENCED, Kind::Counter, "Times this instance found itself fenced by a newer one (it then stops)."),
     (DELIVERY_FAILURES, Kind::Counter, "Records the producer could not deliver, by topic (the DLQ's included)."),
@@ -158,6 +160,11 @@ pub fn aborted() {
 pub fn restored(partitions: usize, took: Duration) {
     counter!(PARTITIONS_RESTORED).increment(partitions as u64);
     histogram!(RESTORE_SECONDS).record(took.as_secs_f64());
+}
+
+/// A restore read `records` changelog records.
+pub fn restore_read(records: u64) {
+    counter!(RESTORE_RECORDS).increment(records);
 }
 
 /// A processing attempt of a tick failed (it is retried, or dead-lettered when out of budget).

@@ -152,3 +152,36 @@ fn commit_makes_outputs_state_and_offsets_visible_together() {
         (1, 12, 6)
     );
 }
+
+/// A restarted instance checks its rights before it fences its crashed predecessor, so a
+/// transaction of the predecessor may still hold pending offsets for the group. The group check
+/// must not wait for that transaction to end (up to its timeout): the restart would stall.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn access_check_does_not_wait_for_a_transaction_holding_the_groups_offsets() {
+    use price_alerts::kafka::access::{check, Needs};
+    let prefix = common::prefix("access-open");
+    let s = common::settings(&prefix, rules(3));
+    common::create_topics(&s, 3);
+    let engine = Engine::start(s.clone()).unwrap();
+    produce_ticks(&s.kafka, &s.topics.input, &ticks(3, 90, 1)).unwrap();
+    engine
+        .process_records(3, Duration::from_secs(60))
+        .expect("records processed");
+    // Offsets in the open transaction: the group's offsets are pending until it ends.
+    engine.stage_and_flush().unwrap();
+    let needs = Needs {
+        read: vec![s.topics.input.clone()],
+        write: vec![],
+        group: Some(s.group_id().to_owned()),
+    };
+    let started = std::time::Instant::now();
+    check(&s.kafka, &needs).unwrap();
+    let took = started.elapsed();
+    engine.abort().unwrap();
+    assert!(
+        took < s.transaction_timeout / 2,
+        "the access check waited {took:?} for the open transaction (its timeout is {:?})",
+        s.transaction_timeout
+    );
+}

@@ -8,11 +8,16 @@
 //!   end-to-end latency and peak RSS by commit interval, against at-least-once.
 //! - [`sink`] (`sink-bench`): alert-sink's rows/s into PostgreSQL, batched against one row per
 //!   transaction, and the latency from a tick's append to its row.
+//! - [`recovery`] (`recovery-bench`): a restart after SIGKILL of an instance holding a large
+//!   state: time to restore it from the changelog and to the first commit.
+//! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
 //! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
 //!
 //! Figures, with their commands and machine, are in `bench/RESULTS.md`.
 
+pub mod child;
 pub mod pipeline;
 pub mod producer;
+pub mod recovery;
 pub mod sink;
 pub mod stats;

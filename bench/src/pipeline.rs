@@ -10,11 +10,14 @@
 //!    read_committed consumer tails `notifications`; a notification's latency is the time it
 //!    became visible to that consumer minus the append time of its tick (the record timestamp,
 //!    carried in `tick_ts`). That is what a downstream reader waits: batching plus commit.
-//! 3. **Memory.** Peak RSS of the child (`VmHWM`) before it is stopped with SIGTERM.
+//! 3. **Memory.** Peak RSS of the child (`VmHWM`) before it is stopped with SIGTERM, and the
+//!    peak of the processing alone: the high-water mark is read and reset when the pipeline is
+//!    ready, so start-up (the rules file, the restore) and processing are told apart.
 //!
 //! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
 //! hits all of them alike; medians are reported with their spread.
 
+use crate::child::{free_port, path_str, ChildGuard};
 use crate::stats::{median, percentile};
 use anyhow::{anyhow, bail, Context as _};
 use price_alerts::alert::Notification;
@@ -29,7 +32,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -42,27 +45,83 @@ pub struct Config {
     /// `exactly-once` or `at-least-once`.
     pub guarantee: &'static str,
     pub commit_interval_ms: u64,
+    /// Extra arguments of the child (e.g. `-X` properties) and their name, so settings can be
+    /// compared in interleaved runs of the same binary; empty for the pipeline as it ships.
+    pub variant: Variant,
+}
+
+/// A named set of extra arguments for the child process, and environment variables
+/// (`env:KEY=VALUE` tokens, e.g. `env:MALLOC_ARENA_MAX=2` to compare allocator settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Variant {
+    pub name: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl std::str::FromStr for Variant {
+    type Err = String;
+
+    /// `NAME=ARGS`, the arguments separated by whitespace: `small=-X queued.min.messages=1000`;
+    /// an argument `env:KEY=VALUE` sets an environment variable of the child instead.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, args) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: a variant is NAME=ARGS"))?;
+        let mut v = Variant {
+            name: name.trim().to_owned(),
+            ..Variant::default()
+        };
+        for token in args.split_whitespace() {
+            match token.strip_prefix("env:") {
+                Some(kv) => {
+                    let (k, val) = kv
+                        .split_once('=')
+                        .ok_or_else(|| format!("{token:?}: write env:KEY=VALUE"))?;
+                    v.env.push((k.to_owned(), val.to_owned()));
+                }
+                None => v.args.push(token.to_owned()),
+            }
+        }
+        Ok(v)
+    }
 }
 
 impl Config {
     pub fn label(&self) -> String {
-        format!("{} {}ms", self.guarantee, self.commit_interval_ms)
+        let base = format!("{} {}ms", self.guarantee, self.commit_interval_ms);
+        if self.variant.name.is_empty() {
+            base
+        } else {
+            format!("{base} [{}]", self.variant.name)
+        }
     }
 
-    /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for.
-    pub fn list(intervals_ms: &[u64], at_least_once: bool) -> Vec<Config> {
-        let mut configs: Vec<Config> = intervals_ms
-            .iter()
-            .map(|&ms| Config {
-                guarantee: "exactly-once",
-                commit_interval_ms: ms,
-            })
-            .collect();
-        if at_least_once {
-            configs.push(Config {
-                guarantee: "at-least-once",
-                commit_interval_ms: 100,
-            });
+    /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for; each
+    /// once per variant (once as shipped when there are none).
+    pub fn list(intervals_ms: &[u64], at_least_once: bool, variants: &[Variant]) -> Vec<Config> {
+        let shipped = [Variant::default()];
+        let variants = if variants.is_empty() {
+            &shipped[..]
+        } else {
+            variants
+        };
+        let mut configs = Vec::new();
+        for variant in variants {
+            for &ms in intervals_ms {
+                configs.push(Config {
+                    guarantee: "exactly-once",
+                    commit_interval_ms: ms,
+                    variant: variant.clone(),
+                });
+            }
+            if at_least_once {
+                configs.push(Config {
+                    guarantee: "at-least-once",
+                    commit_interval_ms: 100,
+                    variant: variant.clone(),
+                });
+            }
         }
         configs
     }
@@ -94,21 +153,28 @@ pub struct RunResult {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub latency_samples: usize,
+    /// Peak RSS over the whole run (start-up included).
     pub peak_rss_mib: f64,
+    /// Peak RSS until the pipeline was ready (start-up: rules, clients, restore).
+    pub startup_peak_rss_mib: f64,
+    /// Peak RSS from ready to the end (processing the backlog and the paced ticks).
+    pub processing_peak_rss_mib: f64,
 }
 
 impl std::fmt::Display for RunResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples), peak RSS {:.0} MiB",
+            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
             self.config.label(),
             self.repeat,
             self.ticks_per_sec,
             self.latency_p50_ms,
             self.latency_p99_ms,
             self.latency_samples,
-            self.peak_rss_mib
+            self.peak_rss_mib,
+            self.startup_peak_rss_mib,
+            self.processing_peak_rss_mib
         )
     }
 }
@@ -123,6 +189,8 @@ pub struct Summary {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub peak_rss_mib: f64,
+    pub startup_peak_rss_mib: f64,
+    pub processing_peak_rss_mib: f64,
 }
 
 /// Runs every configuration `repeats` times, interleaved; `progress` is told of each run.
@@ -156,6 +224,8 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 latency_p50_ms: median(&of(|r| r.latency_p50_ms))?,
                 latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
                 peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
+                startup_peak_rss_mib: median(&of(|r| r.startup_peak_rss_mib))?,
+                processing_peak_rss_mib: median(&of(|r| r.processing_peak_rss_mib))?,
             })
         })
         .collect()
@@ -182,19 +252,22 @@ pub fn write_outputs(
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | ticks/s (median) | min-max | latency p50 | latency p99 | peak RSS |\n|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         out.push_str(&format!(
-            "| {} | {} ms | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.0} MiB |\n",
+            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
             s.config.guarantee,
             s.config.commit_interval_ms,
+            if s.config.variant.name.is_empty() { "as shipped" } else { &s.config.variant.name },
             s.ticks_per_sec,
             s.ticks_per_sec_min,
             s.ticks_per_sec_max,
             s.latency_p50_ms,
             s.latency_p99_ms,
-            s.peak_rss_mib
+            s.peak_rss_mib,
+            s.startup_peak_rss_mib,
+            s.processing_peak_rss_mib
         ));
     }
     out
@@ -213,16 +286,6 @@ fn run_one(opts: &Options, config: &Config, repeat: usize) -> anyhow::Result<Run
     let result = measure(opts, config, repeat, &app_id, &topics);
     let _ = futures::executor::block_on(topics::delete_topics(kafka, &topics.names()));
     result
-}
-
-/// The child process, killed if the run fails half-way.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn measure(
@@ -263,6 +326,8 @@ fn measure(
             &format!("{}ms", config.commit_interval_ms),
         ])
         .args(["--metrics-addr", &metrics_addr])
+        .args(&config.variant.args)
+        .envs(config.variant.env.iter().map(|(k, v)| (k, v)))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
@@ -282,6 +347,8 @@ fn measure(
         std::thread::sleep(Duration::from_millis(5));
     }
     let ready = Instant::now();
+    let startup_peak_rss_mib = child.peak_rss_mib();
+    child.reset_peak_rss()?;
     let ticks_per_sec = loop {
         let pos: i64 = committed_offsets(kafka, app_id, &topics.input)?
             .into_iter()
@@ -334,13 +401,9 @@ fn measure(
         .join()
         .map_err(|_| anyhow!("latency reader panicked"))??;
 
-    let peak_rss_mib = peak_rss_kib(child.0.id()).unwrap_or(0) as f64 / 1024.0;
-    let status = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()?;
-    if !status.success() {
-        bail!("could not stop the pipeline");
-    }
+    let processing_peak_rss_mib = child.peak_rss_mib();
+    let peak_rss_mib = startup_peak_rss_mib.max(processing_peak_rss_mib);
+    child.signal("TERM")?;
     let mut child = child;
     let exit = child.0.wait()?;
     if !exit.success() {
@@ -355,12 +418,9 @@ fn measure(
         latency_p99_ms: percentile(&latencies, 99.0).unwrap_or(f64::NAN),
         latency_samples: latencies.len(),
         peak_rss_mib,
+        startup_peak_rss_mib,
+        processing_peak_rss_mib,
     })
-}
-
-fn path_str(p: &Path) -> anyhow::Result<&str> {
-    p.to_str()
-        .ok_or_else(|| anyhow!("path {} is not UTF-8", p.display()))
 }
 
 /// Tails `topic` read_committed from its current end until `stop` is set and every partition is
@@ -415,13 +475,6 @@ fn caught_up(consumer: &Reader, topic: &str, partitions: i32) -> anyhow::Result<
     Ok(true)
 }
 
-/// A port nothing listens on right now, for the child's metrics endpoint.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn now_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -429,14 +482,33 @@ fn now_ms() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Peak resident set of a process, from /proc (Linux).
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_variant_is_a_name_arguments_and_environment() {
+        let v: Variant = "small=-X queued.min.messages=1000 env:MALLOC_ARENA_MAX=2"
+            .parse()
+            .unwrap();
+        assert_eq!(v.name, "small");
+        assert_eq!(v.args, ["-X", "queued.min.messages=1000"]);
+        assert_eq!(v.env, [("MALLOC_ARENA_MAX".to_owned(), "2".to_owned())]);
+        let shipped: Variant = "shipped=".parse().unwrap();
+        assert!(shipped.args.is_empty() && shipped.env.is_empty());
+        assert!("no-equals".parse::<Variant>().is_err());
+        assert!("bad=env:NOVALUE".parse::<Variant>().is_err());
+    }
+
+    #[test]
+    fn every_configuration_runs_once_per_variant() {
+        let variants: Vec<Variant> = vec!["a=".parse().unwrap(), "b=".parse().unwrap()];
+        let configs = Config::list(&[10, 100], true, &variants);
+        assert_eq!(configs.len(), 6);
+        assert_eq!(configs[3].label(), "exactly-once 10ms [b]");
+        assert_eq!(
+            Config::list(&[100], false, &[])[0].label(),
+            "exactly-once 100ms"
+        );
+    }
 }

@@ -5,6 +5,17 @@
 //! `[librdkafka]` table of a config file). The properties the exactly-once guarantee rests on are
 //! owned by this module: a pass-through that tries to change one is refused with a message naming
 //! it, instead of silently weakening the guarantee.
+//!
+//! # Memory
+//! librdkafka's defaults size its queues for throughput on a big machine, not for a processor
+//! with a memory budget: a consumer prefetches up to 100,000 records or 64 MB (whichever comes
+//! first, for all partitions together) and fetches up to 50 MB per response; a producer queues up
+//! to 100,000 records or 1 GiB. Each queued record also costs librdkafka's own bookkeeping (a few
+//! hundred bytes) beside its bytes. The processor's clients (group consumer, transactional
+//! producer, readers) bound their queues on purpose below; every bound keeps more than what the
+//! loop consumes or produces between two looks at the queue, so the loop never waits for data
+//! that a larger queue would have had ready. A pass-through (`-X`) overrides any of them.
+//! `bench/RESULTS.md` has the measurements behind the values.
 
 use anyhow::{bail, Context as _};
 use rdkafka::config::ClientConfig;
@@ -18,6 +29,43 @@ pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
 /// its commit, short enough that a crashed instance's open transaction does not stall read_committed
 /// readers (the LSO) for long when it is not restarted with the same transactional.id.
 pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Records the group consumer keeps prefetched (librdkafka: 100,000). The loop processes about
+/// 60,000 ticks/s; 20,000 is a third of a second of work, while a fetch round trip on a healthy
+/// link takes milliseconds, so the loop never waits for a fetch that a longer queue would have
+/// made earlier.
+pub const CONSUMER_QUEUED_MIN_MESSAGES: u32 = 20_000;
+
+/// Prefetched bytes of the group consumer, KB (librdkafka: 65,536): bounds the prefetch when
+/// records are large (a tick may be up to `--max-tick-bytes`); 20,000 ticks of ~70 bytes stay far
+/// below it.
+pub const CONSUMER_QUEUED_MAX_KBYTES: u32 = 4_096;
+
+/// Bytes asked per partition in a fetch (librdkafka: 1 MiB). A fetch response lands whole in the
+/// queue, past its bounds: six partitions at 1 MiB would overshoot the prefetch by 6 MiB at once.
+/// 256 KiB is still thousands of ticks per partition per round trip. A larger record batch is
+/// still returned whole (the broker never stalls a consumer on it).
+pub const FETCH_PARTITION_BYTES: u32 = 262_144;
+
+/// Bytes of one fetch response over all partitions (librdkafka: 50 MiB).
+pub const FETCH_MAX_BYTES: u32 = 2_097_152;
+
+/// How long a partition waits before fetching again once the prefetch is full (librdkafka:
+/// 1,000 ms). With bounded queues the default starves the loop: it drains a full queue in a
+/// fraction of a second, then waits for the rest of the second. A restore paid the same: the
+/// reader paused a whole second each time 100,000 changelog records were queued.
+pub const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
+
+/// Records the transactional producer may hold, queued or in flight (librdkafka: 100,000). One
+/// transaction of the default batch (5,000 ticks) writes at most one state record per tick and a
+/// notification per crossed threshold; 32,768 holds more than that, and the commit drains the
+/// queue, so only a runaway batch ever waits for room (the send waits, it does not fail).
+pub const PRODUCER_QUEUE_MESSAGES: u32 = 32_768;
+
+/// Bytes the transactional producer may hold, KB (librdkafka: 1 GiB): bounds the queue when
+/// records are large. 16 MiB leaves room for full 1 MB batches to every partition the processor
+/// writes (notifications, changelog, DLQ) in flight at once.
+pub const PRODUCER_QUEUE_KBYTES: u32 = 16_384;
 
 /// Properties that the pipeline sets itself and that a pass-through may not override.
 const MANAGED: &[(&str, &str)] = &[
@@ -145,6 +193,24 @@ impl KafkaConfig {
         c
     }
 
+    /// Bounds a consumer's prefetch (see the module's `# Memory`).
+    fn bounded_fetch(c: &mut ClientConfig) {
+        c.set(
+            "queued.min.messages",
+            CONSUMER_QUEUED_MIN_MESSAGES.to_string(),
+        );
+        c.set(
+            "queued.max.messages.kbytes",
+            CONSUMER_QUEUED_MAX_KBYTES.to_string(),
+        );
+        c.set(
+            "max.partition.fetch.bytes",
+            FETCH_PARTITION_BYTES.to_string(),
+        );
+        c.set("fetch.max.bytes", FETCH_MAX_BYTES.to_string());
+        c.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string());
+    }
+
     fn finish(&self, mut c: ClientConfig) -> ClientConfig {
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -178,6 +244,8 @@ impl KafkaConfig {
         c.set("auto.offset.reset", "earliest");
         // Statistics every 5 s give the consumer lag per partition (a metric); cheap at that rate.
         c.set("statistics.interval.ms", "5000");
+        // A bounded prefetch: librdkafka's defaults held the whole backlog in memory.
+        Self::bounded_fetch(&mut c);
         self.finish(c)
     }
 
@@ -193,6 +261,10 @@ impl KafkaConfig {
         // A reader waits for the end, not for data: do not let an empty fetch idle for the 500 ms
         // default before the end is known (restores and verifiers would each pay it).
         c.set("fetch.wait.max.ms", "20");
+        // Readers read a topic from its beginning (a restore, the whole changelog) as fast as the
+        // loop takes records, with the processor's bounded prefetch: the defaults held up to
+        // 100,000 records and then paused each partition a full second.
+        Self::bounded_fetch(&mut c);
         c.set("isolation.level", isolation.as_str());
         c.set("auto.offset.reset", "earliest");
         self.finish(c)
@@ -222,6 +294,15 @@ impl KafkaConfig {
         c.set(
             "message.timeout.ms",
             message_timeout.as_millis().to_string(),
+        );
+        // A bounded queue (see the module's `# Memory`); a full one makes a send wait, not fail.
+        c.set(
+            "queue.buffering.max.messages",
+            PRODUCER_QUEUE_MESSAGES.to_string(),
+        );
+        c.set(
+            "queue.buffering.max.kbytes",
+            PRODUCER_QUEUE_KBYTES.to_string(),
         );
         let c = self.finish(c);
         check_message_timeout(&c, txn_timeout)?;
@@ -348,6 +429,54 @@ mod tests {
         let shown = format!("{k:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("sasl.username"), "{shown}");
+    }
+
+    #[test]
+    fn queues_are_bounded_and_a_pass_through_wins() {
+        let k = KafkaConfig::new("h:1");
+        for c in [
+            k.group_consumer("g", None),
+            k.reader(Isolation::ReadCommitted),
+        ] {
+            assert_eq!(c.get("queued.min.messages"), Some("20000"));
+            assert_eq!(c.get("queued.max.messages.kbytes"), Some("4096"));
+            assert_eq!(c.get("max.partition.fetch.bytes"), Some("262144"));
+            assert_eq!(c.get("fetch.max.bytes"), Some("2097152"));
+            // A bounded queue with librdkafka's 1 s back-off would starve the loop.
+            assert_eq!(c.get("fetch.queue.backoff.ms"), Some("10"));
+        }
+        let p = k
+            .transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT)
+            .unwrap();
+        assert_eq!(p.get("queue.buffering.max.messages"), Some("32768"));
+        assert_eq!(p.get("queue.buffering.max.kbytes"), Some("16384"));
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&[
+                "queued.min.messages=100000",
+                "queue.buffering.max.kbytes=1048576",
+            ])
+            .unwrap();
+        assert_eq!(
+            k.group_consumer("g", None).get("queued.min.messages"),
+            Some("100000")
+        );
+        assert_eq!(
+            k.transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT)
+                .unwrap()
+                .get("queue.buffering.max.kbytes"),
+            Some("1048576")
+        );
+    }
+
+    #[test]
+    fn bounded_settings_are_valid_for_librdkafka() {
+        let k = KafkaConfig::new("h:1");
+        k.group_consumer("g", Some("i"))
+            .create::<rdkafka::consumer::BaseConsumer>()
+            .unwrap();
+        k.reader(Isolation::ReadCommitted)
+            .create::<rdkafka::consumer::BaseConsumer>()
+            .unwrap();
     }
 
     #[test]

@@ -81,6 +81,13 @@ pub fn read_partitions_to_end(
     mut f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
     let tpl = position_list(topic, partitions.iter().map(|&p| (p, Offset::Beginning)))?;
+    // Leaders first: a partition assigned at a logical offset (the beginning) before its leader is
+    // known waits for librdkafka's offset-query retry timer (500 ms) instead of asking at once.
+    // One metadata round trip makes a fresh reader (every restore after a start) start reading
+    // in milliseconds.
+    consumer
+        .fetch_metadata(Some(topic), timeout)
+        .with_context(|| format!("fetching metadata of {topic}"))?;
     consumer
         .assign(&tpl)
         .context("assigning partitions to the reader")?;

@@ -106,7 +106,6 @@ pub fn restore(
             skipped += 1;
             return Ok(());
         };
-        let symbol = String::from_utf8_lossy(key).into_owned();
         let state: SymbolState = serde_json::from_slice(value).with_context(|| {
             format!(
                 "changelog {changelog}/{} offset {} is not a state record",
@@ -115,10 +114,19 @@ pub fn restore(
             )
         })?;
         if let Some(map) = out.get_mut(&m.partition()) {
-            map.insert(symbol, state);
+            // A symbol is in the changelog once per batch that changed it: most records replace a
+            // state already restored, and need no new key.
+            let symbol = String::from_utf8_lossy(key);
+            match map.get_mut(symbol.as_ref()) {
+                Some(slot) => *slot = state,
+                None => {
+                    map.insert(symbol.into_owned(), state);
+                }
+            }
         }
         Ok(())
     })?;
+    crate::metrics::restore_read(n);
     if skipped > 0 {
         warn!(
             changelog,

@@ -38,6 +38,11 @@ struct Cli {
     symbols: usize,
     #[arg(long, default_value_t = 6)]
     partitions: i32,
+    /// A named set of extra arguments for the pipeline, NAME=ARGS (repeatable), e.g.
+    /// `--variant 'librdkafka-defaults=-X queued.max.messages.kbytes=65536'`: every configuration
+    /// runs once per variant, interleaved.
+    #[arg(long)]
+    variant: Vec<price_alerts_bench::pipeline::Variant>,
     /// Where to write results.json and results.md.
     #[arg(long, default_value = "bench/out/pipeline")]
     out: PathBuf,
@@ -54,7 +59,7 @@ fn run() -> anyhow::Result<()> {
         .context("locating the binaries folder")?
         .join("alert-pipeline");
     let intervals_ms: Vec<u64> = cli.intervals.iter().map(|d| d.as_millis() as u64).collect();
-    let configs = Config::list(&intervals_ms, cli.at_least_once);
+    let configs = Config::list(&intervals_ms, cli.at_least_once, &cli.variant);
     let opts = Options {
         kafka: cli.kafka.connect()?,
         binary,
