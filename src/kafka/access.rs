@@ -161,6 +161,12 @@ pub fn refused<C: ClientContext>(
 fn group_denied(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<bool> {
     let mut cfg = kafka.admin();
     cfg.set("group.id", group);
+    // Not librdkafka's default (read_committed): that asks for stable offsets, and the broker
+    // answers UNSTABLE_OFFSET_COMMIT as long as a transaction holds pending offsets of the group,
+    // such as the one a killed instance left between send_offsets and its commit. The check
+    // would then wait out its whole timeout before the restart can abort that transaction. It
+    // only asks whether the group is refused; how stable the offsets are does not matter.
+    cfg.set("isolation.level", "read_uncommitted");
     let consumer: BaseConsumer<Denials> = cfg.create_with_context(Denials::default())?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, 0);
