@@ -13,7 +13,9 @@
 //! 3. **Memory.** Peak RSS of the child (`VmHWM`) before it is stopped with SIGTERM.
 //!
 //! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
-//! hits all of them alike; medians are reported with their spread.
+//! hits all of them alike; medians are reported with their spread, and each one's ticks/s as a
+//! ratio to the at-least-once run of the same repeat (paired). Exactly-once runs with and without
+//! `--overlap-commits` (a batch's commit overlapping the next batch's processing).
 
 use crate::stats::{median, percentile};
 use anyhow::{anyhow, bail, Context as _};
@@ -41,26 +43,44 @@ use time::OffsetDateTime;
 pub struct Config {
     /// `exactly-once` or `at-least-once`.
     pub guarantee: &'static str,
+    /// Exactly-once with `--overlap-commits` (a batch's commit overlaps the next batch).
+    pub overlap: bool,
     pub commit_interval_ms: u64,
 }
 
 impl Config {
-    pub fn label(&self) -> String {
-        format!("{} {}ms", self.guarantee, self.commit_interval_ms)
+    /// The mode: the guarantee, `+overlap` for overlapped commits.
+    pub fn mode(&self) -> String {
+        match self.overlap {
+            true => format!("{}+overlap", self.guarantee),
+            false => self.guarantee.to_owned(),
+        }
     }
 
-    /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for.
-    pub fn list(intervals_ms: &[u64], at_least_once: bool) -> Vec<Config> {
+    pub fn label(&self) -> String {
+        format!("{} {}ms", self.mode(), self.commit_interval_ms)
+    }
+
+    /// Exactly-once at each commit interval (ms), each followed by exactly-once with overlapped
+    /// commits if asked for; then at-least-once at 100 ms if asked for.
+    pub fn list(intervals_ms: &[u64], overlap: bool, at_least_once: bool) -> Vec<Config> {
         let mut configs: Vec<Config> = intervals_ms
             .iter()
-            .map(|&ms| Config {
-                guarantee: "exactly-once",
-                commit_interval_ms: ms,
+            .flat_map(|&ms| {
+                [false, true]
+                    .into_iter()
+                    .filter(move |&o| !o || overlap)
+                    .map(move |o| Config {
+                        guarantee: "exactly-once",
+                        overlap: o,
+                        commit_interval_ms: ms,
+                    })
             })
             .collect();
         if at_least_once {
             configs.push(Config {
                 guarantee: "at-least-once",
+                overlap: false,
                 commit_interval_ms: 100,
             });
         }
@@ -120,6 +140,9 @@ pub struct Summary {
     pub ticks_per_sec: f64,
     pub ticks_per_sec_min: f64,
     pub ticks_per_sec_max: f64,
+    /// Median over the repeats of ticks/s divided by the at-least-once run's of the same repeat
+    /// (paired, so drift between repeats cancels out); `None` without at-least-once runs.
+    pub paired_vs_alo: Option<f64>,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub peak_rss_mib: f64,
@@ -141,6 +164,12 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Resu
 
 /// Medians per configuration, in the order of `configs`.
 pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
+    let alo = |repeat: usize| {
+        results
+            .iter()
+            .find(|r| r.repeat == repeat && r.config.guarantee == "at-least-once")
+            .map(|r| r.ticks_per_sec)
+    };
     configs
         .iter()
         .filter_map(|c| {
@@ -148,11 +177,17 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 results.iter().filter(|r| &r.config == c).map(f).collect()
             };
             let tps = of(|r| r.ticks_per_sec);
+            let paired: Vec<f64> = results
+                .iter()
+                .filter(|r| &r.config == c)
+                .filter_map(|r| Some(r.ticks_per_sec / alo(r.repeat)?))
+                .collect();
             Some(Summary {
                 config: c.clone(),
                 ticks_per_sec: median(&tps)?,
                 ticks_per_sec_min: tps.iter().copied().fold(f64::INFINITY, f64::min),
                 ticks_per_sec_max: tps.iter().copied().fold(0.0, f64::max),
+                paired_vs_alo: median(&paired),
                 latency_p50_ms: median(&of(|r| r.latency_p50_ms))?,
                 latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
                 peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
@@ -182,12 +217,15 @@ pub fn write_outputs(
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | ticks/s (median) | min-max | latency p50 | latency p99 | peak RSS |\n|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | ticks/s (median) | min-max | paired / at-least-once | latency p50 | latency p99 | peak RSS |\n|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
+        let paired = s
+            .paired_vs_alo
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
         out.push_str(&format!(
-            "| {} | {} ms | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.0} MiB |\n",
-            s.config.guarantee,
+            "| {} | {} ms | {:.0} | {:.0}-{:.0} | {paired} | {:.0} ms | {:.0} ms | {:.0} MiB |\n",
+            s.config.mode(),
             s.config.commit_interval_ms,
             s.ticks_per_sec,
             s.ticks_per_sec_min,
@@ -262,6 +300,7 @@ fn measure(
             "--commit-interval",
             &format!("{}ms", config.commit_interval_ms),
         ])
+        .args(config.overlap.then_some("--overlap-commits"))
         .args(["--metrics-addr", &metrics_addr])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
