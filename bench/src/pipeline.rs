@@ -256,6 +256,17 @@ fn run_one(opts: &Options, config: &Config, repeat: usize) -> anyhow::Result<Run
 /// The child process, killed if the run fails half-way.
 struct ChildGuard(Child);
 
+impl ChildGuard {
+    /// Fails at once if the pipeline has exited (instead of waiting out a deadline for progress
+    /// that cannot come); its own error is on stderr just before.
+    fn exited(&mut self) -> anyhow::Result<()> {
+        match self.0.try_wait()? {
+            Some(status) => bail!("the pipeline exited early with {status}"),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -306,7 +317,7 @@ fn measure(
         .stdin(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {}", opts.binary.display()))?;
-    let child = ChildGuard(child);
+    let mut child = ChildGuard(child);
 
     // Throughput: from ready to the backlog committed.
     let target = next_offsets(&landed);
@@ -315,6 +326,7 @@ fn measure(
     while price_alerts::metrics::scrape(&metrics_addr, "alerts_partitions_restored_total")
         < f64::from(opts.partitions)
     {
+        child.exited()?;
         if Instant::now() > deadline {
             bail!("the pipeline never reported its partitions restored");
         }
@@ -329,6 +341,7 @@ fn measure(
         if pos >= total {
             break total as f64 / ready.elapsed().as_secs_f64();
         }
+        child.exited()?;
         if Instant::now() > deadline {
             bail!("the pipeline did not catch up with {total} ticks");
         }
@@ -363,6 +376,7 @@ fn measure(
         {
             break;
         }
+        child.exited()?;
         if Instant::now() > deadline {
             bail!("the pipeline did not catch up with the paced ticks");
         }
@@ -380,7 +394,6 @@ fn measure(
     if !status.success() {
         bail!("could not stop the pipeline");
     }
-    let mut child = child;
     let exit = child.0.wait()?;
     if !exit.success() {
         bail!("the pipeline exited with {exit}");
