@@ -296,9 +296,7 @@ impl Committer {
         session.handoffs += 1;
         let producer = Arc::clone(&self.producers[batch.producer]);
         let hold = match self.settings.hooks.hold_overlapped {
-            Some((n, point)) if n == session.handoffs && point != HoldPoint::Released => {
-                Some(point)
-            }
+            Some((n, point)) if n == session.handoffs => Some(point),
             _ => None,
         };
         let (held_now, handoff) = (Arc::clone(&self.held_now), session.handoffs);
@@ -326,7 +324,8 @@ impl Committer {
 }
 
 /// The commit thread's work: drain and `commit_transaction` ([`TxnProducer::commit`]), with the
-/// test hook's hold points around `commit_transaction`.
+/// test hook's hold points around `commit_transaction`. For the `Released` point the thread only
+/// waits (bounded) until the next batch holds records back, so that its reap has some to release.
 fn commit_in_background(
     producer: &TxnProducer,
     hold: Option<HoldPoint>,
@@ -340,8 +339,14 @@ fn commit_in_background(
         hold_here(HoldPoint::Drained, handoff, held);
     }
     let committed = producer.commit();
-    if hold == Some(HoldPoint::Committed) && committed.is_ok() {
-        hold_here(HoldPoint::Committed, handoff, held);
+    match hold {
+        Some(HoldPoint::Committed) if committed.is_ok() => {
+            hold_here(HoldPoint::Committed, handoff, held)
+        }
+        Some(HoldPoint::Released) => {
+            wait_for_held(&held);
+        }
+        _ => {}
     }
     committed
 }
@@ -349,13 +354,18 @@ fn commit_in_background(
 /// TEST HOOK: waits (bounded) until the open batch holds records back, says so, and stays here
 /// until the test kills the process.
 fn hold_here(point: HoldPoint, handoff: u64, held: impl Fn() -> u64) {
-    let until = Instant::now() + HOOK_WAIT;
-    while held() == 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_held(&held);
     warn!(handoff, point = ?point, held = held(), "test hook: overlapped commit held; waiting to be killed");
     loop {
         std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// TEST HOOK: waits until `held()` is not zero, at most [`HOOK_WAIT`].
+fn wait_for_held(held: &impl Fn() -> u64) {
+    let until = Instant::now() + HOOK_WAIT;
+    while held() == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -56,8 +56,8 @@ pub enum HoldPoint {
     /// engine has not learnt it yet (the next batch still holds its records back).
     Committed,
     /// On the engine thread, once the commit is known and the next batch's held records are sent
-    /// and in the log: before that next batch commits. (At the first such release at or after
-    /// the n-th commit that released any records.)
+    /// and in the log: before that next batch commits. (The commit thread waits after
+    /// `commit_transaction` until the next batch holds records back, so that there are some.)
     Released,
 }
 
