@@ -185,3 +185,66 @@ fn access_check_does_not_wait_for_a_transaction_holding_the_groups_offsets() {
         s.transaction_timeout
     );
 }
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_abort_after_an_overlapped_commit_keeps_that_commit_and_redoes_only_its_own_batch() {
+    let prefix = common::prefix("ovabort");
+    let mut s = common::settings(&prefix, rules(8));
+    s.overlap_commits = true;
+    common::create_topics(&s, 2);
+    let engine = Engine::start(s.clone()).unwrap();
+    let mut first = produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 90, 1)).unwrap();
+    first.extend(produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 120, 2)).unwrap());
+    engine
+        .process_records(16, Duration::from_secs(60))
+        .expect("first batch processed");
+    // Batch 1 (8 notifications up) commits in the background while batch 2 is processed on the
+    // other producer: its notifications (down, the same symbols) are held back until batch 1 is
+    // in the log; the abort must wait for batch 1, keep it, and redo only batch 2.
+    engine.start_commit().unwrap();
+    let second = produce_ticks(&s.kafka, &s.topics.input, &ticks(8, 90, 3)).unwrap();
+    engine
+        .process_records(8, Duration::from_secs(60))
+        .expect("second batch processed");
+    engine.abort().unwrap();
+    assert_eq!(
+        count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(),
+        8,
+        "batch 1 committed, batch 2 aborted"
+    );
+    let committed: Vec<Option<i64>> =
+        committed_offsets(&s.kafka, s.group_id(), &s.topics.input).unwrap();
+    let expected = next_offsets(&first);
+    for (p, o) in committed.iter().enumerate() {
+        assert_eq!(*o, expected.get(&(p as i32)).copied(), "partition {p}");
+    }
+    // The redo reads batch 2 again from the committed offsets, with batch 1's state restored.
+    engine
+        .process_records(8, Duration::from_secs(60))
+        .expect("second batch redone");
+    assert!(engine.commit().unwrap());
+    assert_eq!(
+        count_records(&s.kafka, &s.topics.notifications, Isolation::ReadCommitted).unwrap(),
+        16
+    );
+    let mut all = first;
+    all.extend(second);
+    let committed: Vec<Option<i64>> =
+        committed_offsets(&s.kafka, s.group_id(), &s.topics.input).unwrap();
+    let expected = next_offsets(&all);
+    for (p, o) in committed.iter().enumerate() {
+        assert_eq!(*o, expected.get(&(p as i32)).copied(), "partition {p}");
+    }
+    let stats = engine.close().unwrap();
+    assert_eq!(
+        (
+            stats.commits,
+            stats.aborts,
+            stats.committed_records,
+            stats.committed_notifications
+        ),
+        (2, 1, 24, 16),
+        "each batch counted once, when its commit was known"
+    );
+}
