@@ -32,6 +32,7 @@
 //! (poison), `seq % 7 == 0` fails its first two attempts and then succeeds (flaky). A tick that is
 //! both is poison.
 
+use crate::pipeline::producer::TxnProducer;
 use crate::tick::{self, Tick, TickError};
 use crate::trace;
 use rand::Rng;
@@ -242,12 +243,10 @@ pub fn admit(
     Ok((tick, attempts))
 }
 
-/// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction (`out`
-/// enqueues the record: the pipeline's transactional producer, or its hold list while an overlapped
-/// commit wrote the same key), and logs it (with its trace identifiers, never its payload). The
-/// caller counts it at commit.
+/// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction, and logs it
+/// (with its trace identifiers, never its payload). The caller counts it at commit.
 pub fn send(
-    out: impl FnOnce(BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError>,
+    producer: &TxnProducer,
     topic: &str,
     msg: &BorrowedMessage<'_>,
     group: &str,
@@ -275,7 +274,7 @@ pub fn send(
     if let Some(v) = msg.payload() {
         record = record.payload(v);
     }
-    out(record)
+    producer.send(record)
 }
 
 /// The headers of `msg`'s dead letter: its own headers, its event id if it had none, then the

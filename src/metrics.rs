@@ -41,7 +41,6 @@ pub const CONSUMER_LAG: &str = "alerts_consumer_lag";
 pub const DLQ_OLDEST_AGE: &str = "alerts_dlq_oldest_unhandled_age_seconds";
 pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
 pub const NOT_AUTHORISED: &str = "alerts_not_authorised_total";
-pub const HELD_BACK: &str = "alerts_overlap_held_records_total";
 
 /// How a metric is exposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +70,6 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition."),
     (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet replayed (no entry in the replay ledger <dlq>.replayed; 0 when none)."),
     (DLQ_UNHANDLED, Kind::Gauge, "Dead letters not yet replayed (no entry in the replay ledger <dlq>.replayed): a count of records."),
-    (HELD_BACK, Kind::Counter, "Overlapped commits: output records held back until the commit in flight, which wrote their key, was known (then sent in order)."),
     (NOT_AUTHORISED, Kind::Counter, "Transactions aborted because a right was refused, by right (e.g. \"Write on Topic notifications\"); the input is redone once it is granted."),
 ];
 
@@ -92,7 +90,6 @@ pub fn describe() {
         TRANSACTIONS_ABORTED,
         PARTITIONS_RESTORED,
         FENCED,
-        HELD_BACK,
     ] {
         counter!(name).increment(0);
     }
@@ -152,11 +149,6 @@ pub fn committed(
         counter!(DEAD_LETTERED, "class" => *class).increment(*n);
     }
     histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
-}
-
-/// Overlapped commits: an output record held back behind the commit in flight.
-pub fn held_back() {
-    counter!(HELD_BACK).increment(1);
 }
 
 /// A transaction aborted (or, at least once, a batch given up).

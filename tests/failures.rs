@@ -42,18 +42,8 @@ fn raw(key: &str, value: &[u8]) -> (Option<Vec<u8>>, Vec<u8>) {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers() {
-    every_bad_input_kind_is_dead_lettered_with_its_class_and_headers_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers_overlapped() {
-    every_bad_input_kind_is_dead_lettered_with_its_class_and_headers_in(true);
-}
-
-fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers_in(overlap: bool) {
     let rules = Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]);
-    let mut run = Run::in_mode("dlq", rules, overlap);
+    let mut run = Run::new("dlq", rules);
     run.max_tick_bytes = 512;
     run.create_topics(1);
     let oversize = format!(
@@ -162,23 +152,13 @@ fn every_bad_input_kind_is_dead_lettered_with_its_class_and_headers_in(overlap: 
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill() {
-    fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill_overlapped() {
-    fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill_in(true);
-}
-
-fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill_in(overlap: bool) {
     let (rules, ticks) = generate(&GenOptions {
         symbols: 50,
         ticks: 10_000,
         seed: 5,
         stale_every: 0,
     });
-    let mut run = Run::in_mode("faults", rules, overlap);
+    let mut run = Run::new("faults", rules);
     run.faults = FaultInjection { enabled: true };
     run.extra = vec!["--commit-interval".into(), "500ms".into()];
     run.create_topics(6);
@@ -245,18 +225,8 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
-    an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back_overlapped() {
-    an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back_in(true);
-}
-
-fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back_in(overlap: bool) {
     let rules = Rules::from_pairs([("AAA".to_owned(), vec![Decimal::from(100)])]);
-    let mut run = Run::in_mode("dlqdown", rules, overlap);
+    let mut run = Run::new("dlqdown", rules);
     // A port nothing listens on now, for the pipeline's metrics endpoint.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -352,9 +322,8 @@ fn crash_between_produce_and_commit(
     guarantee: &str,
     ticks: &[Tick],
     rules: &Rules,
-    overlap: bool,
 ) -> price_alerts::tools::verify::VerifyReport {
-    let mut run = Run::in_mode(&format!("crash-{guarantee}"), rules.clone(), overlap);
+    let mut run = Run::new(&format!("crash-{guarantee}"), rules.clone());
     let base = [
         "--guarantee",
         guarantee,
@@ -400,9 +369,8 @@ fn at_least_once_duplicates_after_a_crash_where_exactly_once_does_not() {
         seed: 6,
         stale_every: 0,
     });
-    let alo = crash_between_produce_and_commit("at-least-once", &ticks, &rules, false);
-    let eos = crash_between_produce_and_commit("exactly-once", &ticks, &rules, false);
-    let overlapped = crash_between_produce_and_commit("exactly-once", &ticks, &rules, true);
+    let alo = crash_between_produce_and_commit("at-least-once", &ticks, &rules);
+    let eos = crash_between_produce_and_commit("exactly-once", &ticks, &rules);
     println!(
         "same input and crash: at-least-once {} duplicates, exactly-once {} duplicates (missing {} / {})",
         alo.duplicate.len(),
@@ -419,10 +387,4 @@ fn at_least_once_duplicates_after_a_crash_where_exactly_once_does_not() {
         "at-least-once repeats the crashed batch's notifications"
     );
     assert!(eos.ok(), "exactly-once: no duplicate, nothing missing");
-    assert!(
-        overlapped.ok(),
-        "exactly-once with overlapped commits: no duplicate, nothing missing (duplicates {}, missing {})",
-        overlapped.duplicate.len(),
-        overlapped.missing.len()
-    );
 }

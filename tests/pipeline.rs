@@ -112,18 +112,8 @@ fn committed_state(
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn end_to_end_ten_thousand_ticks_exactly_once() {
-    end_to_end_ten_thousand_ticks_exactly_once_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn end_to_end_ten_thousand_ticks_exactly_once_overlapped() {
-    end_to_end_ten_thousand_ticks_exactly_once_in(true);
-}
-
-fn end_to_end_ten_thousand_ticks_exactly_once_in(overlap: bool) {
     let (rules, ticks) = stream(50, 10_000, 1);
-    let run = Run::in_mode("e2e", rules, overlap);
+    let run = Run::new("e2e", rules);
     run.create_topics(6);
     let landed = produce_ticks(&kafka(), &run.input, &ticks).unwrap();
     let started = Instant::now();
@@ -159,18 +149,8 @@ fn uncommitted_output(run: &Run) -> u64 {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
-    sigkill_mid_stream_three_times_loses_and_doubles_nothing_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn sigkill_mid_stream_three_times_loses_and_doubles_nothing_overlapped() {
-    sigkill_mid_stream_three_times_loses_and_doubles_nothing_in(true);
-}
-
-fn sigkill_mid_stream_three_times_loses_and_doubles_nothing_in(overlap: bool) {
     let (rules, ticks) = stream(50, 12_000, 2);
-    let mut run = Run::in_mode("crash", rules, overlap);
+    let mut run = Run::new("crash", rules);
     // One-second batches over a steady stream: a transaction is open nearly all the time.
     run.extra = vec!["--commit-interval".into(), "1s".into()];
     run.create_topics(6);
@@ -231,18 +211,8 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing_in(overlap: bool) {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn two_instances_share_the_work_and_one_is_replaced() {
-    two_instances_share_the_work_and_one_is_replaced_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn two_instances_share_the_work_and_one_is_replaced_overlapped() {
-    two_instances_share_the_work_and_one_is_replaced_in(true);
-}
-
-fn two_instances_share_the_work_and_one_is_replaced_in(overlap: bool) {
     let (rules, ticks) = stream(50, 10_000, 3);
-    let mut run = Run::in_mode("group", rules, overlap);
+    let mut run = Run::new("group", rules);
     // Static members that stop are only evicted after the session timeout: keep it short here.
     run.extra = vec!["-X".into(), "session.timeout.ms=6000".into()];
     run.create_topics(6);
@@ -266,18 +236,8 @@ fn two_instances_share_the_work_and_one_is_replaced_in(overlap: bool) {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn every_third_transaction_aborted_still_exactly_once() {
-    every_third_transaction_aborted_still_exactly_once_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn every_third_transaction_aborted_still_exactly_once_overlapped() {
-    every_third_transaction_aborted_still_exactly_once_in(true);
-}
-
-fn every_third_transaction_aborted_still_exactly_once_in(overlap: bool) {
     let (rules, ticks) = stream(50, 10_000, 4);
-    let mut run = Run::in_mode("aborts", rules, overlap);
+    let mut run = Run::new("aborts", rules);
     run.extra = [
         "--test-abort-every",
         "3",
@@ -362,18 +322,8 @@ fn bad_rules_and_bad_properties_are_refused_with_a_clear_message() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
-    a_paused_zombie_is_fenced_and_nothing_is_doubled_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn a_paused_zombie_is_fenced_and_nothing_is_doubled_overlapped() {
-    a_paused_zombie_is_fenced_and_nothing_is_doubled_in(true);
-}
-
-fn a_paused_zombie_is_fenced_and_nothing_is_doubled_in(overlap: bool) {
     let (rules, ticks) = stream(50, 9_000, 7);
-    let mut run = Run::in_mode("zombie", rules, overlap);
+    let mut run = Run::new("zombie", rules);
     // Short sessions so the paused instance is evicted quickly; long batches so it is paused
     // with a transaction open.
     run.extra = ["-X", "session.timeout.ms=6000", "--commit-interval", "2s"]
@@ -437,197 +387,4 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled_in(overlap: bool) {
         aborted > 0,
         "the zombie's open transaction was aborted, not committed"
     );
-}
-
-/// What the `--test-hold-overlapped` hook logs once it holds an overlapped commit at its point.
-const HELD_MARKER: &str = "test hook: overlapped commit held";
-
-/// Starts instance 0 with `--test-hold-overlapped <spec>` and waits until its hook holds the
-/// commit; returns the instance and the number of records of the next batch held back then.
-fn spawn_held(run: &Run, spec: &str) -> (common::Pipeline, u64) {
-    use std::io::BufRead as _;
-    let mut command = run.command("0");
-    command
-        .args(["--test-hold-overlapped", spec])
-        .stderr(std::process::Stdio::piped());
-    let mut p = common::Pipeline::from(command.spawn().expect("starting alert-pipeline"), "0");
-    let stderr = p.child.stderr.take().expect("piped stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Drains the child's stderr for as long as it lives, so it never blocks on a full pipe.
-    thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            eprintln!("[instance 0] {line}");
-            if line.contains(HELD_MARKER) {
-                let _ = tx.send(line);
-            }
-        }
-    });
-    let line = rx
-        .recv_timeout(CAUGHT_UP)
-        .unwrap_or_else(|_| panic!("the hook never held an overlapped commit ({spec})"));
-    let held = line
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("held="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no held= in {line:?}"));
-    (p, held)
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn sigkill_during_overlapped_commits_loses_and_doubles_nothing() {
-    let (rules, ticks) = stream(50, 18_000, 8);
-    let mut run = Run::in_mode("overlap-kill", rules, true);
-    // One-second batches over a steady stream: the next batch has time to write (and hold back)
-    // notifications of the symbols the committing one wrote.
-    run.extra = vec!["--commit-interval".into(), "1s".into()];
-    run.create_topics(6);
-    let started = Instant::now();
-    // Long enough for five kills and restarts (a restart after a kill with offsets staged spends
-    // about 10 s in the start-up group check, whose offset fetch waits for them to be stable).
-    let loader = load_slowly(run.input.clone(), ticks, 180, Duration::from_secs(45));
-    // Each process is killed at its second hand-off, where the hook holds it: after that batch's
-    // drain (nothing committed yet), after its commit_transaction (committed, not yet reaped), and
-    // once the next batch's held records were released into the log (before that batch commits).
-    let points = ["drained", "committed", "released", "drained", "committed"];
-    for (kill, point) in points.iter().enumerate() {
-        let (p, held) = spawn_held(&run, &format!("2:{point}"));
-        assert!(
-            held > 0,
-            "kill {kill} at {point}: the next batch holds records back"
-        );
-        let hidden = uncommitted_output(&run);
-        p.signal("KILL");
-        let status = p.wait(EXIT);
-        assert!(!status.success(), "SIGKILL ends the process abnormally");
-        println!(
-            "kill {} at {point} ({:.1}s): {held} records held, {hidden} uncommitted notifications \
-             in the log, committed position {}",
-            kill + 1,
-            started.elapsed().as_secs_f64(),
-            run.committed()
-        );
-    }
-    let p = run.spawn("0");
-    let landed = loader.join().expect("loader");
-    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
-    p.signal("TERM");
-    assert!(p.wait(EXIT).success());
-    let report = assert_exactly_once(&run, 18_000);
-    let aborted = uncommitted_output(&run);
-    println!(
-        "overlapped crash test: 18000 ticks, {} kills, expected {} found {} missing 0 duplicate 0; \
-         notifications of killed transactions (aborted): {aborted}; wall {:.1}s",
-        points.len(),
-        report.expected,
-        report.found,
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        aborted > 0,
-        "the killed open batches had output in the log, which stays aborted"
-    );
-    assert_eq!(
-        committed_state(&run, 6),
-        report.final_state,
-        "restored state = uninterrupted run's"
-    );
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn per_symbol_order_of_notifications_is_kept() {
-    per_symbol_order_of_notifications_is_kept_in(false);
-}
-
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn per_symbol_order_of_notifications_is_kept_overlapped() {
-    per_symbol_order_of_notifications_is_kept_in(true);
-}
-
-/// Eight symbols whose every tick crosses their threshold (90, 110, 90, …), so consecutive
-/// transactions nearly always write notifications of the same symbols; short batches on a live
-/// stream. A read_committed reader must find each symbol's notifications in seq order.
-fn per_symbol_order_of_notifications_is_kept_in(overlap: bool) {
-    use price_alerts::alert::Notification;
-    use rust_decimal::Decimal;
-    let symbols: Vec<String> = (0..8).map(|i| format!("ORD{i}")).collect();
-    let rules = Rules::from_pairs(
-        symbols
-            .iter()
-            .map(|s| (s.clone(), vec![Decimal::from(100)])),
-    );
-    let rounds = 1_500u64;
-    let ticks: Vec<Tick> = (1..=rounds)
-        .flat_map(|seq| {
-            symbols.iter().map(move |s| Tick {
-                symbol: s.clone(),
-                price: Decimal::from(if seq % 2 == 1 { 90 } else { 110 }),
-                seq,
-                ts: None,
-            })
-        })
-        .collect();
-    let total = ticks.len();
-    let mut run = Run::in_mode("order", rules, overlap);
-    let addr = common::free_addr();
-    run.extra = ["--commit-interval", "30ms", "--metrics-addr", &addr]
-        .map(String::from)
-        .to_vec();
-    run.create_topics(3);
-    let loader = load_slowly(run.input.clone(), ticks, 100, Duration::from_secs(10));
-    let p = run.spawn("0");
-    let landed = loader.join().expect("loader");
-    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
-    let held = price_alerts::metrics::scrape(&addr, "alerts_overlap_held_records_total");
-    p.signal("TERM");
-    assert!(p.wait(EXIT).success());
-    let report = run.verify();
-    println!("{report}");
-    assert!(report.ok(), "exactly once");
-    assert_eq!(report.input_records, total as u64);
-    assert_eq!(report.expected, (rounds - 1) * symbols.len() as u64);
-    // Each symbol's notifications live in one partition, which a reader gets in offset order.
-    let mut last: BTreeMap<String, u64> = BTreeMap::new();
-    let mut out_of_order = Vec::new();
-    price_alerts::kafka::read::read_topic_to_end(
-        &kafka(),
-        &run.output,
-        Isolation::ReadCommitted,
-        price_alerts::kafka::read::DEFAULT_READ_TIMEOUT,
-        |m| {
-            use rdkafka::Message as _;
-            let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())?;
-            assert_eq!(m.key(), Some(n.symbol.as_bytes()), "keyed by symbol");
-            if let Some(prev) = last.insert(n.symbol.clone(), n.seq) {
-                if prev >= n.seq {
-                    out_of_order.push((n.symbol, prev, n.seq, m.partition(), m.offset()));
-                }
-            }
-            Ok(())
-        },
-    )
-    .expect("reading the notifications");
-    println!(
-        "order test (overlap {overlap}): {} notifications, {held} records held back, {} out of order",
-        report.found,
-        out_of_order.len()
-    );
-    assert!(
-        out_of_order.is_empty(),
-        "per-symbol order broken (symbol, previous seq, seq, partition, offset): {:?}",
-        &out_of_order[..out_of_order.len().min(5)]
-    );
-    if overlap {
-        assert!(
-            held > 0.0,
-            "the test exercised the hold: records were held back"
-        );
-    } else {
-        assert_eq!(held, 0.0, "one transaction at a time holds nothing back");
-    }
 }

@@ -44,8 +44,6 @@ use time::OffsetDateTime;
 pub struct Config {
     /// `exactly-once` or `at-least-once`.
     pub guarantee: &'static str,
-    /// Exactly-once with `--overlap-commits` (a batch's commit overlaps the next batch).
-    pub overlap: bool,
     pub commit_interval_ms: u64,
     /// Extra arguments of the child (e.g. `-X` properties) and their name, so settings can be
     /// compared in interleaved runs of the same binary; empty for the pipeline as it ships.
@@ -90,16 +88,8 @@ impl std::str::FromStr for Variant {
 }
 
 impl Config {
-    /// The mode: the guarantee, `+overlap` for overlapped commits.
-    pub fn mode(&self) -> String {
-        match self.overlap {
-            true => format!("{}+overlap", self.guarantee),
-            false => self.guarantee.to_owned(),
-        }
-    }
-
     pub fn label(&self) -> String {
-        let base = format!("{} {}ms", self.mode(), self.commit_interval_ms);
+        let base = format!("{} {}ms", self.guarantee, self.commit_interval_ms);
         if self.variant.name.is_empty() {
             base
         } else {
@@ -107,15 +97,9 @@ impl Config {
         }
     }
 
-    /// Exactly-once at each commit interval (ms), each followed by exactly-once with overlapped
-    /// commits if asked for, then at-least-once at 100 ms if asked for; each once per variant
-    /// (once as shipped when there are none).
-    pub fn list(
-        intervals_ms: &[u64],
-        overlap: bool,
-        at_least_once: bool,
-        variants: &[Variant],
-    ) -> Vec<Config> {
+    /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for; each
+    /// once per variant (once as shipped when there are none).
+    pub fn list(intervals_ms: &[u64], at_least_once: bool, variants: &[Variant]) -> Vec<Config> {
         let shipped = [Variant::default()];
         let variants = if variants.is_empty() {
             &shipped[..]
@@ -125,19 +109,15 @@ impl Config {
         let mut configs = Vec::new();
         for variant in variants {
             for &ms in intervals_ms {
-                for o in [false, true].into_iter().filter(|&o| !o || overlap) {
-                    configs.push(Config {
-                        guarantee: "exactly-once",
-                        overlap: o,
-                        commit_interval_ms: ms,
-                        variant: variant.clone(),
-                    });
-                }
+                configs.push(Config {
+                    guarantee: "exactly-once",
+                    commit_interval_ms: ms,
+                    variant: variant.clone(),
+                });
             }
             if at_least_once {
                 configs.push(Config {
                     guarantee: "at-least-once",
-                    overlap: false,
                     commit_interval_ms: 100,
                     variant: variant.clone(),
                 });
@@ -206,9 +186,6 @@ pub struct Summary {
     pub ticks_per_sec: f64,
     pub ticks_per_sec_min: f64,
     pub ticks_per_sec_max: f64,
-    /// Median over the repeats of ticks/s divided by the at-least-once run's of the same repeat
-    /// and variant (paired, so drift between repeats cancels out); `None` without at-least-once.
-    pub paired_vs_alo: Option<f64>,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub peak_rss_mib: f64,
@@ -232,16 +209,6 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Resu
 
 /// Medians per configuration, in the order of `configs`.
 pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
-    let alo = |of: &RunResult| {
-        results
-            .iter()
-            .find(|r| {
-                r.repeat == of.repeat
-                    && r.config.guarantee == "at-least-once"
-                    && r.config.variant == of.config.variant
-            })
-            .map(|r| r.ticks_per_sec)
-    };
     configs
         .iter()
         .filter_map(|c| {
@@ -249,17 +216,11 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 results.iter().filter(|r| &r.config == c).map(f).collect()
             };
             let tps = of(|r| r.ticks_per_sec);
-            let paired: Vec<f64> = results
-                .iter()
-                .filter(|r| &r.config == c)
-                .filter_map(|r| Some(r.ticks_per_sec / alo(r)?))
-                .collect();
             Some(Summary {
                 config: c.clone(),
                 ticks_per_sec: median(&tps)?,
                 ticks_per_sec_min: tps.iter().copied().fold(f64::INFINITY, f64::min),
                 ticks_per_sec_max: tps.iter().copied().fold(0.0, f64::max),
-                paired_vs_alo: median(&paired),
                 latency_p50_ms: median(&of(|r| r.latency_p50_ms))?,
                 latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
                 peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
@@ -291,15 +252,12 @@ pub fn write_outputs(
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | variant | ticks/s (median) | min-max | paired / at-least-once | latency p50 | latency p99 | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
-        let paired = s
-            .paired_vs_alo
-            .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
         out.push_str(&format!(
-            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {paired} | {:.0} ms | {:.0} ms | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
-            s.config.mode(),
+            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
+            s.config.guarantee,
             s.config.commit_interval_ms,
             if s.config.variant.name.is_empty() { "as shipped" } else { &s.config.variant.name },
             s.ticks_per_sec,
@@ -367,7 +325,6 @@ fn measure(
             "--commit-interval",
             &format!("{}ms", config.commit_interval_ms),
         ])
-        .args(config.overlap.then_some("--overlap-commits"))
         .args(["--metrics-addr", &metrics_addr])
         .args(&config.variant.args)
         .envs(config.variant.env.iter().map(|(k, v)| (k, v)))
@@ -546,24 +503,12 @@ mod tests {
     #[test]
     fn every_configuration_runs_once_per_variant() {
         let variants: Vec<Variant> = vec!["a=".parse().unwrap(), "b=".parse().unwrap()];
-        let configs = Config::list(&[10, 100], false, true, &variants);
+        let configs = Config::list(&[10, 100], true, &variants);
         assert_eq!(configs.len(), 6);
         assert_eq!(configs[3].label(), "exactly-once 10ms [b]");
         assert_eq!(
-            Config::list(&[100], false, false, &[])[0].label(),
+            Config::list(&[100], false, &[])[0].label(),
             "exactly-once 100ms"
-        );
-        let labels: Vec<String> = Config::list(&[100], true, true, &[])
-            .iter()
-            .map(Config::label)
-            .collect();
-        assert_eq!(
-            labels,
-            [
-                "exactly-once 100ms",
-                "exactly-once+overlap 100ms",
-                "at-least-once 100ms"
-            ]
         );
     }
 }

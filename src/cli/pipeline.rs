@@ -6,7 +6,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use super::KafkaArgs;
-use crate::pipeline::{Guarantee, HoldPoint, PipelineOptions, TestHooks};
+use crate::pipeline::{Guarantee, PipelineOptions, TestHooks};
 
 /// The processor's command line.
 #[derive(Debug, Clone, clap::Parser)]
@@ -73,11 +73,6 @@ pub struct PipelineArgs {
     /// crash between produce and commit).
     #[arg(long, value_enum, default_value = "exactly-once")]
     pub guarantee: GuaranteeArg,
-    /// Exactly-once only: overlap a batch's commit with the processing of the next one, on a
-    /// second transactional producer (transactional.id <app>-<instance>-b); at most one commit in
-    /// flight. Off by default.
-    #[arg(long)]
-    pub overlap_commits: bool,
     /// Attempts per tick (the first included) before a failing tick is dead-lettered as poison.
     #[arg(long, default_value_t = 4)]
     pub max_attempts: u32,
@@ -105,19 +100,6 @@ pub struct PipelineArgs {
     /// TEST ONLY: hang once a shutdown is requested, as a client call stuck for ever would.
     #[arg(long, hide = true)]
     pub test_stall_on_shutdown: bool,
-    /// TEST ONLY (with --overlap-commits): hold the n-th overlapped commit still at a point
-    /// (n:drained, n:committed or n:released), to be killed there.
-    #[arg(long, hide = true, value_parser = hold_spec)]
-    pub test_hold_overlapped: Option<(u64, HoldPoint)>,
-}
-
-/// `n:point` of `--test-hold-overlapped`.
-fn hold_spec(s: &str) -> Result<(u64, HoldPoint), String> {
-    let (n, point) = s
-        .split_once(':')
-        .ok_or_else(|| format!("{s:?}: expected n:point"))?;
-    let n = n.parse().map_err(|e| format!("{n:?}: {e}"))?;
-    Ok((n, point.parse()?))
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -162,14 +144,6 @@ impl PipelineArgs {
         if self.max_batch == 0 {
             anyhow::bail!("--max-batch must be at least 1");
         }
-        if self.overlap_commits && self.guarantee != GuaranteeArg::ExactlyOnce {
-            anyhow::bail!(
-                "--overlap-commits overlaps transactions: it needs --guarantee exactly-once"
-            );
-        }
-        if self.test_hold_overlapped.is_some() && !self.overlap_commits {
-            anyhow::bail!("--test-hold-overlapped needs --overlap-commits");
-        }
         if self.commit_interval >= self.transaction_timeout {
             anyhow::bail!("--commit-interval must be well below --transaction-timeout");
         }
@@ -191,7 +165,6 @@ impl PipelineArgs {
                 transaction_timeout: self.transaction_timeout,
                 static_membership: !self.dynamic_membership,
                 guarantee: self.guarantee.into(),
-                overlap_commits: self.overlap_commits,
                 retry: crate::dlq::RetryPolicy {
                     max_attempts: self.max_attempts,
                     budget: self.retry_budget,
@@ -204,7 +177,6 @@ impl PipelineArgs {
                     crash_before_commit: self.test_crash_before_commit,
                     abort_every: self.test_abort_every,
                     stall_on_shutdown: self.test_stall_on_shutdown,
-                    hold_overlapped: self.test_hold_overlapped,
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,

@@ -8,29 +8,21 @@
 //!        partition to its committed offset (the state is restored before the next record)
 //! ```
 //!
-//! In the overlap mode ([`super::overlap`]) the commit step is split: the batch is staged here,
-//! on the engine thread, once the commit before it is known; its drain and `commit_transaction`
-//! run on the commit thread. Every path that needs the last commit known (the next staging, an
-//! abort, a revoke, close) first waits for the one commit in flight.
-//!
 //! Both the processing loop ([`super::engine`]) and the rebalance callback (which runs inside
 //! `poll`, on the same thread) come here with the [`Session`] locked, so there is one path for
 //! each outcome. The lock is never contended; it exists because the callback reaches the session
 //! through the consumer's context.
 //!
 //! # Rebalances
-//! On revoke, the commit in flight (overlap mode) is waited for, then the open transaction is
-//! committed (aborted if the assignment was lost: another member may own the partitions already)
-//! before the partitions go, inside the callback, as librdkafka's `transactions.c` does; the
-//! callback gets the consumer, so it sends fresh group metadata. On assign, the new partitions are
-//! marked for restore.
+//! On revoke, the open transaction is committed (aborted if the assignment was lost: another
+//! member may own the partitions already) before the partitions go, inside the callback, as
+//! librdkafka's `transactions.c` does; the callback gets the consumer, so it sends fresh group
+//! metadata. On assign, the new partitions are marked for restore.
 //!
 //! # Counting
-//! The batch's counts become [`Stats`] and metrics only when its transaction is known to have
-//! committed (overlap mode: when the commit thread's outcome is learnt), so a redo after an abort
-//! is never counted twice.
+//! The batch's counts become [`Stats`] and metrics only when its transaction commits, so a redo
+//! after an abort is never counted twice.
 
-use super::overlap::{HeldRecord, InFlight, OutKey};
 use super::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
@@ -40,8 +32,7 @@ use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
@@ -116,28 +107,18 @@ pub(super) struct BatchCounts {
 #[derive(Debug)]
 pub(super) struct OpenTxn {
     started: Instant,
-    pub(super) records: u64,
+    records: u64,
     pub counts: BatchCounts,
     /// Next offset to read, per input partition with records in this transaction.
-    pub(super) offsets: BTreeMap<i32, i64>,
+    offsets: BTreeMap<i32, i64>,
     /// Symbols whose state changed, per partition: written to the changelog at commit, once each.
     dirty: BTreeMap<i32, BTreeSet<String>>,
     /// State and offsets are already in the transaction; only commit or abort may follow.
     staged: bool,
-    /// Which of the committer's producers the transaction runs on (always 0 unless overlapped).
-    pub(super) producer: usize,
-    /// Overlap mode: the output keys the commit in flight wrote. Records of this batch with such
-    /// a key wait in `held` until that commit is known (empty when none is in flight).
-    pub(super) blocked: Arc<HashSet<OutKey>>,
-    /// Overlap mode: records held back, in the order they were produced.
-    pub(super) held: Vec<HeldRecord>,
-    /// Overlap mode: the output keys this batch wrote (sent or held), which the batch after it
-    /// must not overtake while this one's commit is in flight.
-    pub(super) written: HashSet<OutKey>,
 }
 
 impl OpenTxn {
-    fn new(producer: usize) -> Self {
+    fn new() -> Self {
         OpenTxn {
             started: Instant::now(),
             records: 0,
@@ -145,10 +126,6 @@ impl OpenTxn {
             offsets: BTreeMap::new(),
             dirty: BTreeMap::new(),
             staged: false,
-            producer,
-            blocked: Arc::default(),
-            held: Vec::new(),
-            written: HashSet::new(),
         }
     }
 
@@ -165,21 +142,15 @@ impl OpenTxn {
     }
 }
 
-/// What the lock guards: the open batch, the commit in flight (overlap mode), the per-partition
-/// state, a fatal error raised inside the rebalance callback (reported after `poll` returns), the
-/// counters, and the back-off while a right is missing.
+/// What the lock guards: the open batch, the per-partition state, a fatal error raised inside the
+/// rebalance callback (reported after `poll` returns), the counters, and the back-off while a
+/// right is missing.
 #[derive(Default)]
 pub(super) struct Session {
-    pub(super) txn: Option<OpenTxn>,
-    /// Overlap mode: the batch whose drain and commit run in the background (at most one).
-    pub(super) in_flight: Option<InFlight>,
-    /// The producer the next transaction begins on (overlap mode: the one not committing).
-    pub(super) current: usize,
-    /// Batches handed to a background commit by this process (the test hook counts them).
-    pub(super) handoffs: u64,
+    txn: Option<OpenTxn>,
     pub state: StateStore,
     fatal: Option<TxnError>,
-    pub(super) stats: Stats,
+    stats: Stats,
     /// Transactions aborted in a row because a Write was refused; reset by a commit.
     denied_in_a_row: u32,
     /// How long the loop waits before the next attempt, set by such an abort (taken once).
@@ -190,11 +161,6 @@ impl Session {
     /// Whether a transaction is open: since when, and with how many records.
     pub fn open_since(&self) -> Option<(Instant, u64)> {
         self.txn.as_ref().map(|t| (t.started, t.records))
-    }
-
-    /// Whether a commit runs in the background (overlap mode).
-    pub fn commit_in_flight(&self) -> bool {
-        self.in_flight.is_some()
     }
 
     /// The open batch and the loaded state of partition `p`, if a batch is open and `p` loaded.
@@ -224,45 +190,33 @@ impl Session {
     }
 }
 
-/// The transactional side of one engine: the producers and the session, shared by the processing
+/// The transactional side of one engine: the producer and the session, shared by the processing
 /// loop and the rebalance callback.
 pub(super) struct Committer {
-    /// One producer; two in the overlap mode, used in turn (`super::overlap`).
-    pub(super) producers: Vec<Arc<TxnProducer>>,
-    pub(super) settings: EngineSettings,
+    producer: Arc<TxnProducer>,
+    settings: EngineSettings,
     session: Mutex<Session>,
-    /// Overlap mode: records the open batch holds back right now (the test hook on the commit
-    /// thread waits for some; that thread cannot take the session lock).
-    pub(super) held_now: Arc<AtomicU64>,
 }
 
 impl Committer {
-    /// Creates the producers: transactional (registering each transactional id fences a
-    /// predecessor and aborts what it left open; both ids in the overlap mode, whichever mode
-    /// the predecessor ran in), or idempotent in the at-least-once mode.
+    /// Creates the producer: transactional (registering the transactional id fences a
+    /// predecessor and aborts what it left open), or idempotent in the at-least-once mode.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
-        let producers = match settings.guarantee {
-            Guarantee::ExactlyOnce => {
-                let mut ids = vec![settings.transactional_id()];
-                if settings.overlapped() {
-                    ids.push(settings.second_transactional_id());
-                }
-                ids.iter()
-                    .map(|id| TxnProducer::start(&settings.kafka, id, settings.transaction_timeout))
-                    .collect::<anyhow::Result<Vec<_>>>()?
-            }
+        let producer = match settings.guarantee {
+            Guarantee::ExactlyOnce => TxnProducer::start(
+                &settings.kafka,
+                &settings.transactional_id(),
+                settings.transaction_timeout,
+            )?,
             Guarantee::AtLeastOnce => {
-                vec![
-                    TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
-                        .context("starting the idempotent producer")?,
-                ]
+                TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
+                    .context("starting the idempotent producer")?
             }
         };
         Ok(Arc::new(Committer {
-            producers,
+            producer,
             settings,
             session: Mutex::new(Session::default()),
-            held_now: Arc::default(),
         }))
     }
 
@@ -270,10 +224,9 @@ impl Committer {
         &self.settings
     }
 
-    /// The producer of the open transaction (or of the next one, if none is open).
-    pub fn producer(&self, session: &Session) -> &TxnProducer {
-        let i = session.txn.as_ref().map_or(session.current, |t| t.producer);
-        &self.producers[i]
+    /// The producer that the batch's outputs go through.
+    pub fn producer(&self) -> &TxnProducer {
+        &self.producer
     }
 
     pub fn lock(&self) -> Result<MutexGuard<'_, Session>, TxnError> {
@@ -287,34 +240,23 @@ impl Committer {
     pub fn begin(&self, session: &mut Session) -> Result<(), TxnError> {
         if session.txn.is_none() {
             if self.settings.guarantee == Guarantee::ExactlyOnce {
-                self.producers[session.current].begin()?;
+                self.producer.begin()?;
             }
-            let mut txn = OpenTxn::new(session.current);
-            if let Some(f) = &session.in_flight {
-                txn.blocked = Arc::clone(&f.written);
-            }
-            session.txn = Some(txn);
+            session.txn = Some(OpenTxn::new());
         }
         Ok(())
     }
 
-    /// Commits the open batch and waits for it (overlap mode: after the commit in flight, whose
-    /// failure aborts the open batch too); on an abortable failure aborts it and rewinds `rewind`
-    /// instead. Returns whether it committed (also when nothing was open).
+    /// Commits the open batch; on an abortable failure aborts it and rewinds `rewind` instead.
+    /// Returns whether it committed (also when nothing was open).
     pub fn commit_or_abort<C: ConsumerContext>(
         &self,
         session: &mut Session,
         consumer: &BaseConsumer<C>,
         rewind: &[i32],
     ) -> Result<bool, TxnError> {
-        let committed =
-            self.settle(session, consumer, rewind, true)
-                .and_then(|clear| match clear {
-                    true => self.commit_open(session, consumer).map(|()| true),
-                    false => Ok(false),
-                });
-        match committed {
-            Ok(committed) => Ok(committed),
+        match self.commit_open(session, consumer) {
+            Ok(()) => Ok(true),
             Err(e) if e.class == TxnErrorClass::Abortable => {
                 warn!(error = %e, "commit failed; aborting and rewinding");
                 self.abort_and_rewind(session, consumer, rewind)?;
@@ -325,17 +267,12 @@ impl Committer {
     }
 
     /// Writes the batch's changed states to the changelog and adds its offsets (with fresh group
-    /// metadata) to the open transaction. Idempotent per transaction. In the overlap mode only
-    /// once the commit before it is known (`super::overlap`).
+    /// metadata) to the open transaction. Idempotent per transaction.
     pub fn stage<C: ConsumerContext>(
         &self,
         session: &mut Session,
         consumer: &BaseConsumer<C>,
     ) -> Result<(), TxnError> {
-        debug_assert!(
-            session.in_flight.is_none(),
-            "staged behind a commit in flight"
-        );
         let Session { txn, state, .. } = session;
         let Some(txn) = txn.as_mut() else {
             return Ok(());
@@ -343,7 +280,6 @@ impl Committer {
         if txn.staged {
             return Ok(());
         }
-        let producer = &self.producers[txn.producer];
         let topics = &self.settings.topics;
         for (&p, symbols) in &txn.dirty {
             let Some(states) = state.get(p) else { continue };
@@ -357,7 +293,7 @@ impl Committer {
                     .partition(p)
                     .key(symbol.as_bytes())
                     .payload(value.as_slice());
-                producer
+                self.producer
                     .send(record)
                     .map_err(|e| TxnError::new("produce state", e))?;
             }
@@ -370,26 +306,21 @@ impl Committer {
                     TxnCause::NoGroupMetadata,
                 )
             })?;
-            producer.send_offsets(&self.offsets_of(txn)?, &group)?;
+            self.producer.send_offsets(&self.offsets_of(txn)?, &group)?;
         }
         txn.staged = true;
         Ok(())
     }
 
     /// Puts the batch's state and offsets into the open transaction and waits until every record
-    /// of it is in the log, uncommitted (see `Engine::stage_and_flush`). The commit in flight, if
-    /// any, is settled first (its failure aborts the open batch and rewinds `rewind`).
+    /// of it is in the log, uncommitted (see `Engine::stage_and_flush`).
     pub fn stage_and_flush<C: ConsumerContext>(
         &self,
         session: &mut Session,
         consumer: &BaseConsumer<C>,
-        rewind: &[i32],
     ) -> Result<(), TxnError> {
-        if !self.settle(session, consumer, rewind, true)? {
-            return Ok(());
-        }
         self.stage(session, consumer)?;
-        self.producer(session)
+        self.producer
             .flush(Duration::from_secs(30))
             .map_err(|e| TxnError::new("flush", e))
     }
@@ -397,12 +328,11 @@ impl Committer {
     /// At least once: waits until everything produced is acknowledged, and fails (abortable: the
     /// batch is redone) if any record could not be delivered.
     fn flush_acknowledged(&self) -> Result<(), TxnError> {
-        let producer = &self.producers[0];
-        let failures = producer.delivery_failures();
-        producer
+        let failures = self.producer.delivery_failures();
+        self.producer
             .flush(self.settings.transaction_timeout)
             .map_err(|e| TxnError::with_class("flush", TxnErrorClass::Abortable, e))?;
-        let undelivered = producer.delivery_failures() - failures;
+        let undelivered = self.producer.delivery_failures() - failures;
         if undelivered > 0 {
             return Err(TxnError::with_class(
                 "delivery",
@@ -425,10 +355,10 @@ impl Committer {
     }
 
     /// Exits the process abruptly if the test hook says this commit is the one to crash at.
-    pub(super) fn maybe_crash(&self, session: &Session) {
+    fn maybe_crash(&self, session: &Session) {
         if self.settings.hooks.crash_before_commit == Some(session.stats.commits + 1) {
             // Outputs first into the log, so the crash lands between produce and commit.
-            let _ = self.producer(session).flush(Duration::from_secs(30));
+            let _ = self.producer.flush(Duration::from_secs(30));
             error!(
                 commit = session.stats.commits + 1,
                 "test hook: crashing before this commit"
@@ -451,7 +381,7 @@ impl Committer {
             Guarantee::ExactlyOnce => {
                 self.stage(session, consumer)?;
                 self.maybe_crash(session);
-                self.producer(session).commit()?;
+                self.producer.commit()?;
             }
             Guarantee::AtLeastOnce => {
                 // Outputs acknowledged first; state and offsets second. A crash in between repeats
@@ -474,13 +404,6 @@ impl Committer {
         let Some(txn) = session.txn.take() else {
             return Ok(());
         };
-        self.count_commit(session, &txn, started);
-        Ok(())
-    }
-
-    /// A batch committed: its counts become [`Stats`] and metrics (once, whichever way it
-    /// committed).
-    pub(super) fn count_commit(&self, session: &mut Session, txn: &OpenTxn, started: Instant) {
         if session.denied_in_a_row > 0 {
             info!(
                 after_aborts = session.denied_in_a_row,
@@ -511,12 +434,13 @@ impl Committer {
             offsets = ?txn.offsets,
             "transaction committed"
         );
+        Ok(())
     }
 
     /// After an abort because Write was refused on `topics`: says so (log and metric, per right)
     /// and sets a growing back-off, so the loop retries the same input now and then instead of
     /// spinning, until the right is granted again.
-    pub(super) fn report_refused(&self, session: &mut Session, topics: &BTreeSet<String>) {
+    fn report_refused(&self, session: &mut Session, topics: &BTreeSet<String>) {
         session.denied_in_a_row += 1;
         let backoff = DENIED_BACKOFF_FIRST
             .saturating_mul(1 << session.denied_in_a_row.min(6))
@@ -537,20 +461,19 @@ impl Committer {
         }
     }
 
-    /// Aborts the transaction open on producer `i`; returns the topics whose records were refused
-    /// for lack of Write in it (empty for any other abort). If the abort fails fatally because of
-    /// such a refusal, the producer is made again instead (see below).
-    pub(super) fn abort_open(&self, i: usize) -> Result<BTreeSet<String>, TxnError> {
-        let producer = &self.producers[i];
+    /// Aborts the open transaction; returns the topics whose records were refused for lack of
+    /// Write in it (empty for any other abort). If the abort fails fatally because of such a
+    /// refusal, the producer is made again instead (see below).
+    fn abort_open(&self) -> Result<BTreeSet<String>, TxnError> {
         // Let in-flight produce requests finish first: with records still in flight, Kafka 4.4
         // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
         // forced-abort test (the open librdkafka issue #4849 reports the same). Delivery errors
         // here are expected and change nothing: the transaction is aborted anyway.
-        if let Err(e) = producer.flush(self.settings.transaction_timeout) {
+        if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
             debug!(error = %e, "flush before abort did not complete");
         }
-        let aborted = producer.abort();
-        let mut refused = producer.take_refused();
+        let aborted = self.producer.abort();
+        let mut refused = self.producer.take_refused();
         match aborted {
             Ok(()) => Ok(refused),
             Err(e) if e.class == TxnErrorClass::Fatal && !e.is_fenced() => {
@@ -565,13 +488,15 @@ impl Committer {
                 if refused.is_empty() {
                     let t = &self.settings.topics;
                     let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
-                    refused = producer.refused_writes(&written, REFUSAL_PROBE_TIMEOUT);
+                    refused = self
+                        .producer
+                        .refused_writes(&written, REFUSAL_PROBE_TIMEOUT);
                 }
                 if refused.is_empty() {
                     return Err(e);
                 }
                 warn!(error = %e, "abort failed after a refused Write; making the transactional producer again");
-                producer.restart()?;
+                self.producer.restart()?;
                 Ok(refused)
             }
             Err(e) => Err(e),
@@ -579,21 +504,17 @@ impl Committer {
     }
 
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
-    /// commit. Overlap mode: the commit in flight is waited for first, so the last commit is
-    /// known (it includes that batch if it committed).
+    /// commit.
     pub fn abort_and_rewind<C: ConsumerContext>(
         &self,
         session: &mut Session,
         consumer: &BaseConsumer<C>,
         partitions: &[i32],
     ) -> Result<(), TxnError> {
-        self.finish_in_flight(session)?;
         if let Some(txn) = session.txn.take() {
-            // Held records vanish with their batch, as its sent ones do.
-            self.held_now.store(0, Ordering::Relaxed);
             let mut refused = BTreeSet::new();
             if self.settings.guarantee == Guarantee::ExactlyOnce {
-                refused = self.abort_open(txn.producer)?;
+                refused = self.abort_open()?;
                 info!(records = txn.records, "transaction aborted");
             }
             // At least once there is no transaction to abort: what was produced stays, and the
@@ -662,22 +583,13 @@ impl ConsumerContext for RebalanceHandler {
         };
         let lost = consumer.assignment_lost();
         m::rebalance(if lost { "lost" } else { "revoke" });
-        info!(
-            partitions = ?revoked,
-            lost,
-            open_txn = session.txn.is_some(),
-            commit_in_flight = session.in_flight.is_some(),
-            "partitions revoked"
-        );
-        if session.txn.is_some() || session.in_flight.is_some() {
+        info!(partitions = ?revoked, lost, open_txn = session.txn.is_some(), "partitions revoked");
+        if session.txn.is_some() {
             let remaining: Vec<i32> = session
                 .state
                 .owned()
                 .filter(|p| !revoked.contains(p))
                 .collect();
-            // Overlap mode: both wait for the commit in flight first (its TxnOffsetCommit was
-            // accepted with a generation that was current then; the next owner's stable offset
-            // fetch waits for its outcome either way).
             let result = if lost {
                 // Another member may own these partitions already: our outputs must not commit.
                 c.abort_and_rewind(&mut session, consumer, &remaining)

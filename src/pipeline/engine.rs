@@ -1,6 +1,5 @@
 //! The transactional consume-process-produce step: poll, decode, apply the crossing rule,
-//! produce. One consumer, one transactional producer (two used in turn in the overlap mode,
-//! [`super::overlap`]), the per-partition state.
+//! produce. One consumer, one transactional producer, the per-partition state.
 //!
 //! ```text
 //!  poll ──► record of partition p ──► (restore p if needed) ──► begin if no txn open
@@ -16,13 +15,8 @@
 //! - Everything a batch produces (notifications, DLQ records, state) and the offsets that move past
 //!   its input commit in one transaction, or not at all.
 //! - The in-memory state of a partition is the committed one plus the effects of the open
-//!   transaction (overlap mode: plus those of the one commit in flight, which commits before the
-//!   open one can, or takes it down with it). After an abort it is dropped and restored from the
-//!   changelog, and the consumer is rewound to the committed offsets (after the commit in flight
-//!   is known), so the redo sees exactly the committed world.
-//! - Per output key, records reach the log in the order they were produced: one producer keeps
-//!   it; in the overlap mode a record whose key the commit in flight wrote is held back until that
-//!   commit is known.
+//!   transaction. After an abort it is dropped and restored from the changelog, and the consumer is
+//!   rewound to the committed offsets, so the redo sees exactly the committed world.
 //! - A partition's state is restored (read_committed, to its end) before any of its ticks is
 //!   processed, and only after its committed offset could be fetched as stable: an open transaction
 //!   of a previous owner is resolved first.
@@ -30,10 +24,7 @@
 //! # Error handling
 //! Transactional errors are classified by [`super::producer::classify`]: abortable ones lead to
 //! [`Engine::abort`] (abort, rewind, restore) and processing goes on; fatal ones stop the engine
-//! with the error. Everything runs on one thread: the rebalance callbacks run inside `poll`. The
-//! one exception is the overlap mode's commit thread, which only drains and commits a batch that
-//! the engine handed off; its outcome is learnt in [`Engine::poll_once`] (or waited for before
-//! the next commit, an abort, a revoke or close).
+//! with the error. Everything runs on one thread: the rebalance callbacks run inside `poll`.
 
 use super::commit::{Committer, RebalanceHandler, Stats};
 use super::producer::{TxnError, TxnErrorClass};
@@ -113,12 +104,9 @@ impl Engine {
         if let Some(e) = self.committer.lock()?.take_fatal() {
             return Err(e.into());
         }
-        let rewound = !self.reap()?;
         let restored = self.restore_pending()?;
         let record = match polled {
             None => false,
-            // Fetched before the rewind that a failed overlapped commit caused: read again later.
-            Some(Ok(_)) if rewound => false,
             Some(Ok(m)) => match self.process(&m) {
                 Ok(()) => true,
                 Err(e) if e.class == TxnErrorClass::Abortable => {
@@ -138,18 +126,6 @@ impl Engine {
             }
         };
         Ok(Polled { record, restored })
-    }
-
-    /// Overlap mode: learns the outcome of the commit in flight if it has finished, without
-    /// waiting; it is counted then and the records held back behind it are sent. Returns false if
-    /// it failed and the engine rewound.
-    fn reap(&self) -> anyhow::Result<bool> {
-        let mut session = self.committer.lock()?;
-        if !session.commit_in_flight() {
-            return Ok(true);
-        }
-        let owned: Vec<i32> = session.state.owned().collect();
-        Ok(self.committer.reap(&mut session, &self.consumer, &owned)?)
     }
 
     /// Why the engine cannot process whatever arrives yet (`None` once it owns partitions and
@@ -237,7 +213,7 @@ impl Engine {
         ) {
             Err(failure) => {
                 dlq::send(
-                    |r| c.emit(txn, r),
+                    c.producer(),
                     &settings.topics.dlq,
                     m,
                     settings.group_id(),
@@ -273,7 +249,8 @@ impl Engine {
                                 .key(tick.symbol.as_bytes())
                                 .payload(value.as_slice())
                                 .headers(headers.clone());
-                            c.emit(txn, record)
+                            c.producer()
+                                .send(record)
                                 .map_err(|e| TxnError::new("produce notification", e))?;
                             txn.counts.notifications += 1;
                         }
@@ -304,9 +281,8 @@ impl Engine {
         Ok(self.committer.lock()?.open_since())
     }
 
-    /// Commits the open transaction (if any) and waits for it (overlap mode: after the commit in
-    /// flight). An abortable failure aborts and rewinds, and is not an error; a fatal one is.
-    /// Returns whether it committed.
+    /// Commits the open transaction (if any). An abortable failure aborts and rewinds, and is not
+    /// an error; a fatal one is. Returns whether it committed.
     pub fn commit(&self) -> anyhow::Result<bool> {
         let mut session = self.committer.lock()?;
         let owned: Vec<i32> = session.state.owned().collect();
@@ -315,36 +291,15 @@ impl Engine {
             .commit_or_abort(&mut session, &self.consumer, &owned)?)
     }
 
-    /// Whether a commit runs in the background (overlap mode).
-    pub fn commit_in_flight(&self) -> anyhow::Result<bool> {
-        Ok(self.committer.lock()?.commit_in_flight())
-    }
-
-    /// Ends the open batch: in the overlap mode its commit is handed to the commit thread (after
-    /// the one in flight, if any, is known) and processing goes on; otherwise it is committed now,
-    /// as [`Engine::commit`] does. An abortable failure aborts and rewinds, and is not an error.
-    /// Returns whether the batch was committed or handed off.
-    pub fn start_commit(&self) -> anyhow::Result<bool> {
-        if !self.settings().overlapped() {
-            return self.commit();
-        }
-        let mut session = self.committer.lock()?;
-        let owned: Vec<i32> = session.state.owned().collect();
-        Ok(self
-            .committer
-            .hand_off(&mut session, &self.consumer, &owned)?)
-    }
-
     /// Puts the batch's state and offsets into the open transaction and waits until every record of
     /// it is in the log, uncommitted: what the demo does before aborting, so that the aborted
     /// records stay in the log behind an abort marker instead of being purged from the local
     /// queue. Processing must not continue in this transaction afterwards; commit or abort.
     pub fn stage_and_flush(&self) -> anyhow::Result<()> {
         let mut session = self.committer.lock()?;
-        let owned: Vec<i32> = session.state.owned().collect();
         Ok(self
             .committer
-            .stage_and_flush(&mut session, &self.consumer, &owned)?)
+            .stage_and_flush(&mut session, &self.consumer)?)
     }
 
     /// Aborts the open transaction (if any), rewinds every owned partition to its committed offset

@@ -4,8 +4,6 @@
 //!   transactions, shutdown.
 //! - [`engine`]: poll, decode, crossing rule, produce; the invariants are stated at its top.
 //! - [`commit`]: the open transaction, commit, abort-and-rewind, the rebalance callbacks, stats.
-//! - [`overlap`]: the opt-in overlap mode: a batch's commit on a thread of its own while the next
-//!   batch is processed on a second producer, and why that keeps exactly-once.
 //! - [`producer`]: the transactional producer wrapper and the one [`producer::classify`].
 //! - [`state`]: per-partition symbol state and its restore from the changelog.
 //! - [`settings`]: what an instance is ([`EngineSettings`]) and how it batches
@@ -27,7 +25,6 @@
 
 pub mod commit;
 pub mod engine;
-pub mod overlap;
 pub mod producer;
 pub mod settings;
 pub mod state;
@@ -35,7 +32,7 @@ pub mod state;
 pub use commit::Stats;
 pub use engine::Engine;
 pub use settings::{
-    EngineSettings, Guarantee, HoldPoint, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL,
+    EngineSettings, Guarantee, PipelineOptions, TestHooks, DEFAULT_COMMIT_INTERVAL,
     DEFAULT_MAX_BATCH,
 };
 
@@ -52,10 +49,6 @@ use tracing::{info, warn};
 
 /// Longest single poll: bounds how late a commit deadline or a stop request is noticed.
 const POLL_SLICE: Duration = Duration::from_millis(100);
-
-/// Longest single poll while a commit runs in the background (overlap mode): bounds how late its
-/// outcome is learnt, hence how long records held back behind it wait.
-const REAP_SLICE: Duration = Duration::from_millis(5);
 
 /// Runs the processor until `shutdown` resolves (or it idles out, or fails), reporting its
 /// liveness and readiness to `health`.
@@ -178,12 +171,7 @@ fn process_until_stopped(
             }
             None => POLL_SLICE,
         };
-        let slice = if engine.commit_in_flight()? {
-            REAP_SLICE
-        } else {
-            POLL_SLICE
-        };
-        let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), slice))?;
+        let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
         back_off(engine, stop)?;
         health.beat();
         let unsettled = engine.unsettled()?;
@@ -211,7 +199,7 @@ fn process_until_stopped(
                     );
                     engine.abort()?;
                 } else {
-                    engine.start_commit()?;
+                    engine.commit()?;
                     back_off(engine, stop)?;
                 }
             }

@@ -112,10 +112,6 @@ pub enum TxnCause {
     /// At least once: records of the batch could not be delivered, so its offsets must not move.
     #[error("{0} record(s) of the batch were not delivered")]
     Undelivered(u64),
-    /// Overlap mode: the thread that runs a commit could not be started, or panicked; the
-    /// outcome of that commit is unknown to the engine.
-    #[error("the background commit thread: {0}")]
-    CommitThread(String),
 }
 
 /// A transactional error with its class and the step that raised it.

@@ -40,40 +40,6 @@ pub struct TestHooks {
     /// Hang for ever once a shutdown is requested, instead of closing: a clean path stuck in a
     /// client call, which the shutdown bound must cut short.
     pub stall_on_shutdown: bool,
-    /// Overlap mode only: hold the process still at a point of the n-th overlapped commit of this
-    /// process (counted from 1), with the next batch open and holding records back, logging
-    /// "test hook: overlapped commit held", so that a test can SIGKILL it exactly there.
-    pub hold_overlapped: Option<(u64, HoldPoint)>,
-}
-
-/// Where [`TestHooks::hold_overlapped`] holds an overlapped commit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoldPoint {
-    /// On the commit thread, after the batch's records are all acknowledged and before
-    /// `commit_transaction`: nothing of the batch is committed.
-    Drained,
-    /// On the commit thread, after `commit_transaction` returned: the batch is committed, the
-    /// engine has not learnt it yet (the next batch still holds its records back).
-    Committed,
-    /// On the engine thread, once the commit is known and the next batch's held records are sent
-    /// and in the log: before that next batch commits. (The commit thread waits after
-    /// `commit_transaction` until the next batch holds records back, so that there are some.)
-    Released,
-}
-
-impl std::str::FromStr for HoldPoint {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "drained" => Ok(HoldPoint::Drained),
-            "committed" => Ok(HoldPoint::Committed),
-            "released" => Ok(HoldPoint::Released),
-            other => Err(format!(
-                "unknown hold point {other:?} (drained, committed, released)"
-            )),
-        }
-    }
 }
 
 /// What one processor instance is.
@@ -99,13 +65,6 @@ pub struct EngineSettings {
     /// Exactly-once (transactions) or at-least-once (idempotent producer, offsets committed after
     /// the outputs are acknowledged).
     pub guarantee: Guarantee,
-    /// Exactly-once only (ignored at least once): take the commit off the critical path. Two
-    /// transactional producers (ids [`EngineSettings::transactional_id`] and
-    /// [`EngineSettings::second_transactional_id`]) are used in turn; a batch's drain and
-    /// `commit_transaction` run on a thread of their own while the next batch is processed on
-    /// the other producer, at most one commit in flight (`super::overlap` says why that keeps
-    /// exactly-once). Off by default: the one-transaction-at-a-time path is the verified default.
-    pub overlap_commits: bool,
     /// Bounds of the inline retry of a failing tick.
     pub retry: RetryPolicy,
     /// Deterministic fault injection (off by default).
@@ -133,7 +92,6 @@ impl EngineSettings {
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
             static_membership: true,
             guarantee: Guarantee::ExactlyOnce,
-            overlap_commits: false,
             retry: RetryPolicy::default(),
             faults: FaultInjection::default(),
             hooks: TestHooks::default(),
@@ -146,19 +104,6 @@ impl EngineSettings {
 
     pub fn transactional_id(&self) -> String {
         format!("{}-{}", self.app_id, self.instance_id)
-    }
-
-    /// The transactional id of the second producer of the overlap mode: the first one's plus
-    /// `-b`. Stable across restarts like the first, so a restarted instance registers both and
-    /// aborts what either left open. (An instance whose own id ends in `-b`, next to one without
-    /// the suffix, would share it: do not name instances so.)
-    pub fn second_transactional_id(&self) -> String {
-        format!("{}-b", self.transactional_id())
-    }
-
-    /// Whether commits overlap the next batch: asked for, and in the exactly-once mode.
-    pub fn overlapped(&self) -> bool {
-        self.overlap_commits && self.guarantee == Guarantee::ExactlyOnce
     }
 }
 

@@ -88,9 +88,6 @@ pub struct Run {
     /// open transaction for its timeout and fenced the instance, which stops by design. The tests
     /// restart after SIGKILL with the same id, so the timeout never delays them otherwise.
     pub transaction_timeout: &'static str,
-    /// Run the instances with `--overlap-commits` (two transactional producers, the commit of one
-    /// batch overlapping the processing of the next).
-    pub overlap: bool,
 }
 
 impl Run {
@@ -112,19 +109,7 @@ impl Run {
             faults: Default::default(),
             max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
             transaction_timeout: "30s",
-            overlap: false,
         }
-    }
-
-    /// A fresh run of `test` in the given commit mode (`overlap`: `--overlap-commits`); the mode
-    /// is part of the names, so the two modes of one test never share topics.
-    pub fn in_mode(test: &str, rules: Rules, overlap: bool) -> Self {
-        let mut run = Run::new(
-            &format!("{test}{}", if overlap { "-ov" } else { "" }),
-            rules,
-        );
-        run.overlap = overlap;
-        run
     }
 
     pub fn topics(&self) -> Topics {
@@ -159,7 +144,6 @@ impl Run {
             .args(["--input", &self.input, "--output", &self.output])
             .args(["--bootstrap", &kafka().bootstrap])
             .args(&self.extra)
-            .args(self.overlap.then_some("--overlap-commits"))
             .args(self.faults.enabled.then_some("--inject-faults"))
             .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
             .args(["--transaction-timeout", self.transaction_timeout])

@@ -20,9 +20,6 @@ struct Cli {
     /// Commit intervals of the exactly-once runs, comma-separated durations.
     #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "10ms,100ms,1s")]
     intervals: Vec<std::time::Duration>,
-    /// Also run exactly-once with --overlap-commits at each interval, after the plain one.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    overlap: bool,
     /// Also run at-least-once (at 100 ms) to compare.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     at_least_once: bool,
@@ -62,7 +59,7 @@ fn run() -> anyhow::Result<()> {
         .context("locating the binaries folder")?
         .join("alert-pipeline");
     let intervals_ms: Vec<u64> = cli.intervals.iter().map(|d| d.as_millis() as u64).collect();
-    let configs = Config::list(&intervals_ms, cli.overlap, cli.at_least_once, &cli.variant);
+    let configs = Config::list(&intervals_ms, cli.at_least_once, &cli.variant);
     let opts = Options {
         kafka: cli.kafka.connect()?,
         binary,
