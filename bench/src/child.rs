@@ -1,9 +1,34 @@
 //! The pipeline as a child process, as the benchmarks run it: a guard that kills it if a run
-//! fails half-way, a free port for its metrics endpoint, signals, and its peak RSS from /proc.
+//! fails half-way, a free port for its metrics endpoint, signals, its peak RSS from /proc, and
+//! the fresh topics each run gets.
 
 use anyhow::{anyhow, bail};
+use price_alerts::kafka::topics::{self, unique_suffix, Topics};
+use price_alerts::kafka::KafkaConfig;
 use std::path::Path;
 use std::process::{Child, Command};
+
+/// Runs `run` with fresh topics (input, notifications and the app's own, named `<tag>-<random>-…`)
+/// of `partitions` partitions, and the app id they belong to; deletes them afterwards, whatever
+/// `run` returned.
+pub fn with_fresh_topics<T>(
+    kafka: &KafkaConfig,
+    tag: &str,
+    partitions: i32,
+    run: impl FnOnce(&str, &Topics) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let prefix = format!("{tag}-{}-", unique_suffix());
+    let app_id = format!("{prefix}app");
+    let topics = Topics::with(
+        format!("{prefix}market-updates"),
+        format!("{prefix}notifications"),
+        &app_id,
+    );
+    futures::executor::block_on(topics::ensure(kafka, &topics, Some(partitions)))?;
+    let result = run(&app_id, &topics);
+    let _ = futures::executor::block_on(topics::delete_topics(kafka, &topics.names()));
+    result
+}
 
 /// The child process, killed if the run fails half-way.
 pub struct ChildGuard(pub Child);

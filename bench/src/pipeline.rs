@@ -17,14 +17,14 @@
 //! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
 //! hits all of them alike; medians are reported with their spread.
 
-use crate::child::{free_port, path_str, ChildGuard};
+use crate::child::{free_port, path_str, with_fresh_topics, ChildGuard};
 use crate::stats::{median, percentile};
 use anyhow::{anyhow, bail, Context as _};
 use price_alerts::alert::Notification;
 use price_alerts::kafka::feed::{next_offsets, Feed};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::{reader, Reader};
-use price_alerts::kafka::topics::{self, unique_suffix, Topics};
+use price_alerts::kafka::topics::Topics;
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::tools::generate::{generate, GenOptions};
 use rdkafka::consumer::Consumer;
@@ -274,18 +274,9 @@ pub fn table(summaries: &[Summary]) -> String {
 }
 
 fn run_one(opts: &Options, config: &Config, repeat: usize) -> anyhow::Result<RunResult> {
-    let prefix = format!("pbench-{}-", unique_suffix());
-    let app_id = format!("{prefix}app");
-    let topics = Topics::with(
-        format!("{prefix}market-updates"),
-        format!("{prefix}notifications"),
-        &app_id,
-    );
-    let kafka = &opts.kafka;
-    futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
-    let result = measure(opts, config, repeat, &app_id, &topics);
-    let _ = futures::executor::block_on(topics::delete_topics(kafka, &topics.names()));
-    result
+    with_fresh_topics(&opts.kafka, "pbench", opts.partitions, |app_id, topics| {
+        measure(opts, config, repeat, app_id, topics)
+    })
 }
 
 fn measure(

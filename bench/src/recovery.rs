@@ -22,13 +22,13 @@
 //! Several binaries may be given: they run interleaved (A B A B …), so a before/after comparison
 //! sees the same drift of a shared machine.
 
-use crate::child::{free_port, path_str, ChildGuard};
+use crate::child::{free_port, path_str, with_fresh_topics, ChildGuard};
 use crate::stats::{max, median};
 use anyhow::{bail, Context as _};
 use price_alerts::kafka::feed::{next_offsets, Feed};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::read_topic_to_end;
-use price_alerts::kafka::topics::{self, unique_suffix, Topics};
+use price_alerts::kafka::topics::Topics;
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::metrics as m;
 use price_alerts::rules::Rules;
@@ -257,18 +257,9 @@ pub fn covering_stream(symbols: usize, ticks: usize, seed: u64) -> (Rules, Vec<T
 }
 
 fn run_one(opts: &Options, binary: &Path, repeat: usize) -> anyhow::Result<RunResult> {
-    let prefix = format!("rbench-{}-", unique_suffix());
-    let app_id = format!("{prefix}app");
-    let topics = Topics::with(
-        format!("{prefix}market-updates"),
-        format!("{prefix}notifications"),
-        &app_id,
-    );
-    let kafka = &opts.kafka;
-    futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
-    let result = measure(opts, binary, repeat, &app_id, &topics);
-    let _ = futures::executor::block_on(topics::delete_topics(kafka, &topics.names()));
-    result
+    with_fresh_topics(&opts.kafka, "rbench", opts.partitions, |app_id, topics| {
+        measure(opts, binary, repeat, app_id, topics)
+    })
 }
 
 /// Starts one pipeline process (instance 0) with its metrics on `metrics_addr` and its log in
