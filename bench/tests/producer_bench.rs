@@ -94,7 +94,11 @@ fn reported_counts_equal_the_records_read_back() {
                 }
                 assert_eq!(r.transactions.len() as u64, r.commits, "{}", r.mode);
                 let in_txns: u64 = r.transactions.iter().map(|t| t.records).sum();
-                assert_eq!(in_txns, r.records, "{}: records of the committed transactions", r.mode);
+                assert_eq!(
+                    in_txns, r.records,
+                    "{}: records of the committed transactions",
+                    r.mode
+                );
             }
             None => assert_eq!(r.commits, 0),
         }
@@ -102,7 +106,10 @@ fn reported_counts_equal_the_records_read_back() {
     for mode in ["txn-100ms", "overlap-100ms"] {
         let txn = report.summary(mode, 100).expect("summary");
         assert!(txn.ratio_to_idempotent.is_some(), "{mode}");
-        assert!(txn.commit_p50_ms.is_some() && txn.commit_p99_ms.is_some(), "{mode}");
+        assert!(
+            txn.commit_p50_ms.is_some() && txn.commit_p99_ms.is_some(),
+            "{mode}"
+        );
     }
 
     let written = written.expect("writing the outputs");

@@ -160,7 +160,10 @@ pub fn expand(kinds: &[ModeKind], commit_intervals: &[Duration]) -> Vec<Mode> {
     }
     for &commit_interval in commit_intervals {
         let wanted = [
-            (ModeKind::Transactional, Mode::Transactional { commit_interval }),
+            (
+                ModeKind::Transactional,
+                Mode::Transactional { commit_interval },
+            ),
             (ModeKind::Overlapped, Mode::Overlapped { commit_interval }),
         ];
         for (kind, m) in wanted {

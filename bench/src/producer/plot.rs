@@ -167,9 +167,11 @@ fn draw(
                         .map(|p| Circle::new((p.0, p.1), 5, color.filled())),
                 )?;
             }
-            chart.draw_series(points.iter().map(|p| {
-                PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(2))
-            }))?;
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|p| PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(2))),
+            )?;
         }
         let idem = report.summary("idempotent", size);
         if let (Some(mb), Some(rps)) = (

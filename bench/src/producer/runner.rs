@@ -163,8 +163,14 @@ pub fn run_once(
     // the content changes nothing on the wire).
     let payload: Vec<u8> = (0..spec.size).map(|i| b'A' + (i % 26) as u8).collect();
     let warm = if spec.warmup > 0 {
-        produce(&producers, spec, &payload, Limit::Records(spec.warmup), stop)
-            .context("warm-up")?
+        produce(
+            &producers,
+            spec,
+            &payload,
+            Limit::Records(spec.warmup),
+            stop,
+        )
+        .context("warm-up")?
     } else {
         Phase::default()
     };
@@ -402,7 +408,8 @@ fn abort_after_predecessor(p: &TxnProducer, records: u64) -> anyhow::Result<Outc
     // Records still in flight made Kafka answer EndTxn(abort) with INVALID_TXN_STATE in the
     // pipeline's tests: let them finish first (failures change nothing, the abort follows).
     let _ = p.flush(FLUSH_TIMEOUT);
-    p.abort().context("aborting after the previous transaction aborted")?;
+    p.abort()
+        .context("aborting after the previous transaction aborted")?;
     Ok(Outcome::Aborted)
 }
 
