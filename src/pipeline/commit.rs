@@ -23,6 +23,7 @@
 //! The batch's counts become [`Stats`] and metrics only when its transaction commits, so a redo
 //! after an abort is never counted twice.
 
+use super::batch::OpenBatch;
 use super::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
@@ -107,6 +108,8 @@ pub(super) struct BatchCounts {
 #[derive(Debug)]
 pub(super) struct OpenTxn {
     started: Instant,
+    /// When its oldest record arrived (see [`super::batch`]).
+    oldest_arrival: Instant,
     records: u64,
     pub counts: BatchCounts,
     /// Next offset to read, per input partition with records in this transaction.
@@ -121,6 +124,7 @@ impl OpenTxn {
     fn new() -> Self {
         OpenTxn {
             started: Instant::now(),
+            oldest_arrival: Instant::now(),
             records: 0,
             counts: BatchCounts::default(),
             offsets: BTreeMap::new(),
@@ -129,10 +133,11 @@ impl OpenTxn {
         }
     }
 
-    /// The record at `offset` of partition `p` is done (processed or dead-lettered): the
-    /// transaction's offsets move past it.
-    pub fn processed(&mut self, p: i32, offset: i64) {
+    /// The record at `offset` of partition `p`, which arrived at `arrived`, is done (processed or
+    /// dead-lettered): the transaction's offsets move past it.
+    pub fn processed(&mut self, p: i32, offset: i64, arrived: Instant) {
         self.records += 1;
+        self.oldest_arrival = self.oldest_arrival.min(arrived);
         self.offsets.insert(p, offset + 1);
     }
 
@@ -155,12 +160,20 @@ pub(super) struct Session {
     denied_in_a_row: u32,
     /// How long the loop waits before the next attempt, set by such an abort (taken once).
     backoff: Option<Duration>,
+    /// When the last commit began, unless an abort came after it: where the next batch's commit
+    /// interval may start counting (see [`super::batch`]).
+    previous_commit: Option<Instant>,
 }
 
 impl Session {
-    /// Whether a transaction is open: since when, and with how many records.
-    pub fn open_since(&self) -> Option<(Instant, u64)> {
-        self.txn.as_ref().map(|t| (t.started, t.records))
+    /// The open batch, if any: what decides when it commits.
+    pub fn open_batch(&self) -> Option<OpenBatch> {
+        self.txn.as_ref().map(|t| OpenBatch {
+            records: t.records,
+            opened: t.started,
+            oldest_arrival: t.oldest_arrival,
+            previous_commit: self.previous_commit,
+        })
     }
 
     /// The open batch and the loaded state of partition `p`, if a batch is open and `p` loaded.
@@ -377,6 +390,8 @@ impl Committer {
             return Ok(());
         }
         let started = Instant::now();
+        // Set before the outcome is known: an abort below clears it again.
+        session.previous_commit = Some(started);
         match self.settings.guarantee {
             Guarantee::ExactlyOnce => {
                 self.stage(session, consumer)?;
@@ -511,6 +526,8 @@ impl Committer {
         consumer: &BaseConsumer<C>,
         partitions: &[i32],
     ) -> Result<(), TxnError> {
+        // The redo reads old records again: its first batch counts from its open.
+        session.previous_commit = None;
         if let Some(txn) = session.txn.take() {
             let mut refused = BTreeSet::new();
             if self.settings.guarantee == Guarantee::ExactlyOnce {

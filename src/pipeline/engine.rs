@@ -26,6 +26,7 @@
 //! [`Engine::abort`] (abort, rewind, restore) and processing goes on; fatal ones stop the engine
 //! with the error. Everything runs on one thread: the rebalance callbacks run inside `poll`.
 
+use super::batch::{self, OpenBatch};
 use super::commit::{Committer, RebalanceHandler, Stats};
 use super::producer::{TxnError, TxnErrorClass};
 use super::settings::EngineSettings;
@@ -202,6 +203,7 @@ impl Engine {
             return Ok(());
         }
         c.begin(&mut session)?;
+        let arrived = batch::arrival(m.timestamp().to_millis(), Instant::now());
         let (txn, states) = session
             .batch(p)
             .expect("a batch was begun and partition p is loaded (checked above)");
@@ -267,7 +269,7 @@ impl Engine {
                 }
             }
         }
-        txn.processed(p, m.offset());
+        txn.processed(p, m.offset(), arrived);
         Ok(())
     }
 
@@ -276,9 +278,9 @@ impl Engine {
         Ok(self.committer.lock()?.take_backoff())
     }
 
-    /// Whether a transaction is open: since when, and with how many records.
-    pub fn open_since(&self) -> anyhow::Result<Option<(Instant, u64)>> {
-        Ok(self.committer.lock()?.open_since())
+    /// The open batch, if any: what decides when it commits.
+    pub fn open_batch(&self) -> anyhow::Result<Option<OpenBatch>> {
+        Ok(self.committer.lock()?.open_batch())
     }
 
     /// Commits the open transaction (if any). An abortable failure aborts and rewinds, and is not

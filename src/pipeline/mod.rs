@@ -2,6 +2,7 @@
 //!
 //! - `mod.rs` (this file): the driver: set-up, the run loop that batches the engine's steps into
 //!   transactions, shutdown.
+//! - [`batch`]: when the open batch is due to commit.
 //! - [`engine`]: poll, decode, crossing rule, produce; the invariants are stated at its top.
 //! - [`commit`]: the open transaction, commit, abort-and-rewind, the rebalance callbacks, stats.
 //! - [`producer`]: the transactional producer wrapper and the one [`producer::classify`].
@@ -12,7 +13,8 @@
 //! ```text
 //!   ┌─────────────── dedicated thread (transactional calls block) ────────────────┐
 //!   │ loop: poll ≤100 ms ─► process ─► commit when the batch is commit-interval   │
-//!   │       old or max-batch records big; no transaction begins without data      │
+//!   │       old (from its oldest record's arrival) or max-batch records big;      │
+//!   │       no transaction begins without data                                    │
 //!   └──────────────────────────────▲───────────────────────────────────────────────┘
 //!            stop flag set by ─────┘  the async side: SIGINT/SIGTERM (any future)
 //! ```
@@ -23,6 +25,7 @@
 //! timeout, [`run`] returns an error so the process exits non-zero, and the broker aborts the open
 //! transaction when its timeout expires or when this instance restarts.
 
+pub mod batch;
 pub mod commit;
 pub mod engine;
 pub mod producer;
@@ -165,10 +168,10 @@ fn process_until_stopped(
     // a restore, and a record all restart the clock.
     let mut last_activity = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let timeout = match engine.open_since()? {
-            Some((started, _)) => {
-                (started + opts.commit_interval).saturating_duration_since(Instant::now())
-            }
+        let timeout = match engine.open_batch()? {
+            Some(batch) => batch
+                .deadline(opts.commit_interval)
+                .saturating_duration_since(Instant::now()),
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
@@ -182,9 +185,10 @@ fn process_until_stopped(
         if polled.record || polled.restored > 0 || unsettled.is_some() {
             last_activity = Instant::now();
         }
-        match engine.open_since()? {
-            Some((started, records))
-                if started.elapsed() >= opts.commit_interval || records >= opts.max_batch =>
+        match engine.open_batch()? {
+            Some(batch)
+                if Instant::now() >= batch.deadline(opts.commit_interval)
+                    || batch.records >= opts.max_batch =>
             {
                 transactions += 1;
                 if opts
