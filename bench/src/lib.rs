@@ -5,11 +5,13 @@
 //!   idempotent and transactional producers, side by side with Kafka's own ProducerPerformance
 //!   (`bench/compare.sh`).
 //! - [`pipeline`] (`pipeline-bench`): what exactly-once costs the whole processor: throughput,
-//!   end-to-end latency and peak RSS by commit interval, against at-least-once.
+//!   end-to-end latency (with a plot of its distribution) and peak RSS by commit interval,
+//!   against at-least-once.
 //! - [`sink`] (`sink-bench`): alert-sink's rows/s into PostgreSQL, batched against one row per
 //!   transaction, and the latency from a tick's append to its row.
 //! - [`recovery`] (`recovery-bench`): a restart after SIGKILL of an instance holding a large
 //!   state: time to restore it from the changelog and to the first commit.
+//! - [`plot`]: the font and colours of the PNG plots.
 //! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
 //! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
 //!
@@ -17,6 +19,7 @@
 
 pub mod child;
 pub mod pipeline;
+pub mod plot;
 pub mod producer;
 pub mod recovery;
 pub mod sink;

@@ -40,7 +40,8 @@ struct Cli {
     partitions: i32,
     /// A named set of extra arguments for the pipeline, NAME=ARGS (repeatable), e.g.
     /// `--variant 'librdkafka-defaults=-X queued.max.messages.kbytes=65536'`: every configuration
-    /// runs once per variant, interleaved.
+    /// runs once per variant, interleaved. `env:KEY=VALUE` sets an environment variable of the
+    /// pipeline, `bin:PATH` runs another build of it (`--variant before=bin:old/alert-pipeline`).
     #[arg(long)]
     variant: Vec<price_alerts_bench::pipeline::Variant>,
     /// Where to write results.json and results.md.

@@ -15,7 +15,10 @@
 //!    ready, so start-up (the rules file, the restore) and processing are told apart.
 //!
 //! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
-//! hits all of them alike; medians are reported with their spread.
+//! hits all of them alike; medians are reported with their spread, and [`plot`] draws the latency
+//! distribution of each configuration, pooled over its repeats.
+
+pub mod plot;
 
 use crate::child::{free_port, path_str, with_fresh_topics, ChildGuard};
 use crate::stats::{median, percentile};
@@ -50,20 +53,23 @@ pub struct Config {
     pub variant: Variant,
 }
 
-/// A named set of extra arguments for the child process, and environment variables
-/// (`env:KEY=VALUE` tokens, e.g. `env:MALLOC_ARENA_MAX=2` to compare allocator settings).
+/// A named set of extra arguments for the child process, environment variables
+/// (`env:KEY=VALUE` tokens, e.g. `env:MALLOC_ARENA_MAX=2` to compare allocator settings), and
+/// another build of the pipeline (a `bin:PATH` token, to compare builds in interleaved runs).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Variant {
     pub name: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    pub binary: Option<PathBuf>,
 }
 
 impl std::str::FromStr for Variant {
     type Err = String;
 
     /// `NAME=ARGS`, the arguments separated by whitespace: `small=-X queued.min.messages=1000`;
-    /// an argument `env:KEY=VALUE` sets an environment variable of the child instead.
+    /// an argument `env:KEY=VALUE` sets an environment variable of the child instead, and
+    /// `bin:PATH` runs the `alert-pipeline` at PATH.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, args) = s
             .split_once('=')
@@ -73,14 +79,15 @@ impl std::str::FromStr for Variant {
             ..Variant::default()
         };
         for token in args.split_whitespace() {
-            match token.strip_prefix("env:") {
-                Some(kv) => {
-                    let (k, val) = kv
-                        .split_once('=')
-                        .ok_or_else(|| format!("{token:?}: write env:KEY=VALUE"))?;
-                    v.env.push((k.to_owned(), val.to_owned()));
-                }
-                None => v.args.push(token.to_owned()),
+            if let Some(kv) = token.strip_prefix("env:") {
+                let (k, val) = kv
+                    .split_once('=')
+                    .ok_or_else(|| format!("{token:?}: write env:KEY=VALUE"))?;
+                v.env.push((k.to_owned(), val.to_owned()));
+            } else if let Some(path) = token.strip_prefix("bin:") {
+                v.binary = Some(PathBuf::from(path));
+            } else {
+                v.args.push(token.to_owned());
             }
         }
         Ok(v)
@@ -153,6 +160,12 @@ pub struct RunResult {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub latency_samples: usize,
+    /// Commits per second and their mean duration (the pipeline's `alerts_commit_seconds`) while
+    /// the paced ticks arrived: how much of the latency is the commit.
+    pub paced_commits_per_sec: f64,
+    pub paced_commit_mean_ms: f64,
+    /// Every latency sample of the run (ms), for the plot.
+    pub latencies_ms: Vec<f64>,
     /// Peak RSS over the whole run (start-up included).
     pub peak_rss_mib: f64,
     /// Peak RSS until the pipeline was ready (start-up: rules, clients, restore).
@@ -165,13 +178,15 @@ impl std::fmt::Display for RunResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
+            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples; {:.1} commits/s of {:.1} ms), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
             self.config.label(),
             self.repeat,
             self.ticks_per_sec,
             self.latency_p50_ms,
             self.latency_p99_ms,
             self.latency_samples,
+            self.paced_commits_per_sec,
+            self.paced_commit_mean_ms,
             self.peak_rss_mib,
             self.startup_peak_rss_mib,
             self.processing_peak_rss_mib
@@ -188,6 +203,8 @@ pub struct Summary {
     pub ticks_per_sec_max: f64,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
+    pub paced_commits_per_sec: f64,
+    pub paced_commit_mean_ms: f64,
     pub peak_rss_mib: f64,
     pub startup_peak_rss_mib: f64,
     pub processing_peak_rss_mib: f64,
@@ -223,6 +240,8 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 ticks_per_sec_max: tps.iter().copied().fold(0.0, f64::max),
                 latency_p50_ms: median(&of(|r| r.latency_p50_ms))?,
                 latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
+                paced_commits_per_sec: median(&of(|r| r.paced_commits_per_sec))?,
+                paced_commit_mean_ms: median(&of(|r| r.paced_commit_mean_ms))?,
                 peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
                 startup_peak_rss_mib: median(&of(|r| r.startup_peak_rss_mib))?,
                 processing_peak_rss_mib: median(&of(|r| r.processing_peak_rss_mib))?,
@@ -231,8 +250,8 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
         .collect()
 }
 
-/// Writes `results.json` (summaries and every run) and `results.md` (the table) into `dir`;
-/// returns the table.
+/// Writes `results.json` (summaries and every run), `results.md` (the table) and `latency.png`
+/// (the latency distributions) into `dir`; returns the table.
 pub fn write_outputs(
     dir: &Path,
     configs: &[Config],
@@ -246,17 +265,18 @@ pub fn write_outputs(
         serde_json::to_vec_pretty(&(&summary, results))?,
     )?;
     std::fs::write(dir.join("results.md"), &table)?;
+    plot::write_png(configs, results, &dir.join("latency.png"))?;
     Ok(table)
 }
 
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | paced commits/s | paced commit mean | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         out.push_str(&format!(
-            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
+            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
             s.config.guarantee,
             s.config.commit_interval_ms,
             if s.config.variant.name.is_empty() { "as shipped" } else { &s.config.variant.name },
@@ -265,6 +285,8 @@ pub fn table(summaries: &[Summary]) -> String {
             s.ticks_per_sec_max,
             s.latency_p50_ms,
             s.latency_p99_ms,
+            s.paced_commits_per_sec,
+            s.paced_commit_mean_ms,
             s.peak_rss_mib,
             s.startup_peak_rss_mib,
             s.processing_peak_rss_mib
@@ -300,7 +322,8 @@ fn measure(
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
     let mut landed = feed.send_ticks(&topics.input, backlog)?;
 
-    let child = Command::new(&opts.binary)
+    let binary = config.variant.binary.as_ref().unwrap_or(&opts.binary);
+    let child = Command::new(binary)
         .args([
             "--rules",
             path_str(&rules_path)?,
@@ -322,7 +345,7 @@ fn measure(
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
-        .with_context(|| format!("starting {}", opts.binary.display()))?;
+        .with_context(|| format!("starting {}", binary.display()))?;
     let child = ChildGuard(child);
 
     // Throughput: from ready to the backlog committed.
@@ -367,6 +390,7 @@ fn measure(
     };
     let slices = 20usize;
     let per_slice = (opts.latency_rate / slices).max(1);
+    let commits_before = commit_totals(&metrics_addr);
     let started = Instant::now();
     for (i, chunk) in paced.chunks(per_slice).enumerate() {
         landed.extend(feed.send_ticks(&topics.input, chunk)?);
@@ -387,6 +411,18 @@ fn measure(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (paced_commits_per_sec, paced_commit_mean_ms) = {
+        let (count, sum) = commit_totals(&metrics_addr);
+        let (count, sum) = (count - commits_before.0, sum - commits_before.1);
+        (
+            count / started.elapsed().as_secs_f64(),
+            if count > 0.0 {
+                sum / count * 1e3
+            } else {
+                f64::NAN
+            },
+        )
+    };
     stop.store(true, Ordering::Relaxed);
     let latencies = tail
         .join()
@@ -408,10 +444,22 @@ fn measure(
         latency_p50_ms: percentile(&latencies, 50.0).unwrap_or(f64::NAN),
         latency_p99_ms: percentile(&latencies, 99.0).unwrap_or(f64::NAN),
         latency_samples: latencies.len(),
+        latencies_ms: latencies,
+        paced_commits_per_sec,
+        paced_commit_mean_ms,
         peak_rss_mib,
         startup_peak_rss_mib,
         processing_peak_rss_mib,
     })
+}
+
+/// The pipeline's commits so far and their total duration in seconds.
+fn commit_totals(metrics_addr: &str) -> (f64, f64) {
+    let name = price_alerts::metrics::COMMIT_SECONDS;
+    (
+        price_alerts::metrics::scrape(metrics_addr, &format!("{name}_count")),
+        price_alerts::metrics::scrape(metrics_addr, &format!("{name}_sum")),
+    )
 }
 
 /// Tails `topic` read_committed from its current end until `stop` is set and every partition is
@@ -486,7 +534,13 @@ mod tests {
         assert_eq!(v.args, ["-X", "queued.min.messages=1000"]);
         assert_eq!(v.env, [("MALLOC_ARENA_MAX".to_owned(), "2".to_owned())]);
         let shipped: Variant = "shipped=".parse().unwrap();
-        assert!(shipped.args.is_empty() && shipped.env.is_empty());
+        assert!(shipped.args.is_empty() && shipped.env.is_empty() && shipped.binary.is_none());
+        let before: Variant = "before=bin:/tmp/old/alert-pipeline".parse().unwrap();
+        assert_eq!(
+            before.binary,
+            Some(PathBuf::from("/tmp/old/alert-pipeline"))
+        );
+        assert!(before.args.is_empty());
         assert!("no-equals".parse::<Variant>().is_err());
         assert!("bad=env:NOVALUE".parse::<Variant>().is_err());
     }

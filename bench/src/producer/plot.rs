@@ -9,40 +9,16 @@
 //! would flatten the 1 KB line against the axis, but are within a factor of two in MB/s (the
 //! legend gives the idempotent records/s).
 //!
-//! Text is drawn by plotters' pure-Rust `ab_glyph` path from DejaVu Sans bytes embedded by the
-//! `dejavu` crate, so the plot needs neither fontconfig nor any font installed on the machine.
+//! The font and colours are shared with the other plots ([`crate::plot`]).
 
 use super::report::{thousands, BenchReport, Summary};
+use crate::plot::{register_fonts, COLORS};
 use anyhow::{anyhow, Context as _};
 use plotters::prelude::*;
-use plotters::style::{register_font, FontStyle};
 use std::path::Path;
-use std::sync::Once;
 
 /// Size of the picture in pixels.
 const SIZE: (u32, u32) = (1100, 680);
-
-/// One colour per record size (cycled beyond six sizes).
-const COLORS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-    RGBColor(255, 127, 14),
-    RGBColor(23, 190, 207),
-];
-
-static FONT: Once = Once::new();
-
-/// Registers DejaVu Sans as plotters' "sans-serif" (once per process).
-fn register_fonts() -> anyhow::Result<()> {
-    let mut result = Ok(());
-    FONT.call_once(|| {
-        result = register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
-            .map_err(|_| anyhow!("the embedded DejaVu Sans font could not be parsed"));
-    });
-    result
-}
 
 /// Draws the plot into `path`. Returns `false` (and writes nothing) when the report has no
 /// transactional result to plot.
