@@ -44,7 +44,10 @@ pub struct PipelineArgs {
     /// age) are refreshed from the DLQ and its replay ledger.
     #[arg(long, default_value = "15s", value_parser = super::duration)]
     pub dlq_watch_interval: std::time::Duration,
-    /// Commit the open transaction when it is this old.
+    /// Commit the open transaction when it is this old, counted from the arrival of its oldest
+    /// record (so a record that waited behind the previous commit does not wait a whole interval
+    /// more), but never from before the previous commit began or from more than half an interval
+    /// before the transaction opened.
     #[arg(long, default_value = "100ms", value_parser = super::interval)]
     pub commit_interval: std::time::Duration,
     /// Commit the open transaction when it holds this many input records.
