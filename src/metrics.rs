@@ -214,7 +214,8 @@ pub fn dlq_unhandled(oldest_age: Duration, count: u64) {
 }
 
 /// Sum of the samples of metric `name` on a Prometheus endpoint (0 while it does not answer):
-/// how the benchmark and the tests read a running pipeline's counters.
+/// how the benchmark and the tests read a running pipeline's counters. A `name` with labels
+/// (`alerts_commit_seconds_bucket{le="0.1"}`) is that one series, written as the endpoint writes it.
 pub fn scrape(addr: &str, name: &str) -> f64 {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
@@ -227,8 +228,45 @@ pub fn scrape(addr: &str, name: &str) -> f64 {
     }
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
+    sum_of(&body, name)
+}
+
+/// Sum of the samples of `name` (a metric, or one series with its labels) in an exposition body.
+fn sum_of(body: &str, name: &str) -> f64 {
+    let with_labels = name.contains('{');
     body.lines()
-        .filter(|l| l.split([' ', '{']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            if with_labels {
+                *series == name
+            } else {
+                series.split('{').next() == Some(name)
+            }
+        })
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sum_of;
+
+    const BODY: &str = "# TYPE alerts_commit_seconds histogram
+alerts_commit_seconds_bucket{le=\"0.05\"} 7
+alerts_commit_seconds_bucket{le=\"0.1\"} 9
+alerts_commit_seconds_bucket{le=\"+Inf\"} 10
+alerts_commit_seconds_sum 1.25
+alerts_commit_seconds_count 10
+alerts_dead_lettered_total{class=\"poison\"} 2
+alerts_dead_lettered_total{class=\"too_large\"} 3
+";
+
+    #[test]
+    fn a_name_sums_every_series_of_the_metric_and_labels_pick_one() {
+        assert_eq!(sum_of(BODY, "alerts_commit_seconds_count"), 10.0);
+        assert_eq!(sum_of(BODY, "alerts_dead_lettered_total"), 5.0);
+        assert_eq!(sum_of(BODY, "alerts_commit_seconds_bucket{le=\"0.1\"}"), 9.0);
+        assert_eq!(sum_of(BODY, "alerts_commit_seconds"), 0.0);
+        assert_eq!(sum_of(BODY, "alerts_missing_total"), 0.0);
+    }
 }

@@ -164,6 +164,8 @@ pub struct RunResult {
     /// the paced ticks arrived: how much of the latency is the commit.
     pub paced_commits_per_sec: f64,
     pub paced_commit_mean_ms: f64,
+    /// Commits of the paced phase that took longer than 100 ms (the histogram's bucket).
+    pub paced_slow_commits: f64,
     /// Every latency sample of the run (ms), for the plot.
     pub latencies_ms: Vec<f64>,
     /// Peak RSS over the whole run (start-up included).
@@ -178,7 +180,7 @@ impl std::fmt::Display for RunResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples; {:.1} commits/s of {:.1} ms), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
+            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples; {:.1} commits/s of {:.1} ms, {} over 100 ms), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
             self.config.label(),
             self.repeat,
             self.ticks_per_sec,
@@ -187,6 +189,7 @@ impl std::fmt::Display for RunResult {
             self.latency_samples,
             self.paced_commits_per_sec,
             self.paced_commit_mean_ms,
+            self.paced_slow_commits,
             self.peak_rss_mib,
             self.startup_peak_rss_mib,
             self.processing_peak_rss_mib
@@ -205,6 +208,7 @@ pub struct Summary {
     pub latency_p99_ms: f64,
     pub paced_commits_per_sec: f64,
     pub paced_commit_mean_ms: f64,
+    pub paced_slow_commits: f64,
     pub peak_rss_mib: f64,
     pub startup_peak_rss_mib: f64,
     pub processing_peak_rss_mib: f64,
@@ -242,6 +246,7 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
                 paced_commits_per_sec: median(&of(|r| r.paced_commits_per_sec))?,
                 paced_commit_mean_ms: median(&of(|r| r.paced_commit_mean_ms))?,
+                paced_slow_commits: median(&of(|r| r.paced_slow_commits))?,
                 peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
                 startup_peak_rss_mib: median(&of(|r| r.startup_peak_rss_mib))?,
                 processing_peak_rss_mib: median(&of(|r| r.processing_peak_rss_mib))?,
@@ -272,11 +277,11 @@ pub fn write_outputs(
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | paced commits/s | paced commit mean | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | paced commits/s | paced commit mean | paced commits > 100 ms | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         out.push_str(&format!(
-            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
+            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
             s.config.guarantee,
             s.config.commit_interval_ms,
             if s.config.variant.name.is_empty() { "as shipped" } else { &s.config.variant.name },
@@ -287,6 +292,7 @@ pub fn table(summaries: &[Summary]) -> String {
             s.latency_p99_ms,
             s.paced_commits_per_sec,
             s.paced_commit_mean_ms,
+            s.paced_slow_commits,
             s.peak_rss_mib,
             s.startup_peak_rss_mib,
             s.processing_peak_rss_mib
@@ -411,16 +417,22 @@ fn measure(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (paced_commits_per_sec, paced_commit_mean_ms) = {
-        let (count, sum) = commit_totals(&metrics_addr);
-        let (count, sum) = (count - commits_before.0, sum - commits_before.1);
+    let (paced_commits_per_sec, paced_commit_mean_ms, paced_slow_commits) = {
+        let now = commit_totals(&metrics_addr);
+        let (count, sum) = (
+            now.count - commits_before.count,
+            now.sum - commits_before.sum,
+        );
+        let fast = now.within_100ms - commits_before.within_100ms;
+        let mean_ms = if count > 0.0 {
+            sum / count * 1e3
+        } else {
+            f64::NAN
+        };
         (
             count / started.elapsed().as_secs_f64(),
-            if count > 0.0 {
-                sum / count * 1e3
-            } else {
-                f64::NAN
-            },
+            mean_ms,
+            count - fast,
         )
     };
     stop.store(true, Ordering::Relaxed);
@@ -447,6 +459,7 @@ fn measure(
         latencies_ms: latencies,
         paced_commits_per_sec,
         paced_commit_mean_ms,
+        paced_slow_commits,
         peak_rss_mib,
         startup_peak_rss_mib,
         processing_peak_rss_mib,
@@ -459,13 +472,22 @@ fn measure(
 /// measured the pacing as much as the pipeline.
 const PACED_SLICES_PER_SEC: usize = 100;
 
-/// The pipeline's commits so far and their total duration in seconds.
-fn commit_totals(metrics_addr: &str) -> (f64, f64) {
+/// The pipeline's commits so far: how many, their total duration in seconds, and how many took
+/// at most 100 ms.
+struct CommitTotals {
+    count: f64,
+    sum: f64,
+    within_100ms: f64,
+}
+
+fn commit_totals(metrics_addr: &str) -> CommitTotals {
     let name = price_alerts::metrics::COMMIT_SECONDS;
-    (
-        price_alerts::metrics::scrape(metrics_addr, &format!("{name}_count")),
-        price_alerts::metrics::scrape(metrics_addr, &format!("{name}_sum")),
-    )
+    let scrape = |series: String| price_alerts::metrics::scrape(metrics_addr, &series);
+    CommitTotals {
+        count: scrape(format!("{name}_count")),
+        sum: scrape(format!("{name}_sum")),
+        within_100ms: scrape(format!("{name}_bucket{{le=\"0.1\"}}")),
+    }
 }
 
 /// Tails `topic` read_committed from its current end until `stop` is set and every partition is

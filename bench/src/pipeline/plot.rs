@@ -95,6 +95,7 @@ fn draw(
         .configure_mesh()
         .x_desc("latency (ms)")
         .y_desc("notifications visible within x (%)")
+        .light_line_style(WHITE)
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style(("sans-serif", 15))
