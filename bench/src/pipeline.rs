@@ -50,20 +50,25 @@ pub struct Config {
     pub variant: Variant,
 }
 
-/// A named set of extra arguments for the child process, and environment variables
-/// (`env:KEY=VALUE` tokens, e.g. `env:MALLOC_ARENA_MAX=2` to compare allocator settings).
+/// A named set of extra arguments for the child process, environment variables (`env:KEY=VALUE`
+/// tokens, e.g. `env:MALLOC_ARENA_MAX=2` to compare allocator settings) and another binary
+/// (`bin:PATH`, e.g. a saved copy of the `alert-pipeline` before a change, so old and new run
+/// interleaved under the same load).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Variant {
     pub name: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// The `alert-pipeline` to run instead of the one beside the benchmark.
+    pub binary: Option<PathBuf>,
 }
 
 impl std::str::FromStr for Variant {
     type Err = String;
 
     /// `NAME=ARGS`, the arguments separated by whitespace: `small=-X queued.min.messages=1000`;
-    /// an argument `env:KEY=VALUE` sets an environment variable of the child instead.
+    /// an argument `env:KEY=VALUE` sets an environment variable of the child instead, and
+    /// `bin:PATH` names the binary to run.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, args) = s
             .split_once('=')
@@ -73,6 +78,10 @@ impl std::str::FromStr for Variant {
             ..Variant::default()
         };
         for token in args.split_whitespace() {
+            if let Some(path) = token.strip_prefix("bin:") {
+                v.binary = Some(PathBuf::from(path));
+                continue;
+            }
             match token.strip_prefix("env:") {
                 Some(kv) => {
                     let (k, val) = kv
@@ -300,7 +309,8 @@ fn measure(
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
     let mut landed = feed.send_ticks(&topics.input, backlog)?;
 
-    let child = Command::new(&opts.binary)
+    let binary = config.variant.binary.as_ref().unwrap_or(&opts.binary);
+    let child = Command::new(binary)
         .args([
             "--rules",
             path_str(&rules_path)?,
@@ -322,7 +332,7 @@ fn measure(
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
-        .with_context(|| format!("starting {}", opts.binary.display()))?;
+        .with_context(|| format!("starting {}", binary.display()))?;
     let child = ChildGuard(child);
 
     // Throughput: from ready to the backlog committed.
@@ -486,7 +496,13 @@ mod tests {
         assert_eq!(v.args, ["-X", "queued.min.messages=1000"]);
         assert_eq!(v.env, [("MALLOC_ARENA_MAX".to_owned(), "2".to_owned())]);
         let shipped: Variant = "shipped=".parse().unwrap();
-        assert!(shipped.args.is_empty() && shipped.env.is_empty());
+        assert!(shipped.args.is_empty() && shipped.env.is_empty() && shipped.binary.is_none());
+        let before: Variant = "before=bin:/tmp/old/alert-pipeline -X a=b".parse().unwrap();
+        assert_eq!(
+            before.binary,
+            Some(PathBuf::from("/tmp/old/alert-pipeline"))
+        );
+        assert_eq!(before.args, ["-X", "a=b"]);
         assert!("no-equals".parse::<Variant>().is_err());
         assert!("bad=env:NOVALUE".parse::<Variant>().is_err());
     }

@@ -40,7 +40,8 @@ struct Cli {
     partitions: i32,
     /// A named set of extra arguments for the pipeline, NAME=ARGS (repeatable), e.g.
     /// `--variant 'librdkafka-defaults=-X queued.max.messages.kbytes=65536'`: every configuration
-    /// runs once per variant, interleaved.
+    /// runs once per variant, interleaved. `env:KEY=VALUE` sets an environment variable,
+    /// `bin:PATH` runs another alert-pipeline binary (a copy from before a change).
     #[arg(long)]
     variant: Vec<price_alerts_bench::pipeline::Variant>,
     /// Where to write results.json and results.md.
