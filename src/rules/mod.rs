@@ -17,8 +17,8 @@
 //!   whole document's tree before deserializing it, 80 MB of heap for that file, much of which the
 //!   allocator then kept resident around the rules allocated among it;
 //! - the rules are three flat allocations (every name in one string, every threshold in one
-//!   vector, an index sorted by name), not a map with two allocations per symbol: 8 MB instead
-//!   of 16.5 MB for 100,000 symbols of four thresholds. A lookup is a binary search over the index.
+//!   vector, an index sorted by name), not a map with two allocations per symbol: 8.8 MB (heaptrack)
+//!   instead of 16.5 MB for 100,000 symbols of four thresholds. A lookup is a binary search.
 
 #[cfg(test)]
 mod piecewise_tests;

@@ -121,30 +121,25 @@ fn mistakes_deep_into_a_large_file_name_their_line() {
     let text = rules.to_toml();
     assert_eq!(Rules::parse(&text, "x").unwrap(), rules);
     let lines: Vec<&str> = text.lines().collect();
-    // (line replaced, mistake, line reported, reason)
-    for (at, mistake, line_reported, why) in [
-        (45_002, "S044999 = [1.5]", 45_002, "float"),
-        (45_002, "S044999 = [\"1\", 1]", 45_002, "listed twice"),
-        (45_002, "s044999 = [1]", 45_002, "must be 1 to 32 bytes"),
+    // The mistake replaces line AT: (mistake, line reported, reason).
+    const AT: usize = 45_002;
+    for (mistake, line_reported, why) in [
+        ("S044999 = [1.5]", AT, "float"),
+        ("S044999 = [\"1\", 1]", AT, "listed twice"),
+        ("s044999 = [1]", AT, "must be 1 to 32 bytes"),
         (
-            45_002,
             "S000001 = [1]",
-            45_002,
+            AT,
             "S000001 is listed twice (first on line 4)",
         ),
         // `toml` finds these where the next line starts, as it did parsing the whole.
-        (45_002, "S044999 = [\"1]", 45_003, "missing comma"),
-        (45_002, "S044999 = [1", 45_003, "missing comma"),
-        (
-            45_002,
-            "[symbols]",
-            45_002,
-            "defined twice (first on line 2)",
-        ),
-        (49_000, "[other]", 49_000, "unknown field `other`"),
+        ("S044999 = [\"1]", AT + 1, "missing comma"),
+        ("S044999 = [1", AT + 1, "missing comma"),
+        ("[symbols]", AT, "defined twice (first on line 2)"),
+        ("[other]", AT, "unknown field `other`"),
     ] {
         let mut lines = lines.clone();
-        lines[at - 1] = mistake;
+        lines[AT - 1] = mistake;
         match Rules::parse(&lines.join("\n"), "big.toml").unwrap_err() {
             RulesError::Invalid { path, line, reason } => {
                 assert_eq!(path, "big.toml");
