@@ -11,6 +11,9 @@
 //! - [`Kind::Header`]: one table header line, e.g. `[symbols]`, alone;
 //! - [`Kind::Body`]: key/value statements under the last header, about [`BODY_BYTES`] at a time.
 //!
+//! Only what follows a header is cut: a file that writes its rules without the `[symbols]` header
+//! (`symbols.BBCA = [...]`, or `symbols = { ... }`) is read as correctly, in one piece.
+//!
 //! # Why parsing the pieces is the same as parsing the document
 //! Finding where a statement ends needs only strings (four kinds, with escapes in the basic ones),
 //! comments and bracket depth: a newline outside strings, comments and brackets ends a statement.
