@@ -16,7 +16,7 @@ use super::logging::Logged;
 use super::read::{partition_count, partition_count_if_exists};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::BaseConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
 use std::time::Duration;
 
@@ -166,6 +166,65 @@ pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Resul
         }
     }
     Ok(())
+}
+
+/// Deletes every topic whose name starts with `prefix`; returns how many there were. For tests and
+/// benchmarks, whose names carry a fresh random prefix: the prefix also catches the topics their
+/// child processes created (a changelog, a DLQ, retry buckets, a replay ledger). An empty prefix
+/// is refused: it would name every topic of the cluster.
+pub async fn delete_topics_with_prefix(kafka: &KafkaConfig, prefix: &str) -> anyhow::Result<usize> {
+    if prefix.is_empty() {
+        bail!("refusing to delete topics by an empty prefix: that is every topic");
+    }
+    let probe: BaseConsumer<Logged> = kafka
+        .admin()
+        .create_with_context(Logged)
+        .context("creating a metadata client")?;
+    let metadata = probe
+        .fetch_metadata(None, ADMIN_TIMEOUT)
+        .context("listing topics")?;
+    let names: Vec<&str> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    if !names.is_empty() {
+        delete_topics(kafka, &names).await?;
+    }
+    Ok(names.len())
+}
+
+/// Deletes the topics of its prefix ([`delete_topics_with_prefix`]) when dropped, however the
+/// scope ends: a failed assertion unwinds through it too. How a test leaves the shared broker as
+/// it found it; without it every run of the suite left some 500 partitions behind, until the
+/// broker ran out of file descriptors.
+#[must_use = "the topics are deleted when this guard is dropped: bind it to a named variable"]
+pub struct DropTopics {
+    kafka: KafkaConfig,
+    prefix: String,
+}
+
+impl DropTopics {
+    /// A guard for the topics named `<prefix>…` (the prefix must not be empty).
+    pub fn with_prefix(kafka: &KafkaConfig, prefix: &str) -> Self {
+        DropTopics {
+            kafka: kafka.clone(),
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+impl Drop for DropTopics {
+    fn drop(&mut self) {
+        // Blocking is fine here: the admin request is driven by librdkafka's own threads, not by
+        // the caller's runtime, and a drop cannot report an error but by logging it.
+        if let Err(e) =
+            futures::executor::block_on(delete_topics_with_prefix(&self.kafka, &self.prefix))
+        {
+            tracing::warn!(prefix = %self.prefix, error = format!("{e:#}"), "topics not deleted");
+        }
+    }
 }
 
 /// Makes sure every topic of `topics` exists: the input must (or is created with
