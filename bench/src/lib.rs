@@ -10,6 +10,7 @@
 //!   transaction, and the latency from a tick's append to its row.
 //! - [`recovery`] (`recovery-bench`): a restart after SIGKILL of an instance holding a large
 //!   state: time to restore it from the changelog and to the first commit.
+//! - [`tail`]: pipeline-bench's latency reader, tailing the notifications read_committed.
 //! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
 //! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
 //!
@@ -21,3 +22,4 @@ pub mod producer;
 pub mod recovery;
 pub mod sink;
 pub mod stats;
+pub mod tail;
