@@ -24,6 +24,7 @@ fn topic_config(topic: &str, name: &str) -> String {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
     let prefix = common::prefix("topics");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
     let n = futures::executor::block_on(topics::ensure(&kafka(), &t, Some(5))).unwrap();
     assert_eq!(n, 5);
@@ -55,6 +56,7 @@ fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_changelog_with_another_partition_count_is_refused() {
     let prefix = common::prefix("misaligned");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
     futures::executor::block_on(create_topics(
         &kafka(),
@@ -86,6 +88,7 @@ fn a_changelog_with_another_partition_count_is_refused() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_missing_input_is_refused_when_no_partition_count_is_given() {
     let prefix = common::prefix("noinput");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
     let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
     assert!(format!("{err:#}").contains("is missing"), "{err:#}");
@@ -95,6 +98,7 @@ fn a_missing_input_is_refused_when_no_partition_count_is_given() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn the_dlq_is_created_with_the_retention_asked_for() {
     let prefix = common::prefix("retention");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics {
         dlq_retention: std::time::Duration::from_secs(3 * 24 * 3600),
         ..Topics::prefixed(&prefix, "app")
