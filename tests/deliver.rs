@@ -10,7 +10,7 @@ use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, http_get, kafka, records_with_headers, Pipeline};
 use price_alerts::kafka::feed::Feed;
 use price_alerts::kafka::read::count_records;
-use price_alerts::kafka::topics::{create_topics, DropTopics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, Cleanup, DropTopics, TopicSpec};
 use price_alerts::kafka::Isolation;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -50,7 +50,7 @@ impl Setup {
         let spec = TopicSpec {
             name: topic.clone(),
             partitions,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: None,
         };
         futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");

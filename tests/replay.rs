@@ -704,7 +704,7 @@ fn the_backlog_gauges_count_unhandled_dead_letters_until_replayed() {
     let spec = price_alerts::kafka::topics::TopicSpec {
         name: scratch.clone(),
         partitions: 1,
-        compacted: false,
+        cleanup: price_alerts::kafka::topics::Cleanup::Delete,
         retention: None,
     };
     futures::executor::block_on(price_alerts::kafka::topics::ensure_topic(&kafka(), &spec))

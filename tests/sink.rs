@@ -12,7 +12,7 @@ use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::read_topic_to_end;
-use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, Cleanup, TopicSpec};
 use price_alerts::kafka::Isolation;
 use price_alerts::metrics::scrape;
 use price_alerts::sink::options::{SslMode, TlsOptions};
@@ -82,7 +82,7 @@ fn create_topic(name: &str, partitions: i32) {
     let spec = TopicSpec {
         name: name.to_owned(),
         partitions,
-        compacted: false,
+        cleanup: Cleanup::Delete,
         retention: None,
     };
     futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");

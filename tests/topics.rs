@@ -3,7 +3,7 @@
 mod common;
 
 use common::kafka;
-use price_alerts::kafka::topics::{self, create_topics, TopicSpec, Topics};
+use price_alerts::kafka::topics::{self, create_topics, Cleanup, TopicSpec, Topics};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
@@ -18,6 +18,25 @@ fn topic_config(topic: &str, name: &str) -> String {
         .get(name)
         .and_then(|e| e.value.clone())
         .unwrap_or_default()
+}
+
+/// Creates `t`'s input and a changelog made beforehand: compacted, with the broker's segment
+/// settings.
+fn create_input_and_changelog(t: &Topics, input: i32, changelog: i32) {
+    let spec = |name: &str, partitions, cleanup| TopicSpec {
+        name: name.to_owned(),
+        partitions,
+        cleanup,
+        retention: None,
+    };
+    futures::executor::block_on(create_topics(
+        &kafka(),
+        &[
+            spec(&t.input, input, Cleanup::Delete),
+            spec(&t.changelog, changelog, Cleanup::Compact),
+        ],
+    ))
+    .unwrap();
 }
 
 #[test]
@@ -39,6 +58,14 @@ fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
         assert_eq!(parts, 5, "{name}");
     }
     assert_eq!(topic_config(&t.changelog, "cleanup.policy"), "compact");
+    // Segments small enough that the cleaner reaches recent state, so a restore reads about one
+    // record per symbol, not the history (the broker's 1 GiB / 7 days are never cleaned).
+    assert_eq!(topic_config(&t.changelog, "segment.ms"), "600000");
+    assert_eq!(topic_config(&t.changelog, "segment.bytes"), "16777216");
+    assert_eq!(
+        topic_config(&t.changelog, "min.cleanable.dirty.ratio"),
+        "0.1"
+    );
     assert_eq!(topic_config(&t.notifications, "cleanup.policy"), "delete");
     // Dead letters are raw payloads: kept two weeks by default, not at the broker's default.
     assert_eq!(
@@ -58,29 +85,50 @@ fn a_changelog_with_another_partition_count_is_refused() {
     let prefix = common::prefix("misaligned");
     let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
-    futures::executor::block_on(create_topics(
-        &kafka(),
-        &[
-            TopicSpec {
-                name: t.input.clone(),
-                partitions: 4,
-                compacted: false,
-                retention: None,
-            },
-            TopicSpec {
-                name: t.changelog.clone(),
-                partitions: 2,
-                compacted: true,
-                retention: None,
-            },
-        ],
-    ))
-    .unwrap();
+    create_input_and_changelog(&t, 4, 2);
     let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
     let msg = format!("{err:#}");
     assert!(
         msg.contains("has 2 partitions but input") && msg.contains("must match"),
         "{msg}"
+    );
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_existing_changelog_with_the_brokers_segments_is_reported_and_used_unaltered() {
+    let prefix = common::prefix("drift");
+    let _topics = common::drop_topics(&prefix);
+    let t = Topics::prefixed(&prefix, "app");
+    // As the processor created it before: compacted, the broker's segment settings.
+    create_input_and_changelog(&t, 2, 2);
+    let drift = futures::executor::block_on(price_alerts::kafka::changelog::changelog_drift(
+        &kafka(),
+        &t.changelog,
+    ))
+    .unwrap();
+    let settings: Vec<&str> = drift.iter().map(|d| d.setting).collect();
+    assert_eq!(
+        settings,
+        ["segment.ms", "segment.bytes", "min.cleanable.dirty.ratio"]
+    );
+    // Warned about, not refused and not altered.
+    assert_eq!(
+        futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap(),
+        2
+    );
+    assert_eq!(topic_config(&t.changelog, "segment.ms"), "604800000");
+
+    // A changelog the processor creates has nothing to report.
+    let fresh = Topics::prefixed(&format!("{prefix}fresh-"), "app");
+    futures::executor::block_on(topics::ensure(&kafka(), &fresh, Some(1))).unwrap();
+    assert_eq!(
+        futures::executor::block_on(price_alerts::kafka::changelog::changelog_drift(
+            &kafka(),
+            &fresh.changelog
+        ))
+        .unwrap(),
+        []
     );
 }
 

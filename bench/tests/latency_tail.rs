@@ -5,7 +5,7 @@
 
 use price_alerts::alert::{Direction, Notification, Source};
 use price_alerts::kafka::feed::Feed;
-use price_alerts::kafka::topics::{create_topics, unique_suffix, DropTopics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, unique_suffix, Cleanup, DropTopics, TopicSpec};
 use price_alerts::kafka::KafkaConfig;
 use price_alerts_bench::tail::LatencyTail;
 use rust_decimal::Decimal;
@@ -54,7 +54,7 @@ fn topic_with_history(test: &str, partitions: i32) -> (String, DropTopics) {
         &[TopicSpec {
             name: topic.clone(),
             partitions,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: None,
         }],
     ))
