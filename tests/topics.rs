@@ -154,3 +154,97 @@ fn the_dlq_is_created_with_the_retention_asked_for() {
     futures::executor::block_on(topics::ensure(&kafka(), &t, Some(1))).unwrap();
     assert_eq!(topic_config(&t.dlq, "retention.ms"), "259200000");
 }
+
+/// The settings at work: with the changelog's dirty ratio and a rolled segment, the cleaner
+/// leaves a restore about one record per symbol of what is outside the active segment, and the
+/// restored state is still the last one written. Time is compressed: 1 s segments instead of
+/// 10 min (the only change), so the test need not wait ten minutes for a roll. The broker's cleaner
+/// checks every 15 s (`log.cleaner.backoff.ms`), hence the bound of a minute and a half.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_restore_reads_about_one_record_per_symbol_once_the_cleaner_ran() {
+    use price_alerts::alert::SymbolState;
+    use price_alerts::kafka::read::{read_partitions_to_end, reader};
+    use rdkafka::admin::AlterConfig;
+    use std::time::{Duration, Instant};
+
+    let prefix = common::prefix("compaction");
+    let _topics = common::drop_topics(&prefix);
+    let t = Topics::prefixed(&prefix, "app");
+    futures::executor::block_on(topics::ensure(&kafka(), &t, Some(1))).unwrap();
+    // AlterConfigs replaces every config of the topic: the others are set again as created.
+    let created = |name: &str| topic_config(&t.changelog, name);
+    let (policy, bytes, ratio) = (
+        created("cleanup.policy"),
+        created("segment.bytes"),
+        created("min.cleanable.dirty.ratio"),
+    );
+    let admin: AdminClient<DefaultClientContext> = kafka().admin().create().unwrap();
+    let alter = AlterConfig::new(ResourceSpecifier::Topic(&t.changelog))
+        .set("cleanup.policy", &policy)
+        .set("segment.bytes", &bytes)
+        .set("min.cleanable.dirty.ratio", &ratio)
+        .set("segment.ms", "1000");
+    futures::executor::block_on(admin.alter_configs([&alter], &AdminOptions::new()))
+        .unwrap()
+        .into_iter()
+        .for_each(|r| {
+            r.unwrap();
+        });
+    assert_eq!(
+        topic_config(&t.changelog, "min.cleanable.dirty.ratio"),
+        "0.1"
+    );
+
+    // 20 symbols, 50 changes each, in 5 slices a segment apart.
+    let (symbols, rounds, slices) = (20u64, 50u64, 5u64);
+    let feed = price_alerts::kafka::feed::Feed::new(&kafka()).unwrap();
+    for slice in 0..slices {
+        let records: Vec<_> = (slice * rounds / slices..(slice + 1) * rounds / slices)
+            .flat_map(|round| {
+                (0..symbols).map(move |s| {
+                    let state = format!(r#"{{"price":"{round}","seq":{round}}}"#);
+                    (Some(format!("S{s}").into_bytes()), state.into_bytes())
+                })
+            })
+            .collect();
+        feed.send_raw(&t.changelog, &records).unwrap();
+        std::thread::sleep(Duration::from_millis(1200)); // input pacing: one segment per slice
+    }
+    let written = symbols * rounds;
+
+    let restore_reader = reader(&kafka(), price_alerts::kafka::Isolation::ReadCommitted).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let read = loop {
+        let mut last = std::collections::HashMap::new();
+        let n = read_partitions_to_end(
+            &restore_reader,
+            &t.changelog,
+            &[0],
+            Duration::from_secs(30),
+            |m| {
+                use rdkafka::Message;
+                let state: SymbolState = serde_json::from_slice(m.payload().unwrap()).unwrap();
+                last.insert(m.key().unwrap().to_vec(), state.seq);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(last.len() as u64, symbols);
+        assert!(
+            last.values().all(|&seq| seq == rounds - 1),
+            "the last state of every symbol survives: {last:?}"
+        );
+        // The last slice stays in the active segment, uncleaned; the others clean down to one
+        // record per symbol.
+        if n <= written / slices + symbols {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a restore still reads {n} of {written} records"
+        );
+        std::thread::sleep(Duration::from_secs(1)); // poll interval of the condition above
+    };
+    println!("a restore reads {read} records of the {written} written");
+}
