@@ -62,6 +62,8 @@
 #   KAFKA_HEAP_OPTS            broker heap options; default "-Xms512m -Xmx1g"
 #   KAFKA_JVM_OPTS             extra JVM options for the broker; default none
 #   KAFKA_TOOL_OPTS            extra JVM options for `tool`; default none
+#   KAFKA_NOFILE               open-file limit (ulimit -n) every broker started here gets; default
+#                              100000 (see raise_open_files)
 #   KAFKA_WIPE                 1: `down` deletes .kafka/data as with --wipe
 #   JAVA                       the java binary; default the `java` found on PATH (Java 17 or newer)
 #   MVN                        the Maven binary; default the `mvn` found on PATH (only needed while
@@ -89,6 +91,7 @@ KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}
 KAFKA_JVM_OPTS=${KAFKA_JVM_OPTS:-}
 KAFKA_TOOL_OPTS=${KAFKA_TOOL_OPTS:-}
+KAFKA_NOFILE=${KAFKA_NOFILE:-100000}
 KAFKA_WIPE=${KAFKA_WIPE:-0}
 KAFKA_BROKERS=${KAFKA_BROKERS:-1}
 JAVA=${JAVA:-java}
@@ -360,6 +363,26 @@ group.initial.rebalance.delay.ms=0
 EOF
 }
 
+# Raises this shell's open-file limit to KAFKA_NOFILE, for the broker it is about to exec. A
+# broker keeps a file open per log segment of every partition it hosts (plus sockets and its
+# jars), so this limit caps its partitions: with the 20000 it inherited here, it died with "Too
+# many open files" at about 15,000 partitions, which test runs that left their topics behind
+# reached in a day. Kafka's operations guide suggests at least 100000 as a starting point. The
+# hard limit can only be raised by root (CAP_SYS_RESOURCE); otherwise the soft limit goes up to
+# the hard one, with a warning.
+raise_open_files() {
+  local want=$KAFKA_NOFILE hard soft
+  hard=$(ulimit -Hn)
+  if [[ $hard != unlimited ]] && ((hard < want)); then
+    ulimit -Hn "$want" 2>/dev/null || want=$hard
+  fi
+  ulimit -Sn "$want" 2>/dev/null || true
+  soft=$(ulimit -Sn)
+  if [[ $soft != unlimited ]] && ((soft < KAFKA_NOFILE)); then
+    log "warning: the broker may open at most $soft files (KAFKA_NOFILE=$KAFKA_NOFILE): every log segment of every partition holds one open; raise the hard limit (ulimit -Hn, limits.conf, LimitNOFILE)"
+  fi
+}
+
 # Starts a broker JVM with PROPS in the background, its output to LOG (the previous one kept as
 # LOG.1), and prints its pid. Fails (with the log's tail) if it does not even start.
 launch_broker() { # PROPS LOG HEAP_OPTS
@@ -374,6 +397,7 @@ launch_broker() { # PROPS LOG HEAP_OPTS
   if command -v setsid >/dev/null 2>&1; then launcher=(setsid); fi
   (
     cd "$(dirname -- "$props")"
+    raise_open_files
     exec ${launcher[@]+"${launcher[@]}"} nohup "$JAVA" "${jvm[@]}" \
       -Dkafka.log.level=INFO -Dkafka.log.target=SYSTEM_OUT \
       -Dlog4j2.configurationFile="$LOG_CONF_DIR/log4j2.properties" \

@@ -10,7 +10,7 @@ use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, http_get, kafka, records_with_headers, Pipeline};
 use price_alerts::kafka::feed::Feed;
 use price_alerts::kafka::read::count_records;
-use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, Cleanup, DropTopics, TopicSpec};
 use price_alerts::kafka::Isolation;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -26,6 +26,8 @@ struct Setup {
     buckets: String,
     subscriptions: PathBuf,
     metrics_addr: String,
+    /// The topic, its buckets, DLQ and parking lot go when the setup does.
+    _topics: DropTopics,
 }
 
 impl Setup {
@@ -43,11 +45,12 @@ impl Setup {
         in_flight: usize,
     ) -> Self {
         let prefix = common::prefix(test);
+        let _topics = common::drop_topics(&prefix);
         let topic = format!("{prefix}notifications");
         let spec = TopicSpec {
             name: topic.clone(),
             partitions,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: None,
         };
         futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");
@@ -65,6 +68,7 @@ impl Setup {
             buckets: buckets.to_owned(),
             subscriptions,
             metrics_addr: free_addr(),
+            _topics,
         }
     }
 

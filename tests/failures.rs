@@ -290,7 +290,7 @@ fn an_unwritable_dlq_aborts_and_holds_the_offset_until_it_is_back() {
         &[topics::TopicSpec {
             name: dlq_topic.clone(),
             partitions: 1,
-            compacted: false,
+            cleanup: topics::Cleanup::Delete,
             retention: None,
         }],
     ))

@@ -35,6 +35,8 @@ struct Seeded {
     dlq: String,
     target: String,
     letters: Vec<Letter>,
+    /// The DLQ, its source topic and the replay ledger go when the seeding does.
+    _topics: price_alerts::kafka::topics::DropTopics,
 }
 
 impl Seeded {
@@ -42,6 +44,7 @@ impl Seeded {
     /// in that order, and its (empty) source topic.
     fn new(test: &str, partitions: i32, letters: &[(&'static str, i32)]) -> Seeded {
         let prefix = common::prefix(test);
+        let _topics = common::drop_topics(&prefix);
         let topics = price_alerts::kafka::topics::Topics::prefixed(&prefix, "app");
         futures::executor::block_on(price_alerts::kafka::topics::ensure(
             &kafka(),
@@ -110,6 +113,7 @@ impl Seeded {
             dlq: topics.dlq,
             target: topics.input,
             letters,
+            _topics,
         }
     }
 
@@ -700,7 +704,7 @@ fn the_backlog_gauges_count_unhandled_dead_letters_until_replayed() {
     let spec = price_alerts::kafka::topics::TopicSpec {
         name: scratch.clone(),
         partitions: 1,
-        compacted: false,
+        cleanup: price_alerts::kafka::topics::Cleanup::Delete,
         retention: None,
     };
     futures::executor::block_on(price_alerts::kafka::topics::ensure_topic(&kafka(), &spec))

@@ -44,7 +44,7 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
         &topics::TopicSpec {
             name: target.clone(),
             partitions: 1,
-            compacted: false,
+            cleanup: topics::Cleanup::Delete,
             retention: None,
         },
     ))

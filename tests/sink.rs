@@ -12,7 +12,7 @@ use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::read_topic_to_end;
-use price_alerts::kafka::topics::{create_topics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, Cleanup, TopicSpec};
 use price_alerts::kafka::Isolation;
 use price_alerts::metrics::scrape;
 use price_alerts::sink::options::{SslMode, TlsOptions};
@@ -82,7 +82,7 @@ fn create_topic(name: &str, partitions: i32) {
     let spec = TopicSpec {
         name: name.to_owned(),
         partitions,
-        compacted: false,
+        cleanup: Cleanup::Delete,
         retention: None,
     };
     futures::executor::block_on(create_topics(&kafka(), &[spec])).expect("creating the topic");
@@ -249,6 +249,7 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     let _cluster = shared_cluster();
     let input = notifications(50, 40_000, 21);
     let prefix = common::prefix("sink-kill");
+    let _topics = common::drop_topics(&prefix);
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_kill", &topic);
@@ -354,7 +355,9 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
         "this test stops the cluster of scripts/postgres.sh, so DATABASE_URL must be it"
     );
     let input = notifications(50, 40_000, 31);
-    let topic = format!("{}notifications", common::prefix("sink-outage"));
+    let prefix = common::prefix("sink-outage");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_outage", &topic);
     sink.extra = s(&[
@@ -424,7 +427,9 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
 fn two_instances_share_the_partitions_and_one_is_replaced() {
     let _cluster = shared_cluster();
     let input = notifications(50, 40_000, 41);
-    let topic = format!("{}notifications", common::prefix("sink-group"));
+    let prefix = common::prefix("sink-group");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_group", &topic);
     // A killed static member keeps its partitions until its session expires: keep it short.
@@ -468,7 +473,9 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
     let _cluster = shared_cluster();
     let good = notifications(3, 400, 51);
     assert!(good.len() >= 2);
-    let topic = format!("{}notifications", common::prefix("sink-dlq"));
+    let prefix = common::prefix("sink-dlq");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
     create_topic(&topic, 1);
     let sink = SinkRun::new("sink_dlq", &topic);
     let json = |n: &Notification| serde_json::to_string(n).unwrap();
@@ -669,7 +676,9 @@ fn stored_offsets_never_move_backwards_and_a_stale_batch_doubles_nothing() {
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn the_password_never_reaches_the_logs_or_the_help() {
     let _cluster = shared_cluster();
-    let topic = format!("{}notifications", common::prefix("sink-secret"));
+    let prefix = common::prefix("sink-secret");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
     create_topic(&topic, 1);
     let sink = SinkRun::new("sink_secret", &topic);
     let password = sink

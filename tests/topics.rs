@@ -3,7 +3,7 @@
 mod common;
 
 use common::kafka;
-use price_alerts::kafka::topics::{self, create_topics, TopicSpec, Topics};
+use price_alerts::kafka::topics::{self, create_topics, Cleanup, TopicSpec, Topics};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
@@ -20,10 +20,30 @@ fn topic_config(topic: &str, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Creates `t`'s input and a changelog made beforehand: compacted, with the broker's segment
+/// settings.
+fn create_input_and_changelog(t: &Topics, input: i32, changelog: i32) {
+    let spec = |name: &str, partitions, cleanup| TopicSpec {
+        name: name.to_owned(),
+        partitions,
+        cleanup,
+        retention: None,
+    };
+    futures::executor::block_on(create_topics(
+        &kafka(),
+        &[
+            spec(&t.input, input, Cleanup::Delete),
+            spec(&t.changelog, changelog, Cleanup::Compact),
+        ],
+    ))
+    .unwrap();
+}
+
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
     let prefix = common::prefix("topics");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
     let n = futures::executor::block_on(topics::ensure(&kafka(), &t, Some(5))).unwrap();
     assert_eq!(n, 5);
@@ -38,6 +58,14 @@ fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
         assert_eq!(parts, 5, "{name}");
     }
     assert_eq!(topic_config(&t.changelog, "cleanup.policy"), "compact");
+    // Segments small enough that the cleaner reaches recent state, so a restore reads about one
+    // record per symbol, not the history (the broker's 1 GiB / 7 days are never cleaned).
+    assert_eq!(topic_config(&t.changelog, "segment.ms"), "600000");
+    assert_eq!(topic_config(&t.changelog, "segment.bytes"), "16777216");
+    assert_eq!(
+        topic_config(&t.changelog, "min.cleanable.dirty.ratio"),
+        "0.1"
+    );
     assert_eq!(topic_config(&t.notifications, "cleanup.policy"), "delete");
     // Dead letters are raw payloads: kept two weeks by default, not at the broker's default.
     assert_eq!(
@@ -55,25 +83,9 @@ fn missing_topics_are_created_with_a_compacted_partition_aligned_changelog() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_changelog_with_another_partition_count_is_refused() {
     let prefix = common::prefix("misaligned");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
-    futures::executor::block_on(create_topics(
-        &kafka(),
-        &[
-            TopicSpec {
-                name: t.input.clone(),
-                partitions: 4,
-                compacted: false,
-                retention: None,
-            },
-            TopicSpec {
-                name: t.changelog.clone(),
-                partitions: 2,
-                compacted: true,
-                retention: None,
-            },
-        ],
-    ))
-    .unwrap();
+    create_input_and_changelog(&t, 4, 2);
     let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
     let msg = format!("{err:#}");
     assert!(
@@ -84,8 +96,47 @@ fn a_changelog_with_another_partition_count_is_refused() {
 
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_existing_changelog_with_the_brokers_segments_is_reported_and_used_unaltered() {
+    let prefix = common::prefix("drift");
+    let _topics = common::drop_topics(&prefix);
+    let t = Topics::prefixed(&prefix, "app");
+    // As the processor created it before: compacted, the broker's segment settings.
+    create_input_and_changelog(&t, 2, 2);
+    let drift = futures::executor::block_on(price_alerts::kafka::changelog::changelog_drift(
+        &kafka(),
+        &t.changelog,
+    ))
+    .unwrap();
+    let settings: Vec<&str> = drift.iter().map(|d| d.setting).collect();
+    assert_eq!(
+        settings,
+        ["segment.ms", "segment.bytes", "min.cleanable.dirty.ratio"]
+    );
+    // Warned about, not refused and not altered.
+    assert_eq!(
+        futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap(),
+        2
+    );
+    assert_eq!(topic_config(&t.changelog, "segment.ms"), "604800000");
+
+    // A changelog the processor creates has nothing to report.
+    let fresh = Topics::prefixed(&format!("{prefix}fresh-"), "app");
+    futures::executor::block_on(topics::ensure(&kafka(), &fresh, Some(1))).unwrap();
+    assert_eq!(
+        futures::executor::block_on(price_alerts::kafka::changelog::changelog_drift(
+            &kafka(),
+            &fresh.changelog
+        ))
+        .unwrap(),
+        []
+    );
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_missing_input_is_refused_when_no_partition_count_is_given() {
     let prefix = common::prefix("noinput");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics::prefixed(&prefix, "app");
     let err = futures::executor::block_on(topics::ensure(&kafka(), &t, None)).unwrap_err();
     assert!(format!("{err:#}").contains("is missing"), "{err:#}");
@@ -95,10 +146,105 @@ fn a_missing_input_is_refused_when_no_partition_count_is_given() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn the_dlq_is_created_with_the_retention_asked_for() {
     let prefix = common::prefix("retention");
+    let _topics = common::drop_topics(&prefix);
     let t = Topics {
         dlq_retention: std::time::Duration::from_secs(3 * 24 * 3600),
         ..Topics::prefixed(&prefix, "app")
     };
     futures::executor::block_on(topics::ensure(&kafka(), &t, Some(1))).unwrap();
     assert_eq!(topic_config(&t.dlq, "retention.ms"), "259200000");
+}
+
+/// The settings at work: with the changelog's dirty ratio and a rolled segment, the cleaner
+/// leaves a restore about one record per symbol of what is outside the active segment, and the
+/// restored state is still the last one written. Time is compressed: 1 s segments instead of
+/// 10 min (the only change), so the test need not wait ten minutes for a roll. The broker's cleaner
+/// checks every 15 s (`log.cleaner.backoff.ms`), hence the bound of a minute and a half.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_restore_reads_about_one_record_per_symbol_once_the_cleaner_ran() {
+    use price_alerts::alert::SymbolState;
+    use price_alerts::kafka::read::{read_partitions_to_end, reader};
+    use rdkafka::admin::AlterConfig;
+    use std::time::{Duration, Instant};
+
+    let prefix = common::prefix("compaction");
+    let _topics = common::drop_topics(&prefix);
+    let t = Topics::prefixed(&prefix, "app");
+    futures::executor::block_on(topics::ensure(&kafka(), &t, Some(1))).unwrap();
+    // AlterConfigs replaces every config of the topic: the others are set again as created.
+    let created = |name: &str| topic_config(&t.changelog, name);
+    let (policy, bytes, ratio) = (
+        created("cleanup.policy"),
+        created("segment.bytes"),
+        created("min.cleanable.dirty.ratio"),
+    );
+    let admin: AdminClient<DefaultClientContext> = kafka().admin().create().unwrap();
+    let alter = AlterConfig::new(ResourceSpecifier::Topic(&t.changelog))
+        .set("cleanup.policy", &policy)
+        .set("segment.bytes", &bytes)
+        .set("min.cleanable.dirty.ratio", &ratio)
+        .set("segment.ms", "1000");
+    futures::executor::block_on(admin.alter_configs([&alter], &AdminOptions::new()))
+        .unwrap()
+        .into_iter()
+        .for_each(|r| {
+            r.unwrap();
+        });
+    assert_eq!(
+        topic_config(&t.changelog, "min.cleanable.dirty.ratio"),
+        "0.1"
+    );
+
+    // 20 symbols, 50 changes each, in 5 slices a segment apart.
+    let (symbols, rounds, slices) = (20u64, 50u64, 5u64);
+    let feed = price_alerts::kafka::feed::Feed::new(&kafka()).unwrap();
+    for slice in 0..slices {
+        let records: Vec<_> = (slice * rounds / slices..(slice + 1) * rounds / slices)
+            .flat_map(|round| {
+                (0..symbols).map(move |s| {
+                    let state = format!(r#"{{"price":"{round}","seq":{round}}}"#);
+                    (Some(format!("S{s}").into_bytes()), state.into_bytes())
+                })
+            })
+            .collect();
+        feed.send_raw(&t.changelog, &records).unwrap();
+        std::thread::sleep(Duration::from_millis(1200)); // input pacing: one segment per slice
+    }
+    let written = symbols * rounds;
+
+    let restore_reader = reader(&kafka(), price_alerts::kafka::Isolation::ReadCommitted).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let read = loop {
+        let mut last = std::collections::HashMap::new();
+        let n = read_partitions_to_end(
+            &restore_reader,
+            &t.changelog,
+            &[0],
+            Duration::from_secs(30),
+            |m| {
+                use rdkafka::Message;
+                let state: SymbolState = serde_json::from_slice(m.payload().unwrap()).unwrap();
+                last.insert(m.key().unwrap().to_vec(), state.seq);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(last.len() as u64, symbols);
+        assert!(
+            last.values().all(|&seq| seq == rounds - 1),
+            "the last state of every symbol survives: {last:?}"
+        );
+        // The last slice stays in the active segment, uncleaned; the others clean down to one
+        // record per symbol.
+        if n <= written / slices + symbols {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a restore still reads {n} of {written} records"
+        );
+        std::thread::sleep(Duration::from_secs(1)); // poll interval of the condition above
+    };
+    println!("a restore reads {read} records of the {written} written");
 }

@@ -33,9 +33,12 @@ fn ticks(n: usize, price: i64, seq: u64) -> Vec<Tick> {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn demo_figures_five_versus_ten_then_ten_versus_fifteen() {
+    let prefix = common::prefix("demo");
+    // The demo deletes its topics when it succeeds; this, when it fails.
+    let _topics = common::drop_topics(&prefix);
     let report = demo::run(&DemoOptions {
         kafka: common::kafka(),
-        prefix: common::prefix("demo"),
+        prefix: prefix.clone(),
         partitions: 3,
         cleanup: true,
     })
@@ -68,6 +71,7 @@ fn demo_figures_five_versus_ten_then_ten_versus_fifteen() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn abort_only_shows_nothing_to_committed_readers_and_keeps_offsets() {
     let prefix = common::prefix("abort");
+    let _topics = common::drop_topics(&prefix);
     let s = common::settings(&prefix, rules(8));
     common::create_topics(&s, 2);
     let engine = Engine::start(s.clone()).unwrap();
@@ -109,6 +113,7 @@ fn abort_only_shows_nothing_to_committed_readers_and_keeps_offsets() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn commit_makes_outputs_state_and_offsets_visible_together() {
     let prefix = common::prefix("commit");
+    let _topics = common::drop_topics(&prefix);
     let s = common::settings(&prefix, rules(6));
     common::create_topics(&s, 3);
     let engine = Engine::start(s.clone()).unwrap();
@@ -161,6 +166,7 @@ fn commit_makes_outputs_state_and_offsets_visible_together() {
 fn access_check_does_not_wait_for_a_transaction_holding_the_groups_offsets() {
     use price_alerts::kafka::access::{check, Needs};
     let prefix = common::prefix("access-open");
+    let _topics = common::drop_topics(&prefix);
     let s = common::settings(&prefix, rules(3));
     common::create_topics(&s, 3);
     let engine = Engine::start(s.clone()).unwrap();

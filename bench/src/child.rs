@@ -3,14 +3,14 @@
 //! the fresh topics each run gets.
 
 use anyhow::{anyhow, bail};
-use price_alerts::kafka::topics::{self, unique_suffix, Topics};
+use price_alerts::kafka::topics::{self, unique_suffix, DropTopics, Topics};
 use price_alerts::kafka::KafkaConfig;
 use std::path::Path;
 use std::process::{Child, Command};
 
 /// Runs `run` with fresh topics (input, notifications and the app's own, named `<tag>-<random>-…`)
-/// of `partitions` partitions, and the app id they belong to; deletes them afterwards, whatever
-/// `run` returned.
+/// of `partitions` partitions, and the app id they belong to; deletes every topic of that prefix
+/// afterwards, whatever `run` returned, also if it panicked.
 pub fn with_fresh_topics<T>(
     kafka: &KafkaConfig,
     tag: &str,
@@ -24,10 +24,9 @@ pub fn with_fresh_topics<T>(
         format!("{prefix}notifications"),
         &app_id,
     );
+    let _topics = DropTopics::with_prefix(kafka, &prefix);
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(partitions)))?;
-    let result = run(&app_id, &topics);
-    let _ = futures::executor::block_on(topics::delete_topics(kafka, &topics.names()));
-    result
+    run(&app_id, &topics)
 }
 
 /// The child process, killed if the run fails half-way.

@@ -12,6 +12,7 @@
 //! - [`recovery`] (`recovery-bench`): a restart after SIGKILL of an instance holding a large
 //!   state: time to restore it from the changelog and to the first commit.
 //! - [`plot`]: the font and colours of the PNG plots.
+//! - [`tail`]: pipeline-bench's latency reader, tailing the notifications read_committed.
 //! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
 //! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
 //!
@@ -24,3 +25,4 @@ pub mod producer;
 pub mod recovery;
 pub mod sink;
 pub mod stats;
+pub mod tail;

@@ -23,7 +23,9 @@ use price_alerts::alert::Notification;
 use price_alerts::kafka::feed::Feed;
 use price_alerts::kafka::offsets::position_list;
 use price_alerts::kafka::read::reader;
-use price_alerts::kafka::topics::{create_topics, delete_topics, unique_suffix, TopicSpec};
+use price_alerts::kafka::topics::{
+    create_topics, delete_topics, unique_suffix, Cleanup, TopicSpec,
+};
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::metrics::scrape;
 use price_alerts::tools::generate::{generate, GenOptions};
@@ -323,7 +325,7 @@ fn throughput(opts: &Options, rows: usize, extra: &[&str], repeat: usize) -> any
     let spec = TopicSpec {
         name: topic.clone(),
         partitions: opts.partitions,
-        compacted: false,
+        cleanup: Cleanup::Delete,
         retention: None,
     };
     futures::executor::block_on(create_topics(&opts.kafka, &[spec]))?;

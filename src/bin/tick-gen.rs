@@ -6,7 +6,7 @@ use price_alerts::cli::main_of;
 use price_alerts::cli::tickgen::TickGenArgs;
 use price_alerts::kafka::access::{check, Needs};
 use price_alerts::kafka::feed::Feed;
-use price_alerts::kafka::topics::{ensure_topic, TopicSpec};
+use price_alerts::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use price_alerts::tools::generate::{generate, GenOptions};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -45,7 +45,7 @@ fn run() -> anyhow::Result<()> {
         &TopicSpec {
             name: cli.topic.clone(),
             partitions: cli.partitions,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: None,
         },
     ))?;

@@ -31,7 +31,7 @@ use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::logging::Logged;
 use crate::kafka::offsets::positions_list;
-use crate::kafka::topics::{ensure_topic, TopicSpec};
+use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use crate::pipeline::producer::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
 use anyhow::{anyhow, bail, Context as _};
@@ -160,7 +160,7 @@ async fn create_topics(opts: &DeliverOptions) -> anyhow::Result<i32> {
         let spec = TopicSpec {
             name,
             partitions,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: Some(opts.retention),
         };
         ensure_topic(kafka, &spec).await?;

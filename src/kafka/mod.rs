@@ -8,7 +8,10 @@
 //! - [`access`]: the start-up authorisation check: the rights each binary needs, named when
 //!   missing ("Write on Topic notifications").
 //! - [`logging`]: librdkafka's own lines and events through tracing, rate-limited.
-//! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned).
+//! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned);
+//!   deleting them again (tests, benchmarks).
+//! - [`changelog`]: the changelog's segment and cleaner settings, so that a restore reads about
+//!   one record per symbol, and the check of an existing changelog against them.
 //! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
 //! - [`read`]: standalone readers that read partitions to their end, counting records (never
 //!   subtracting offsets: transaction markers occupy offsets).
@@ -16,6 +19,7 @@
 //!   each record landed.
 
 pub mod access;
+pub mod changelog;
 pub mod config;
 pub mod connect;
 pub mod feed;

@@ -10,15 +10,25 @@
 //! deployment's own): its records are raw payloads that failed, kept long enough to be inspected
 //! and replayed, not for ever, and not at whatever the broker's default happens to be. An existing
 //! topic is never altered.
+//! The changelog is created with small segments and an eager cleaner, so that a restore reads
+//! about one record per symbol; [`super::changelog`] says why and checks an existing changelog.
+//!
+//! Tests and benchmarks delete what they created ([`delete_topics`], and by their fresh prefix
+//! with [`delete_topics_with_prefix`] or the [`DropTopics`] guard): the broker is shared, and every
+//! partition left behind holds open files on it.
 
+use super::changelog::{
+    self, STATE_MIN_CLEANABLE_DIRTY_RATIO, STATE_SEGMENT_BYTES, STATE_SEGMENT_MS,
+};
 use super::config::KafkaConfig;
 use super::logging::Logged;
 use super::read::{partition_count, partition_count_if_exists};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::BaseConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
 use std::time::Duration;
+use tracing::warn;
 
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -92,12 +102,44 @@ pub fn unique_suffix() -> String {
     format!("{n:08x}")
 }
 
+/// What the broker does with a topic's old records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleanup {
+    /// `cleanup.policy=delete`: kept for the spec's `retention` (or the broker's default).
+    Delete,
+    /// `cleanup.policy=compact` with the broker's segment settings: for a topic whose keys are
+    /// never written twice (the replay ledger), where small segments would buy nothing.
+    Compact,
+    /// `cleanup.policy=compact` for state that is read whole on every restore (the changelog):
+    /// small segments and an eager cleaner, see the module doc.
+    CompactedState,
+}
+
+impl Cleanup {
+    /// The topic configs this cleanup stands for.
+    pub(super) fn configs(self) -> Vec<(&'static str, String)> {
+        match self {
+            Cleanup::Delete => Vec::new(),
+            Cleanup::Compact => vec![("cleanup.policy", "compact".to_owned())],
+            Cleanup::CompactedState => vec![
+                ("cleanup.policy", "compact".to_owned()),
+                ("segment.ms", STATE_SEGMENT_MS.as_millis().to_string()),
+                ("segment.bytes", STATE_SEGMENT_BYTES.to_string()),
+                (
+                    "min.cleanable.dirty.ratio",
+                    STATE_MIN_CLEANABLE_DIRTY_RATIO.to_string(),
+                ),
+            ],
+        }
+    }
+}
+
 /// A topic to create if missing.
 #[derive(Debug, Clone)]
 pub struct TopicSpec {
     pub name: String,
     pub partitions: i32,
-    pub compacted: bool,
+    pub cleanup: Cleanup,
     /// `retention.ms`; `None`: the broker's default.
     pub retention: Option<Duration>,
 }
@@ -108,23 +150,25 @@ pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::
         .admin()
         .create_with_context(Logged)
         .context("creating an admin client")?;
-    // NewTopic borrows its config values: the retention strings live here, beside it.
-    let retention: Vec<Option<String>> = specs
+    // NewTopic borrows its config values: the strings live here, beside it.
+    let configs: Vec<Vec<(&str, String)>> = specs
         .iter()
-        .map(|s| s.retention.map(|r| r.as_millis().to_string()))
+        .map(|s| {
+            let mut c = s.cleanup.configs();
+            if let Some(r) = s.retention {
+                c.push(("retention.ms", r.as_millis().to_string()));
+            }
+            c
+        })
         .collect();
     let new: Vec<NewTopic<'_>> = specs
         .iter()
-        .zip(&retention)
-        .map(|(s, retention_ms)| {
-            let mut t = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(-1));
-            if s.compacted {
-                t = t.set("cleanup.policy", "compact");
-            }
-            if let Some(ms) = retention_ms {
-                t = t.set("retention.ms", ms);
-            }
-            t
+        .zip(&configs)
+        .map(|(s, configs)| {
+            configs.iter().fold(
+                NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(-1)),
+                |t, (k, v)| t.set(k, v),
+            )
         })
         .collect();
     let results = admin
@@ -168,6 +212,65 @@ pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> anyhow::Resul
     Ok(())
 }
 
+/// Deletes every topic whose name starts with `prefix`; returns how many there were. For tests and
+/// benchmarks, whose names carry a fresh random prefix: the prefix also catches the topics their
+/// child processes created (a changelog, a DLQ, retry buckets, a replay ledger). An empty prefix
+/// is refused: it would name every topic of the cluster.
+pub async fn delete_topics_with_prefix(kafka: &KafkaConfig, prefix: &str) -> anyhow::Result<usize> {
+    if prefix.is_empty() {
+        bail!("refusing to delete topics by an empty prefix: that is every topic");
+    }
+    let probe: BaseConsumer<Logged> = kafka
+        .admin()
+        .create_with_context(Logged)
+        .context("creating a metadata client")?;
+    let metadata = probe
+        .fetch_metadata(None, ADMIN_TIMEOUT)
+        .context("listing topics")?;
+    let names: Vec<&str> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    if !names.is_empty() {
+        delete_topics(kafka, &names).await?;
+    }
+    Ok(names.len())
+}
+
+/// Deletes the topics of its prefix ([`delete_topics_with_prefix`]) when dropped, however the
+/// scope ends: a failed assertion unwinds through it too. How a test leaves the shared broker as
+/// it found it; without it every run of the suite left some 500 partitions behind, until the
+/// broker ran out of file descriptors.
+#[must_use = "the topics are deleted when this guard is dropped: bind it to a named variable"]
+pub struct DropTopics {
+    kafka: KafkaConfig,
+    prefix: String,
+}
+
+impl DropTopics {
+    /// A guard for the topics named `<prefix>…` (the prefix must not be empty).
+    pub fn with_prefix(kafka: &KafkaConfig, prefix: &str) -> Self {
+        DropTopics {
+            kafka: kafka.clone(),
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+impl Drop for DropTopics {
+    fn drop(&mut self) {
+        // Blocking is fine here: the admin request is driven by librdkafka's own threads, not by
+        // the caller's runtime, and a drop cannot report an error but by logging it.
+        if let Err(e) =
+            futures::executor::block_on(delete_topics_with_prefix(&self.kafka, &self.prefix))
+        {
+            warn!(prefix = %self.prefix, error = format!("{e:#}"), "topics not deleted");
+        }
+    }
+}
+
 /// Makes sure every topic of `topics` exists: the input must (or is created with
 /// `input_partitions` when given), the others are created to match it. Returns the input's
 /// partition count.
@@ -191,7 +294,7 @@ pub async fn ensure(
                 &[TopicSpec {
                     name: topics.input.clone(),
                     partitions: n,
-                    compacted: false,
+                    cleanup: Cleanup::Delete,
                     retention: None,
                 }],
             )
@@ -203,19 +306,19 @@ pub async fn ensure(
         TopicSpec {
             name: topics.notifications.clone(),
             partitions: input,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: None,
         },
         TopicSpec {
             name: topics.changelog.clone(),
             partitions: input,
-            compacted: true,
+            cleanup: Cleanup::CompactedState,
             retention: None,
         },
         TopicSpec {
             name: topics.dlq.clone(),
             partitions: input,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: Some(topics.dlq_retention),
         },
     ];
@@ -227,6 +330,9 @@ pub async fn ensure(
     }
     if !missing.is_empty() {
         create_topics(kafka, &missing).await?;
+    }
+    if !missing.iter().any(|s| s.name == topics.changelog) {
+        changelog::warn_of_drift(kafka, &topics.changelog).await;
     }
     let changelog = wait_for_partitions(&probe, &topics.changelog)?;
     if changelog != input {

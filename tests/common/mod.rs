@@ -6,7 +6,7 @@ pub mod secure;
 pub mod webhook;
 
 use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
-use price_alerts::kafka::topics::{self, Topics};
+use price_alerts::kafka::topics::{self, DropTopics, Topics};
 use price_alerts::pipeline::EngineSettings;
 use price_alerts::rules::Rules;
 use price_alerts::tick::DEFAULT_MAX_TICK_BYTES;
@@ -23,6 +23,14 @@ pub fn kafka() -> KafkaConfig {
 /// A fresh prefix, so tests never share topics, groups or transactional ids.
 pub fn prefix(test: &str) -> String {
     format!("t-{test}-{}-", price_alerts::kafka::topics::unique_suffix())
+}
+
+/// Deletes the topics named `<prefix>…` when dropped, however the test ends, those that child
+/// processes created included. Bind it to a named variable (`let _topics = …`; `let _ = …` drops
+/// it at once) declared before the pipelines that write to the topics, so that it drops after
+/// them: a producer still running could otherwise create a deleted topic again.
+pub fn drop_topics(prefix: &str) -> DropTopics {
+    DropTopics::with_prefix(&kafka(), prefix)
 }
 
 /// Settings of one engine instance on fresh topics.
@@ -88,6 +96,8 @@ pub struct Run {
     /// open transaction for its timeout and fenced the instance, which stops by design. The tests
     /// restart after SIGKILL with the same id, so the timeout never delays them otherwise.
     pub transaction_timeout: &'static str,
+    /// The run's topics go when the run does (see [`drop_topics`]); last, so dropped last.
+    _topics: DropTopics,
 }
 
 impl Run {
@@ -99,6 +109,7 @@ impl Run {
         let rules_path = dir.join("rules.toml");
         std::fs::write(&rules_path, rules.to_toml()).expect("writing rules");
         Run {
+            _topics: drop_topics(&prefix),
             app_id: format!("{prefix}app"),
             input: format!("{prefix}market-updates"),
             output: format!("{prefix}notifications"),

@@ -5,7 +5,7 @@
 use price_alerts::kafka::feed::{produce_ticks, Landed};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::secrets::read_config_file;
-use price_alerts::kafka::topics::{self, Topics};
+use price_alerts::kafka::topics::{self, DropTopics, Topics};
 use price_alerts::kafka::KafkaConfig;
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
@@ -132,6 +132,8 @@ pub struct Deployment {
     pub output: String,
     pub rules: Rules,
     pub rules_path: PathBuf,
+    /// The deployment's topics go when it does, deleted by the super-user who created them.
+    _topics: DropTopics,
 }
 
 impl Deployment {
@@ -144,6 +146,7 @@ impl Deployment {
         let rules_path = dir.join("rules.toml");
         std::fs::write(&rules_path, rules.to_toml()).expect("writing rules");
         let d = Deployment {
+            _topics: DropTopics::with_prefix(&s.kafka("admin"), &prefix),
             app: format!("{prefix}app"),
             input: format!("{prefix}market-updates"),
             output: format!("{prefix}notifications"),

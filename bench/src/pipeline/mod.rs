@@ -6,10 +6,11 @@
 //!    pipeline is ready to consume (its metrics endpoint reports every partition restored), so
 //!    process start-up and group join are not counted, and stops when the group's committed
 //!    offsets reach the end of the backlog: a long commit interval pays for its last commit.
-//! 2. **Latency.** With the backlog done, L more ticks are appended at a steady rate while a
-//!    read_committed consumer tails `notifications`; a notification's latency is the time it
-//!    became visible to that consumer minus the append time of its tick (the record timestamp,
-//!    carried in `tick_ts`). That is what a downstream reader waits: batching plus commit.
+//! 2. **Latency.** With the backlog done, a read_committed consumer ([`crate::tail`]) is placed
+//!    at the end of `notifications`, and only then are L more ticks appended at a steady rate; a
+//!    notification's latency is the time it became visible to that consumer minus the append
+//!    time of its tick (the record timestamp, carried in `tick_ts`). That is what a downstream
+//!    reader waits: batching plus commit.
 //! 3. **Memory.** Peak RSS of the child (`VmHWM`) before it is stopped with SIGTERM, and the
 //!    peak of the processing alone: the high-water mark is read and reset when the pipeline is
 //!    ready, so start-up (the rules file, the restore) and processing are told apart.
@@ -22,25 +23,17 @@ pub mod plot;
 
 use crate::child::{free_port, path_str, with_fresh_topics, ChildGuard};
 use crate::stats::{median, percentile};
-use anyhow::{anyhow, bail, Context as _};
-use price_alerts::alert::Notification;
+use crate::tail::LatencyTail;
+use anyhow::{bail, Context as _};
 use price_alerts::kafka::feed::{next_offsets, Feed};
 use price_alerts::kafka::offsets::committed_offsets;
-use price_alerts::kafka::read::{reader, Reader};
 use price_alerts::kafka::topics::Topics;
-use price_alerts::kafka::{Isolation, KafkaConfig};
+use price_alerts::kafka::KafkaConfig;
 use price_alerts::tools::generate::{generate, GenOptions};
-use rdkafka::consumer::Consumer;
-use rdkafka::error::KafkaError;
-use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use time::format_description::well_known::Rfc3339;
-use time::OffsetDateTime;
+use std::time::{Duration, Instant};
 
 /// One configuration of the pipeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -384,16 +377,7 @@ fn measure(
     };
 
     // Latency: paced ticks while a read_committed consumer tails the notifications.
-    let stop = Arc::new(AtomicBool::new(false));
-    let tail = {
-        let (kafka, topic, partitions, stop) = (
-            kafka.clone(),
-            topics.notifications.clone(),
-            opts.partitions,
-            stop.clone(),
-        );
-        std::thread::spawn(move || tail_latencies(&kafka, &topic, partitions, &stop))
-    };
+    let tail = LatencyTail::start(kafka, &topics.notifications, opts.partitions)?;
     let slices = PACED_SLICES_PER_SEC;
     let per_slice = (opts.latency_rate / slices).max(1);
     let commits_before = commit_totals(&metrics_addr);
@@ -435,10 +419,7 @@ fn measure(
             count - fast,
         )
     };
-    stop.store(true, Ordering::Relaxed);
-    let latencies = tail
-        .join()
-        .map_err(|_| anyhow!("latency reader panicked"))??;
+    let latencies = tail.finish()?;
 
     let processing_peak_rss_mib = child.peak_rss_mib();
     let peak_rss_mib = startup_peak_rss_mib.max(processing_peak_rss_mib);
@@ -488,65 +469,6 @@ fn commit_totals(metrics_addr: &str) -> CommitTotals {
         sum: scrape(format!("{name}_sum")),
         within_100ms: scrape(format!("{name}_bucket{{le=\"0.1\"}}")),
     }
-}
-
-/// Tails `topic` read_committed from its current end until `stop` is set and every partition is
-/// at its end; returns the latency of each notification in milliseconds.
-fn tail_latencies(
-    kafka: &KafkaConfig,
-    topic: &str,
-    partitions: i32,
-    stop: &AtomicBool,
-) -> anyhow::Result<Vec<f64>> {
-    let consumer = reader(kafka, Isolation::ReadCommitted)?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::End)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut latencies = Vec::new();
-    loop {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let seen = now_ms();
-                let n: Notification = serde_json::from_slice(m.payload().unwrap_or_default())?;
-                let appended = OffsetDateTime::parse(&n.tick_ts, &Rfc3339)?.unix_timestamp_nanos()
-                    as f64
-                    / 1e6;
-                latencies.push(seen - appended);
-            }
-            Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                // Done once told to stop and every partition's position is at its end (all output
-                // is committed by then, so the end is the high watermark).
-                if stop.load(Ordering::Relaxed) && caught_up(&consumer, topic, partitions)? {
-                    return Ok(latencies);
-                }
-            }
-            Some(Err(e)) => return Err(e.into()),
-        }
-    }
-}
-
-fn caught_up(consumer: &Reader, topic: &str, partitions: i32) -> anyhow::Result<bool> {
-    let positions = consumer.position()?;
-    for p in 0..partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        let at = match positions.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => o,
-            _ => return Ok(high == 0),
-        };
-        if at < high {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1000.0)
-        .unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use mode::Mode;
 use options::{BenchOptions, Workload};
-use price_alerts::kafka::topics::{create_topics, delete_topics, TopicSpec};
+use price_alerts::kafka::topics::{create_topics, delete_topics, Cleanup, TopicSpec};
 use price_alerts::kafka::{connect, KafkaConfig};
 use report::{summarize, BenchReport, Machine, Settings};
 use runner::{run_once, RunResult, RunSpec};
@@ -116,7 +116,7 @@ pub fn run(opts: &BenchOptions, stop: &AtomicBool) -> anyhow::Result<BenchReport
         .map(|r| TopicSpec {
             name: r.topic.clone(),
             partitions: opts.partitions,
-            compacted: false,
+            cleanup: Cleanup::Delete,
             retention: None,
         })
         .collect();

@@ -22,7 +22,7 @@
 use crate::kafka::read::{
     partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT,
 };
-use crate::kafka::topics::{ensure_topic, TopicSpec};
+use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use crate::kafka::{Isolation, KafkaConfig};
 use crate::pipeline::producer::TxnProducer;
 use anyhow::Context as _;
@@ -127,7 +127,7 @@ pub fn ensure(kafka: &KafkaConfig, dlq: &str) -> anyhow::Result<()> {
     let spec = TopicSpec {
         name: topic(dlq),
         partitions: 1,
-        compacted: true,
+        cleanup: Cleanup::Compact,
         retention: None,
     };
     futures::executor::block_on(ensure_topic(kafka, &spec))
