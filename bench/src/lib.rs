@@ -26,3 +26,17 @@ pub mod recovery;
 pub mod sink;
 pub mod stats;
 pub mod tail;
+
+/// Writes a benchmark's `results.json` (what it measured, pretty-printed) and `results.md` (its
+/// table) into `dir`, creating it.
+pub fn write_results(
+    dir: &std::path::Path,
+    json: &impl serde::Serialize,
+    table: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(json)?)?;
+    std::fs::write(dir.join("results.md"), table)?;
+    Ok(())
+}

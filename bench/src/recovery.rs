@@ -219,12 +219,7 @@ pub fn write_outputs(
 ) -> anyhow::Result<String> {
     let summary = summarize(binaries, results);
     let table = table(&summary);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(
-        dir.join("results.json"),
-        serde_json::to_vec_pretty(&(&summary, results))?,
-    )?;
-    std::fs::write(dir.join("results.md"), &table)?;
+    crate::write_results(dir, &(&summary, results), &table)?;
     Ok(table)
 }
 

@@ -79,12 +79,7 @@ fn run() -> anyhow::Result<()> {
     })?;
     let summary = sink_bench::summarize(&results);
     let table = sink_bench::table(&summary, &opts);
-    std::fs::create_dir_all(&cli.out)?;
-    std::fs::write(
-        cli.out.join("results.json"),
-        serde_json::to_vec_pretty(&(&summary, &results))?,
-    )?;
-    std::fs::write(cli.out.join("results.md"), &table)?;
+    price_alerts_bench::write_results(&cli.out, &(&summary, &results), &table)?;
     println!("{table}");
     Ok(())
 }
