@@ -3,10 +3,10 @@
 //!
 //! The loop commits a batch once it is `commit_interval` old or `max_batch` records big. Counting
 //! from the open would make a tick that arrives while the previous batch commits wait for that
-//! commit, then for a whole interval, then for its own commit: at a steady 1,000 ticks/s and a
-//! 100 ms interval that was a p99 of about 175 ms instead of the interval plus one commit. So the
-//! clock starts at the arrival of the batch's oldest record (its record timestamp, mapped onto the
-//! monotonic clock), clamped on both sides:
+//! commit, then for a whole interval, then for its own commit: two commits and an interval, where
+//! one of each would do (bench/RESULTS.md section 11.1 has the measurements). So the clock
+//! starts at the arrival of the batch's oldest record (its record timestamp, mapped onto the
+//! monotonic clock), clamped:
 //! - never before the previous commit began: records of a backlog, or of a partition just
 //!   assigned, are old, and their age says nothing about how long this batch has been waiting;
 //!   with no previous commit (start, after an abort) it counts from the open;
