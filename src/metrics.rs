@@ -265,7 +265,10 @@ alerts_dead_lettered_total{class=\"too_large\"} 3
     fn a_name_sums_every_series_of_the_metric_and_labels_pick_one() {
         assert_eq!(sum_of(BODY, "alerts_commit_seconds_count"), 10.0);
         assert_eq!(sum_of(BODY, "alerts_dead_lettered_total"), 5.0);
-        assert_eq!(sum_of(BODY, "alerts_commit_seconds_bucket{le=\"0.1\"}"), 9.0);
+        assert_eq!(
+            sum_of(BODY, "alerts_commit_seconds_bucket{le=\"0.1\"}"),
+            9.0
+        );
         assert_eq!(sum_of(BODY, "alerts_commit_seconds"), 0.0);
         assert_eq!(sum_of(BODY, "alerts_missing_total"), 0.0);
     }
