@@ -122,9 +122,11 @@ pub(super) struct OpenTxn {
 
 impl OpenTxn {
     fn new() -> Self {
+        // Its records lower the oldest arrival; none can be later than the open.
+        let now = Instant::now();
         OpenTxn {
-            started: Instant::now(),
-            oldest_arrival: Instant::now(),
+            started: now,
+            oldest_arrival: now,
             records: 0,
             counts: BatchCounts::default(),
             offsets: BTreeMap::new(),
