@@ -13,6 +13,8 @@
 //! - [`changelog`]: the changelog's segment and cleaner settings, so that a restore reads about
 //!   one record per symbol, and the check of an existing changelog against them.
 //! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
+//! - [`pause`]: the one owner of a consumer's paused partitions, which sets librdkafka's pause
+//!   flag again on every assign (the flag outlives an unassign).
 //! - [`read`]: standalone readers that read partitions to their end, counting records (never
 //!   subtracting offsets: transaction markers occupy offsets).
 //! - [`feed`]: the upstream tick feed: an idempotent producer that loads input and says where
@@ -25,6 +27,7 @@ pub mod connect;
 pub mod feed;
 pub mod logging;
 pub mod offsets;
+pub mod pause;
 pub mod read;
 pub mod secrets;
 pub mod topics;
