@@ -44,7 +44,10 @@
 //! "Forgotten" is the row of issue 19's defect: librdkafka keeps its application pause flag
 //! across an unassign, so a partition revoked during an outage came back after it still paused
 //! and was never read again. [`Pauses`] sets the flag on every assign, either way.
-
+//!
+//! The batch's age (`batch_since`) is set exactly while the batch holds a record, whichever row
+//! empties it: a stale age would make every poll a 1 ms one and keep `--exit-when-idle` from ever
+//! firing.
 //!
 //! Everything here runs on the consumer's thread: the rebalance callback runs inside `poll`, so the
 //! mutex around [`State`] is never contended; it exists because the callback reaches the state
@@ -229,7 +232,7 @@ impl State {
     /// longer unsynced, and what was read of them from the committed offsets out of the batch.
     fn take_unsynced(&mut self) -> Vec<i32> {
         let unsynced: Vec<i32> = std::mem::take(&mut self.unsynced).into_iter().collect();
-        self.batch.drop_partitions(&unsynced);
+        self.drop_records(&unsynced);
         unsynced
     }
 
@@ -874,6 +877,20 @@ mod tests {
         assert_eq!(written.next_offsets, BTreeMap::from([(0, 8)]));
         assert!(flags.set().is_empty() && paused(&st).is_empty());
         assert!(st.batch_since.is_none());
+    }
+
+    #[test]
+    fn an_outage_whose_batch_held_only_unsynced_records_leaves_no_batch_age() {
+        let (flags, mut st) = (Flags::default(), state());
+        outage(&mut st, &flags);
+        st.assigned(&flags, &[1]).unwrap();
+        record(&mut st, 1, 3);
+        st.take_unsynced();
+        assert_eq!(st.batch.records(), 0);
+        assert!(
+            st.batch_since.is_none(),
+            "an empty batch with an age: every poll 1 ms, never idle"
+        );
     }
 
     #[test]
