@@ -476,7 +476,8 @@ fn two_instances_share_the_partitions_and_one_is_replaced() {
     assert_stored_exactly(&sink.db, &input);
 }
 
-/// Sends SIGCONT to a child when dropped: a failing test never leaves a frozen process behind.
+/// Sends SIGCONT to a child when dropped: a failing test never leaves a frozen process behind
+/// (declared after the child, so it thaws it before the child's own guard kills it).
 struct Thaw(u32);
 
 impl Drop for Thaw {
@@ -550,7 +551,6 @@ fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
     let ends = produce("before the outage");
     let (a, a_addr) = spawn("0");
     let (b, b_addr) = spawn("1");
-    let _thaw = Thaw(a.child.id());
     wait_metrics("both instances own partitions", || {
         let (na, nb) = (owned(&a_addr), owned(&b_addr));
         na > 0.0 && nb > 0.0 && na + nb == 6.0
@@ -563,11 +563,12 @@ fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
         in_outage(&a_addr) && in_outage(&b_addr)
     });
     // 2. A is frozen until it is expelled: B takes every partition, paused.
+    let thaw = Thaw(a.child.id());
     a.signal("STOP");
     wait_metrics("B owns every partition", || owned(&b_addr) == 6.0);
     assert!(in_outage(&b_addr));
     // 3. A thaws and rejoins: it takes back partitions that B holds paused.
-    a.signal("CONT");
+    drop(thaw);
     wait_metrics("A took partitions back from B", || {
         let (na, nb) = (owned(&a_addr), owned(&b_addr));
         nb < 6.0 && na + nb == 6.0
