@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::postgres::{admin_url, free_port, options, state_dir, SinkRun, TestDb};
+use common::postgres::{admin_url, free_port, options, state_dir, Relay, SinkRun, TestDb};
 use common::{kafka, load_slowly, Run};
 use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
@@ -95,10 +95,21 @@ fn assert_stored_exactly(db: &TestDb, expected: &[Notification]) {
     assert_eq!(want.len(), expected.len(), "the input has no duplicate ids");
     let got = db.ids();
     let got_set: BTreeSet<&str> = got.iter().map(String::as_str).collect();
-    let missing: Vec<_> = want.difference(&got_set).take(5).collect();
-    let unexpected: Vec<_> = got_set.difference(&want).take(5).collect();
-    assert!(missing.is_empty(), "missing rows: {missing:?}");
-    assert!(unexpected.is_empty(), "unexpected rows: {unexpected:?}");
+    let missing: Vec<_> = want.difference(&got_set).collect();
+    let unexpected: Vec<_> = got_set.difference(&want).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} rows missing, e.g. {:?}",
+        missing.len(),
+        want.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(
+        unexpected.is_empty(),
+        "{} unexpected rows, e.g. {:?}",
+        unexpected.len(),
+        &unexpected[..unexpected.len().min(5)]
+    );
     assert_eq!(
         db.count("alerts"),
         expected.len() as i64,
@@ -462,6 +473,125 @@ fn two_instances_share_the_partitions_and_one_is_replaced() {
     c.signal("TERM");
     assert!(a.wait(EXIT).success());
     assert!(c.wait(EXIT).success());
+    assert_stored_exactly(&sink.db, &input);
+}
+
+/// Sends SIGCONT to a child when dropped: a failing test never leaves a frozen process behind
+/// (declared after the child, so it thaws it before the child's own guard kills it).
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// Polls the metrics of instances until `done` holds of them, at most `CAUGHT_UP`.
+fn wait_metrics(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + CAUGHT_UP;
+    while !done() {
+        assert!(Instant::now() < deadline, "never reached: {what}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
+    // The outage is a cut relay in front of the database, not a stopped server: only this test's
+    // sinks lose the database, so the shared cluster lock is enough.
+    let _cluster = shared_cluster();
+    let input = notifications(50, 30_000, 71);
+    let prefix = common::prefix("sink-repause");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 6);
+    let mut sink = SinkRun::new("sink_repause", &topic);
+    // A frozen member is expelled after 6 s; reconnections during the outage at most 1 s apart.
+    sink.extra = s(&[
+        "-X",
+        "session.timeout.ms=6000",
+        "--commit-interval",
+        "50ms",
+        "--max-batch",
+        "300",
+        "--reconnect-max",
+        "1s",
+    ]);
+    let relay = Relay::start(&sink.db.url);
+    let via_relay = relay.url(&sink.db.url);
+    let spawn = |instance: &str| {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = sink
+            .command(instance, &s(&["--metrics-addr", &addr]))
+            .env("DATABASE_URL", &via_relay)
+            .spawn()
+            .expect("starting alert-sink");
+        (common::Pipeline::from(child, instance), addr)
+    };
+    let feed = price_alerts::kafka::feed::Feed::new(&kafka()).expect("feed");
+    let mut landed = Vec::new();
+    let mut phases = input.chunks(input.len().div_ceil(5));
+    let mut produce = |what: &str| {
+        let chunk: Vec<_> = phases.next().expect("a phase").iter().map(record).collect();
+        landed.extend(feed.send_raw(&topic, &chunk).expect("producing"));
+        println!("{what}: {} records produced", chunk.len());
+        next_offsets(&landed)
+    };
+    let ready = |addr: &str| scrape(addr, "alerts_sink_ready") == 1.0;
+    let in_outage = |addr: &str| {
+        scrape(addr, "alerts_sink_ready") == 0.0
+            && scrape(addr, "alerts_sink_db_outages_total") >= 1.0
+    };
+    let owned = |addr: &str| scrape(addr, "alerts_sink_assigned_partitions");
+
+    // Two instances share the partitions and store what comes.
+    let ends = produce("before the outage");
+    let (a, a_addr) = spawn("0");
+    let (b, b_addr) = spawn("1");
+    wait_metrics("both instances own partitions", || {
+        let (na, nb) = (owned(&a_addr), owned(&b_addr));
+        na > 0.0 && nb > 0.0 && na + nb == 6.0
+    });
+    sink.wait_stored(&ends, CAUGHT_UP);
+    // 1. The database goes away; records arrive, so both instances find out and pause.
+    relay.cut();
+    produce("outage begins");
+    wait_metrics("both instances in the outage", || {
+        in_outage(&a_addr) && in_outage(&b_addr)
+    });
+    // 2. A is frozen until it is expelled: B takes every partition, paused.
+    let thaw = Thaw(a.child.id());
+    a.signal("STOP");
+    wait_metrics("B owns every partition", || owned(&b_addr) == 6.0);
+    assert!(in_outage(&b_addr));
+    // 3. A thaws and rejoins: it takes back partitions that B holds paused.
+    drop(thaw);
+    wait_metrics("A took partitions back from B", || {
+        let (na, nb) = (owned(&a_addr), owned(&b_addr));
+        nb < 6.0 && na + nb == 6.0
+    });
+    produce("while A and B share the partitions, paused");
+    // 4. The database comes back.
+    relay.restore();
+    wait_metrics("both instances ready", || ready(&a_addr) && ready(&b_addr));
+    produce("after the outage");
+    // 5. A stops: its partitions return to B, with no outage going on.
+    a.signal("TERM");
+    assert!(a.wait(EXIT).success(), "A stops cleanly");
+    wait_metrics("B owns every partition again", || owned(&b_addr) == 6.0);
+    let ends = produce("after the last move");
+    let deadline = Instant::now() + CAUGHT_UP;
+    while sink.db.try_offsets(&sink.group, &topic).unwrap_or_default() != ends
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(200));
+    }
+    println!("stored {:?}, produced up to {ends:?}", sink.stored());
+    b.signal("TERM");
+    assert!(b.wait(EXIT).success(), "B stops cleanly");
     assert_stored_exactly(&sink.db, &input);
 }
 

@@ -26,21 +26,21 @@ pub fn batch_written(w: &Written, records: usize, took: Duration) {
     histogram!("alerts_sink_batch_seconds").record(took.as_secs_f64());
 }
 
-/// The database became unavailable: partitions paused.
-pub fn outage_started(paused: usize) {
+/// The database became unavailable (the partitions are paused).
+pub fn outage_started() {
     counter!("alerts_sink_db_outages_total").increment(1);
-    gauge!("alerts_sink_paused_partitions").set(paused as f64);
     ready(false);
 }
 
-/// The database answers again: partitions resumed.
+/// The database answers again (the partitions are resumed).
 pub fn outage_ended(took: Duration) {
     histogram!("alerts_sink_db_outage_seconds").record(took.as_secs_f64());
-    gauge!("alerts_sink_paused_partitions").set(0.0);
     ready(true);
 }
 
-/// Partitions owned now.
-pub fn assigned(partitions: usize) {
-    gauge!("alerts_sink_assigned_partitions").set(partitions as f64);
+/// Partitions owned now, and how many of them are paused; set after every assign, revoke, pause
+/// and resume, so a partition paused by a past outage shows.
+pub fn partitions(owned: usize, paused: usize) {
+    gauge!("alerts_sink_assigned_partitions").set(owned as f64);
+    gauge!("alerts_sink_paused_partitions").set(paused as f64);
 }

@@ -27,6 +27,28 @@
 //!   database commit of the same offsets, and stored offsets never move back), and is paused; once
 //!   the database answers it is moved to its stored offset before it resumes.
 //!
+//! # What each event does to a partition
+//! The per-partition state lives in [`State`], one method per event; `=` is "unchanged".
+//!
+//! | event                                   | owned | paused (the only pauses: [`Pauses`])        | unsynced | its records in the open batch |
+//! |-----------------------------------------|-------|----------------------------------------------|----------|-------------------------------|
+//! | assign, the database answers            | yes, from its stored offset | no: resumed, whatever librdkafka kept from an earlier ownership | no | none yet |
+//! | assign during an outage                 | yes, from the group's committed offset | yes | yes | none yet |
+//! | record consumed                         | =     | = (a paused partition delivers none)          | =        | added (the batch's age starts with the first) |
+//! | batch written                           | =     | =                                             | =        | none (the batch and its age go) |
+//! | outage begins (a write, read or connect finds the database unavailable) | = | every owned partition | = | kept |
+//! | outage ends (reconnected)               | =     | no: every owned partition resumed, once the batch is written | no: moved to its stored offset | those of unsynced partitions dropped (read again from the stored offset), the rest written |
+//! | revoke, the database answers            | no    | forgotten                                     | no       | written first                 |
+//! | revoke during an outage, or lost        | no    | forgotten                                     | no       | dropped (the next owner reads them again from the stored offset) |
+//!
+//! "Forgotten" is the row of issue 19's defect: librdkafka keeps its application pause flag
+//! across an unassign, so a partition revoked during an outage came back after it still paused
+//! and was never read again. [`Pauses`] sets the flag on every assign, either way.
+//!
+//! The batch's age (`batch_since`) is set exactly while the batch holds a record, whichever row
+//! empties it: a stale age would make every poll a 1 ms one and keep `--exit-when-idle` from ever
+//! firing.
+//!
 //! Everything here runs on the consumer's thread: the rebalance callback runs inside `poll`, so the
 //! mutex around [`State`] is never contended; it exists because the callback reaches the state
 //! through the consumer's context. Database calls are async; this thread drives them with
@@ -38,6 +60,7 @@ use super::options::{HoldAt, SinkOptions};
 use super::record::Entry;
 use super::store::{hold_if, Batch, Store};
 use crate::health::Health;
+use crate::kafka::pause::{PauseFlag, Pauses, Tp};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::KafkaResult;
@@ -102,8 +125,11 @@ pub(super) struct State {
     batch_since: Option<Instant>,
     /// When the last record arrived.
     pub(super) last_record: Instant,
-    /// Owned partitions.
-    assigned: BTreeSet<i32>,
+    /// The notifications topic (the partitions' topic in `pauses`).
+    topic: String,
+    /// Owned partitions and which of them are paused: the only way the sink pauses or resumes
+    /// its consumer (see [`Pauses`]: librdkafka's flag outlives an unassign).
+    pauses: Pauses,
     /// Partitions assigned while the database was down: not yet at their stored offsets.
     unsynced: BTreeSet<i32>,
     /// Batches committed so far (numbers the test hold).
@@ -111,6 +137,124 @@ pub(super) struct State {
     stats: SinkStats,
     /// An error of the rebalance callback, reported after `poll` returns.
     fatal: Option<anyhow::Error>,
+}
+
+/// The events of the table in the module doc that need neither the database nor the broker's
+/// answer: what each does to the per-partition state. `flag` is the consumer's pause flag.
+impl State {
+    fn new(topic: String, store: Option<Store>) -> Self {
+        State {
+            topic,
+            store,
+            outage: None,
+            batch: Batch::default(),
+            batch_since: None,
+            last_record: Instant::now(),
+            pauses: Pauses::default(),
+            unsynced: BTreeSet::new(),
+            batches_written: 0,
+            stats: SinkStats::default(),
+            fatal: None,
+        }
+    }
+
+    /// Record consumed: into the open batch.
+    fn push(&mut self, entry: Entry, offset: i64) {
+        let p = entry.partition();
+        match entry {
+            Entry::Row(row, raw) => self.batch.rows.push((row, raw)),
+            Entry::Dead(d) => {
+                // Logged here (never the payload) and counted once stored.
+                warn!(partition = d.partition, offset = d.offset, class = d.class, error = %d.message, "notification dead-lettered");
+                self.batch.dead.push(d);
+            }
+        }
+        self.batch.next_offsets.insert(p, offset + 1);
+        let now = Instant::now();
+        self.batch_since.get_or_insert(now);
+        self.last_record = now;
+    }
+
+    fn tps(&self, parts: &[i32]) -> Vec<Tp> {
+        parts.iter().map(|&p| (self.topic.clone(), p)).collect()
+    }
+
+    /// The owned partitions, in order.
+    fn owned(&self) -> Vec<i32> {
+        self.pauses.owned().map(|(_, p)| *p).collect()
+    }
+
+    fn owns_partitions(&self) -> bool {
+        self.pauses.owned().next().is_some()
+    }
+
+    /// Assign (after the consumer's assign): owned; during an outage paused, and not at their
+    /// stored offsets yet (unsynced); otherwise resumed, whatever librdkafka kept from an earlier
+    /// ownership.
+    fn assigned(&mut self, flag: &impl PauseFlag, parts: &[i32]) -> KafkaResult<()> {
+        let outage = self.outage.is_some();
+        if outage {
+            self.unsynced.extend(parts);
+        }
+        let result = self.pauses.assigned(flag, self.tps(parts), outage);
+        self.last_record = Instant::now();
+        self.gauges();
+        result
+    }
+
+    /// Revoke or lost (after the batch was written, if it could be): not owned, not paused, not
+    /// unsynced, and their records out of the open batch; returns how many records were dropped.
+    fn revoked(&mut self, parts: &[i32]) -> usize {
+        let dropped = self.drop_records(parts);
+        for p in parts {
+            self.unsynced.remove(p);
+        }
+        self.pauses.revoked(&self.tps(parts));
+        self.gauges();
+        dropped
+    }
+
+    /// An outage begins (or goes on): every owned partition paused.
+    fn pause_all(&mut self, flag: &impl PauseFlag) -> KafkaResult<()> {
+        let result = self.pauses.pause_all(flag).map(drop);
+        self.gauges();
+        result
+    }
+
+    /// The outage ended (the batch written): every owned partition resumed.
+    fn resume_all(&mut self, flag: &impl PauseFlag) -> KafkaResult<()> {
+        let result = self.pauses.resume_all(flag).map(drop);
+        self.gauges();
+        result
+    }
+
+    /// The partitions assigned during the outage, now to be moved to their stored offsets: no
+    /// longer unsynced, and what was read of them from the committed offsets out of the batch.
+    fn take_unsynced(&mut self) -> Vec<i32> {
+        let unsynced: Vec<i32> = std::mem::take(&mut self.unsynced).into_iter().collect();
+        self.drop_records(&unsynced);
+        unsynced
+    }
+
+    /// The batch was written: it leaves the state, and a new one opens with the next record.
+    fn written(&mut self) -> Batch {
+        self.batch_since = None;
+        std::mem::take(&mut self.batch)
+    }
+
+    /// Drops the records of `parts` from the open batch (the batch's age with them when none
+    /// remain); returns how many.
+    fn drop_records(&mut self, parts: &[i32]) -> usize {
+        let dropped = self.batch.drop_partitions(parts);
+        if self.batch.next_offsets.is_empty() {
+            self.batch_since = None;
+        }
+        dropped
+    }
+
+    fn gauges(&self) {
+        m::partitions(self.pauses.owned().count(), self.pauses.paused().count());
+    }
 }
 
 /// What the loop and the rebalance callback share.
@@ -135,21 +279,10 @@ impl Shared {
         health: Health,
     ) -> Arc<Self> {
         Arc::new(Shared {
-            opts,
             rt,
             health,
-            state: Mutex::new(State {
-                store: Some(store),
-                outage: None,
-                batch: Batch::default(),
-                batch_since: None,
-                last_record: Instant::now(),
-                assigned: BTreeSet::new(),
-                unsynced: BTreeSet::new(),
-                batches_written: 0,
-                stats: SinkStats::default(),
-                fatal: None,
-            }),
+            state: Mutex::new(State::new(opts.topic.clone(), Some(store))),
+            opts,
         })
     }
 
@@ -166,29 +299,9 @@ impl Shared {
             .map_err(|_| anyhow!("sink state lock poisoned by an earlier panic"))
     }
 
-    fn tpl(&self, partitions: impl IntoIterator<Item = i32>) -> TopicPartitionList {
-        let mut tpl = TopicPartitionList::new();
-        for p in partitions {
-            tpl.add_partition(&self.opts.topic, p);
-        }
-        tpl
-    }
-
     /// Adds a consumed record to the open batch.
     pub(super) fn push(&self, st: &mut State, entry: Entry, offset: i64) {
-        let p = entry.partition();
-        match entry {
-            Entry::Row(row, raw) => st.batch.rows.push((row, raw)),
-            Entry::Dead(d) => {
-                // Logged here (never the payload) and counted once stored.
-                warn!(partition = d.partition, offset = d.offset, class = d.class, error = %d.message, "notification dead-lettered");
-                st.batch.dead.push(d);
-            }
-        }
-        st.batch.next_offsets.insert(p, offset + 1);
-        let now = Instant::now();
-        st.batch_since.get_or_insert(now);
-        st.last_record = now;
+        st.push(entry, offset);
     }
 
     /// Whether the open batch should be written now; `quiet` says the last poll found nothing.
@@ -220,7 +333,7 @@ impl Shared {
     /// Nothing arrived for `idle` since the last record or assignment, and nothing is open. Only
     /// once partitions are owned: a slow group join is not idleness.
     pub(super) fn idle(&self, st: &State, idle: Duration) -> bool {
-        !st.assigned.is_empty()
+        st.owns_partitions()
             && st.batch_since.is_none()
             && st.outage.is_none()
             && st.last_record.elapsed() >= idle
@@ -235,7 +348,7 @@ impl Shared {
     }
 
     pub(super) fn owns_partitions(&self, st: &State) -> bool {
-        !st.assigned.is_empty()
+        st.owns_partitions()
     }
 
     /// Writes the open batch in one database transaction. An unavailable database starts (or
@@ -301,8 +414,7 @@ impl Shared {
             "batch stored"
         );
         hold_if(hold, HoldAt::AfterDbCommit, &st.batch);
-        let batch = std::mem::take(&mut st.batch);
-        st.batch_since = None;
+        let batch = st.written();
         if self.opts.commit_to_kafka {
             // For lag monitoring only: the sink starts from the stored offsets, not from these.
             let mut tpl = TopicPartitionList::new();
@@ -320,6 +432,10 @@ impl Shared {
     /// reconnection. The open batch stays.
     fn enter_outage(&self, st: &mut State, consumer: &BaseConsumer<SinkContext>, e: &DbError) {
         st.store = None;
+        // Paused before the outage is counted, so whoever sees it counted sees them paused.
+        if let Err(e) = st.pause_all(consumer) {
+            warn!(error = %e, "pausing partitions failed");
+        }
         let now = Instant::now();
         match &mut st.outage {
             Some(o) => {
@@ -337,14 +453,11 @@ impl Shared {
                     next_attempt: now + self.opts.backoff.delay(1, rand::random_range(0.5..=1.0)),
                 });
                 st.stats.outages += 1;
-                m::outage_started(st.assigned.len());
+                m::outage_started();
                 self.health
                     .not_ready("database unavailable: partitions paused");
-                warn!(error = %e, partitions = ?st.assigned, buffered = st.batch.records(), "database unavailable: partitions paused, reconnecting");
+                warn!(error = %e, partitions = ?st.owned(), buffered = st.batch.records(), "database unavailable: partitions paused, reconnecting");
             }
-        }
-        if let Err(e) = consumer.pause(&self.tpl(st.assigned.iter().copied())) {
-            warn!(error = %e, "pausing partitions failed");
         }
     }
 
@@ -379,16 +492,15 @@ impl Shared {
         if st.store.is_none() {
             return Ok(()); // down again while writing: the outage goes on
         }
-        if let Err(e) = consumer.resume(&self.tpl(st.assigned.iter().copied())) {
-            return Err(anyhow!(e).context("resuming partitions after the outage"));
-        }
+        st.resume_all(consumer)
+            .context("resuming partitions after the outage")?;
         if let Some(o) = st.outage.take() {
             m::outage_ended(o.since.elapsed());
             self.health.ready();
             info!(
                 outage_ms = o.since.elapsed().as_millis() as u64,
                 attempts = o.attempts + 1,
-                partitions = ?st.assigned,
+                partitions = ?st.owned(),
                 "database back: batch stored, partitions resumed"
             );
         }
@@ -413,8 +525,7 @@ impl Shared {
             }
             Err(e) => return Err(anyhow!(e).context("reading the stored offsets")),
         };
-        let unsynced: Vec<i32> = std::mem::take(&mut st.unsynced).into_iter().collect();
-        st.batch.drop_partitions(&unsynced);
+        let unsynced = st.take_unsynced();
         let mut tpl = TopicPartitionList::new();
         for &p in &unsynced {
             tpl.add_partition_offset(
@@ -476,23 +587,16 @@ impl Shared {
             }
             Err(e) if e.is_unavailable() => {
                 // The committed offsets (a lower bound of the stored ones) until the database
-                // answers; paused below, moved to the stored offsets on recovery.
-                st.unsynced.extend(&parts);
+                // answers; paused and unsynced (`State::assigned`), moved to the stored offsets
+                // on recovery.
                 self.enter_outage(st, consumer, &e);
                 warn!(partitions = ?parts, "partitions assigned during a database outage: paused");
             }
             Err(e) => return Err(anyhow!(e).context("reading the stored offsets")),
         }
         assign(consumer, tpl).context("assigning partitions")?;
-        st.assigned.extend(&parts);
-        st.last_record = Instant::now();
-        if st.outage.is_some() {
-            consumer
-                .pause(&self.tpl(parts))
-                .context("pausing partitions assigned during an outage")?;
-        }
-        m::assigned(st.assigned.len());
-        Ok(())
+        st.assigned(consumer, &parts)
+            .context("pausing or resuming the assigned partitions")
     }
 
     /// Revocation: store the open batch first when the database answers and the assignment is
@@ -513,17 +617,9 @@ impl Shared {
         } else {
             Ok(())
         };
-        let dropped = st.batch.drop_partitions(&parts);
+        let dropped = st.revoked(&parts);
         info!(partitions = ?parts, lost, buffered, dropped, "partitions revoked");
-        for p in &parts {
-            st.assigned.remove(p);
-            st.unsynced.remove(p);
-        }
-        if st.batch.next_offsets.is_empty() {
-            st.batch_since = None;
-        }
         unassign(consumer, tpl).context("unassigning partitions")?;
-        m::assigned(st.assigned.len());
         stored
     }
 }
@@ -576,9 +672,11 @@ impl ConsumerContext for SinkContext {
             other => {
                 // librdkafka asks for the assignment to be dropped on a rebalance error.
                 warn!(error = ?other, "rebalance error; dropping the assignment");
-                let all: Vec<i32> = st.assigned.iter().copied().collect();
-                let tpl = shared.tpl(all);
-                shared.on_revoke(&mut st, consumer, &tpl)
+                let mut all = TopicPartitionList::new();
+                for p in st.owned() {
+                    all.add_partition(&shared.opts.topic, p);
+                }
+                shared.on_revoke(&mut st, consumer, &all)
             }
         };
         if let Err(e) = result {
@@ -605,5 +703,205 @@ impl Batch {
             self.next_offsets.remove(p);
         }
         before - self.records()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rows of the module doc's table that need neither a broker nor a database, walked on
+    //! [`State`] with librdkafka's application pause flag as it behaves (set by pause, cleared by
+    //! resume, untouched by assign and unassign). tests/sink.rs drives the same rows on a broker.
+    use super::*;
+    use crate::sink::record::{DeadLetter, RawRecord, RecordError};
+    use rdkafka::TopicPartitionList;
+    use std::cell::RefCell;
+
+    #[derive(Default)]
+    struct Flags(RefCell<BTreeSet<i32>>);
+
+    impl PauseFlag for Flags {
+        fn pause(&self, tpl: &TopicPartitionList) -> KafkaResult<()> {
+            let mut f = self.0.borrow_mut();
+            f.extend(tpl.elements().iter().map(|e| e.partition()));
+            Ok(())
+        }
+        fn resume(&self, tpl: &TopicPartitionList) -> KafkaResult<()> {
+            let mut f = self.0.borrow_mut();
+            for e in tpl.elements() {
+                f.remove(&e.partition());
+            }
+            Ok(())
+        }
+    }
+
+    impl Flags {
+        fn set(&self) -> Vec<i32> {
+            self.0.borrow().iter().copied().collect()
+        }
+    }
+
+    fn state() -> State {
+        State::new("n".into(), None)
+    }
+
+    fn outage(st: &mut State, flags: &Flags) {
+        let now = Instant::now();
+        st.outage = Some(Outage {
+            since: now,
+            attempts: 0,
+            next_attempt: now,
+        });
+        st.pause_all(flags).unwrap();
+    }
+
+    /// The outage ends as `Shared::try_recover` ends it: unsynced partitions moved (their records
+    /// dropped), the batch written, every partition resumed.
+    fn recover(st: &mut State, flags: &Flags) -> (Vec<i32>, Batch) {
+        let synced = st.take_unsynced();
+        let written = st.written();
+        st.resume_all(flags).unwrap();
+        st.outage = None;
+        (synced, written)
+    }
+
+    fn record(st: &mut State, partition: i32, offset: i64) {
+        let raw = RawRecord {
+            key: None,
+            value: None,
+            headers: serde_json::json!([]),
+            timestamp: None,
+        };
+        let d = DeadLetter::new(partition, offset, raw, &RecordError::Empty);
+        st.push(Entry::Dead(d), offset);
+    }
+
+    fn paused(st: &State) -> Vec<i32> {
+        st.pauses.paused().map(|(_, p)| *p).collect()
+    }
+
+    #[test]
+    fn assign_when_the_database_answers_owns_and_resumes() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0, 1]).unwrap();
+        assert_eq!(st.owned(), vec![0, 1]);
+        assert!(paused(&st).is_empty() && flags.set().is_empty());
+        assert!(st.unsynced.is_empty());
+    }
+
+    #[test]
+    fn assign_during_an_outage_owns_pauses_and_leaves_unsynced() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0]).unwrap();
+        outage(&mut st, &flags);
+        st.assigned(&flags, &[1]).unwrap();
+        assert_eq!((paused(&st), flags.set()), (vec![0, 1], vec![0, 1]));
+        assert_eq!(st.unsynced, BTreeSet::from([1]));
+    }
+
+    #[test]
+    fn a_partition_revoked_during_an_outage_is_resumed_when_it_comes_back_after_it() {
+        // Instance B of the issue: its partitions paused by the outage, one taken away meanwhile.
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[3, 4, 5]).unwrap();
+        outage(&mut st, &flags);
+        st.assigned(&flags, &[0, 1, 2]).unwrap();
+        assert_eq!(st.revoked(&[0, 1, 2]), 0);
+        assert_eq!(st.owned(), vec![3, 4, 5]);
+        assert!(st.unsynced.is_empty(), "a revoked partition is not synced");
+        recover(&mut st, &flags);
+        assert_eq!(
+            flags.set(),
+            vec![0, 1, 2],
+            "librdkafka kept the revoked ones' flag"
+        );
+        // They come back with no outage going on: they must be read.
+        st.assigned(&flags, &[0, 1, 2]).unwrap();
+        assert!(flags.set().is_empty(), "still paused: {:?}", flags.set());
+        assert!(paused(&st).is_empty() && st.unsynced.is_empty());
+    }
+
+    #[test]
+    fn a_partition_revoked_while_running_comes_back_paused_during_an_outage() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0, 1]).unwrap();
+        st.revoked(&[1]);
+        outage(&mut st, &flags);
+        st.assigned(&flags, &[1]).unwrap();
+        assert_eq!(flags.set(), vec![0, 1]);
+        let (synced, _) = recover(&mut st, &flags);
+        assert_eq!(synced, vec![1]);
+        assert!(flags.set().is_empty() && paused(&st).is_empty());
+    }
+
+    #[test]
+    fn revoke_and_lost_drop_the_partitions_records_and_the_age_with_the_last() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0, 1]).unwrap();
+        record(&mut st, 0, 10);
+        record(&mut st, 1, 20);
+        record(&mut st, 1, 21);
+        assert_eq!(st.revoked(&[1]), 2);
+        assert_eq!(st.batch.next_offsets, BTreeMap::from([(0, 11)]));
+        assert!(
+            st.batch_since.is_some(),
+            "partition 0's record is still open"
+        );
+        assert_eq!(st.revoked(&[0]), 1);
+        assert_eq!(st.batch.records(), 0);
+        assert!(st.batch_since.is_none());
+        assert!(!st.owns_partitions());
+    }
+
+    #[test]
+    fn outage_begins_pauses_every_owned_partition_and_keeps_the_batch() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0, 1]).unwrap();
+        record(&mut st, 0, 5);
+        outage(&mut st, &flags);
+        assert_eq!((paused(&st), flags.set()), (vec![0, 1], vec![0, 1]));
+        assert_eq!(st.batch.records(), 1);
+        assert!(st.batch_since.is_some());
+    }
+
+    #[test]
+    fn outage_ends_drops_the_unsynced_records_writes_the_rest_and_resumes_all() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0]).unwrap();
+        record(&mut st, 0, 7);
+        outage(&mut st, &flags);
+        st.assigned(&flags, &[1]).unwrap();
+        // Read from the committed offset before the pause took (a race librdkafka allows).
+        record(&mut st, 1, 3);
+        let (synced, written) = recover(&mut st, &flags);
+        assert_eq!(synced, vec![1]);
+        assert_eq!(written.next_offsets, BTreeMap::from([(0, 8)]));
+        assert!(flags.set().is_empty() && paused(&st).is_empty());
+        assert!(st.batch_since.is_none());
+    }
+
+    #[test]
+    fn an_outage_whose_batch_held_only_unsynced_records_leaves_no_batch_age() {
+        let (flags, mut st) = (Flags::default(), state());
+        outage(&mut st, &flags);
+        st.assigned(&flags, &[1]).unwrap();
+        record(&mut st, 1, 3);
+        st.take_unsynced();
+        assert_eq!(st.batch.records(), 0);
+        assert!(
+            st.batch_since.is_none(),
+            "an empty batch with an age: every poll 1 ms, never idle"
+        );
+    }
+
+    #[test]
+    fn batch_written_takes_the_batch_and_its_age() {
+        let (flags, mut st) = (Flags::default(), state());
+        st.assigned(&flags, &[0]).unwrap();
+        record(&mut st, 0, 1);
+        let b = st.written();
+        assert_eq!(b.records(), 1);
+        assert_eq!(st.batch.records(), 0);
+        assert!(st.batch_since.is_none());
+        assert_eq!(st.owned(), vec![0], "ownership and pauses unchanged");
     }
 }

@@ -321,3 +321,114 @@ impl SinkRun {
         }
     }
 }
+
+/// A TCP relay between the sink and the test cluster, which a test cuts and restores: a database
+/// outage as the sink sees it (its connections broken, new ones closed at once, both "database
+/// unavailable" to the sink) while the server itself, shared with other tests, keeps running, and
+/// the test's own connection (direct) can still read what is stored. Everything ends with it.
+pub struct Relay {
+    addr: std::net::SocketAddr,
+    inner: std::sync::Arc<RelayInner>,
+}
+
+struct RelayInner {
+    /// Relaying (true) or cut (false). Read and written under `conns`' lock, so a connection is
+    /// either registered before a cut (and broken by it) or refused after it, never missed.
+    up: std::sync::atomic::AtomicBool,
+    /// Set when the relay is dropped: the accept loop ends.
+    closed: std::sync::atomic::AtomicBool,
+    /// Both ends of every relayed connection, to break them on a cut.
+    conns: std::sync::Mutex<Vec<std::net::TcpStream>>,
+}
+
+impl Relay {
+    /// A relay, up, to the host and port of `url`.
+    pub fn start(url: &str) -> Self {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::Ordering::SeqCst;
+        let upstream = host_port(url).to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the relay");
+        let addr = listener.local_addr().expect("relay address");
+        let inner = std::sync::Arc::new(RelayInner {
+            up: true.into(),
+            closed: false.into(),
+            conns: std::sync::Mutex::new(Vec::new()),
+        });
+        let shared = std::sync::Arc::clone(&inner);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if shared.closed.load(SeqCst) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+                if !shared.up.load(SeqCst) {
+                    continue; // dropped: the client's connection closes at once
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                conns.extend([c2, s2]);
+                drop(conns);
+                let (c3, s3) = match (client.try_clone(), server.try_clone()) {
+                    (Ok(c), Ok(s)) => (c, s),
+                    _ => continue,
+                };
+                std::thread::spawn(move || pipe(client, server));
+                std::thread::spawn(move || pipe(s3, c3));
+            }
+        });
+        Relay { addr, inner }
+    }
+
+    /// `url` with its host and port replaced by the relay's.
+    pub fn url(&self, url: &str) -> String {
+        url.replacen(host_port(url), &self.addr.to_string(), 1)
+    }
+
+    /// The outage begins: relayed connections break, new ones are closed at once.
+    pub fn cut(&self) {
+        let mut conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner
+            .up
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in conns.drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The outage ends: new connections are relayed again.
+    pub fn restore(&self) {
+        let _conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner
+            .up
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut();
+        // Wakes the accept loop, which then sees `closed`.
+        let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies one direction of a relayed connection until either end closes, then closes both.
+fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// The `host:port` of a `postgres://user:password@host:port/db` URL.
+fn host_port(url: &str) -> &str {
+    let rest = url.rsplit_once('@').map_or(url, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap_or(rest)
+}
