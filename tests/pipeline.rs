@@ -101,7 +101,7 @@ fn committed_state(
 ) -> BTreeMap<i32, BTreeMap<String, price_alerts::alert::SymbolState>> {
     let r = reader(&kafka(), Isolation::ReadCommitted).unwrap();
     let all: Vec<i32> = (0..partitions).collect();
-    state::restore(&r, &run.topics().changelog, &all)
+    state::restore(&r, &run.topics().changelog, &all, state::RESTORE_TIMEOUT)
         .unwrap()
         .into_iter()
         .map(|(p, m)| (p, m.into_iter().collect()))

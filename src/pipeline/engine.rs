@@ -175,7 +175,12 @@ impl Engine {
         )
         .context("fetching committed offsets")?;
         let started = Instant::now();
-        let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
+        let restored = state::restore(
+            &self.restore_reader,
+            &topics.changelog,
+            &pending,
+            state::RESTORE_TIMEOUT,
+        )?;
         let mut session = self.committer.lock()?;
         for (p, s) in restored {
             session.state.install(p, s);

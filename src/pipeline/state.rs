@@ -91,16 +91,18 @@ impl StateStore {
     }
 }
 
-/// Reads changelog partitions to their (read_committed) end and returns each one's state.
+/// Reads changelog partitions to their (read_committed) end and returns each one's state, or fails
+/// after `timeout`.
 pub fn restore(
     reader: &Reader,
     changelog: &str,
     partitions: &[i32],
+    timeout: Duration,
 ) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
     let mut out: BTreeMap<i32, PartitionState> =
         partitions.iter().map(|&p| (p, HashMap::new())).collect();
     let mut skipped = 0u64;
-    let n = read_partitions_to_end(reader, changelog, partitions, RESTORE_TIMEOUT, |m| {
+    let n = read_partitions_to_end(reader, changelog, partitions, timeout, |m| {
         let (Some(key), Some(value)) = (m.key(), m.payload()) else {
             // A tombstone or a keyless record: nothing to restore (this code writes neither).
             skipped += 1;
