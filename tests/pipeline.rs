@@ -6,7 +6,7 @@ mod common;
 
 use common::{kafka, Run};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks, Landed};
-use price_alerts::kafka::read::{count_records, reader};
+use price_alerts::kafka::read::{count_records, count_visible_records, reader};
 use price_alerts::kafka::Isolation;
 use price_alerts::pipeline::state;
 use price_alerts::rules::Rules;
@@ -101,7 +101,7 @@ fn committed_state(
 ) -> BTreeMap<i32, BTreeMap<String, price_alerts::alert::SymbolState>> {
     let r = reader(&kafka(), Isolation::ReadCommitted).unwrap();
     let all: Vec<i32> = (0..partitions).collect();
-    state::restore(&r, &run.topics().changelog, &all)
+    state::restore(&r, &run.topics().changelog, &all, state::RESTORE_TIMEOUT)
         .unwrap()
         .into_iter()
         .map(|(p, m)| (p, m.into_iter().collect()))
@@ -141,7 +141,9 @@ fn end_to_end_ten_thousand_ticks_exactly_once() {
 /// transactions. Committed readers are counted first: a commit between the two reads can then
 /// only add to the figure, never hide an open transaction.
 fn uncommitted_output(run: &Run) -> u64 {
-    let rc = count_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap();
+    // What committed readers see now: a count that waited for the open transaction to be
+    // decided would find none.
+    let rc = count_visible_records(&kafka(), &run.output, Isolation::ReadCommitted).unwrap();
     let ru = count_records(&kafka(), &run.output, Isolation::ReadUncommitted).unwrap();
     ru.saturating_sub(rc)
 }

@@ -164,7 +164,7 @@ fn the_dlq_is_created_with_the_retention_asked_for() {
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_restore_reads_about_one_record_per_symbol_once_the_cleaner_ran() {
     use price_alerts::alert::SymbolState;
-    use price_alerts::kafka::read::{read_partitions_to_end, reader};
+    use price_alerts::kafka::read::{read_partitions_to_end, reader, End};
     use rdkafka::admin::AlterConfig;
     use std::time::{Duration, Instant};
 
@@ -221,6 +221,7 @@ fn a_restore_reads_about_one_record_per_symbol_once_the_cleaner_ran() {
             &restore_reader,
             &t.changelog,
             &[0],
+            End::Decided,
             Duration::from_secs(30),
             |m| {
                 use rdkafka::Message;

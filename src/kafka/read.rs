@@ -1,19 +1,42 @@
-//! Reading topics to their end: the verifier, the demo's counters and the state restore.
+//! Reading topics to their end: the verifier, the demo's counters, the replay tools and the state
+//! restore.
 //!
-//! "The end" is the partition EOF event of librdkafka, which for a read_committed reader is the
-//! last stable offset. Records are counted as they arrive; offsets are never subtracted, because
-//! transaction markers occupy offsets and an aborted batch leaves offsets that no committed reader
-//! sees.
+//! # Where "the end" is
+//! librdkafka reports the end of a partition with its EOF event, when the reader has fetched up to
+//! the end the broker gives it: the high watermark for a read_uncommitted reader, the last stable
+//! offset (LSO) for a read_committed one. The LSO stops before the first record of the oldest
+//! transaction that is not decided yet, and "not decided" includes a transaction already
+//! committed by its coordinator: EndTxn returns once the coordinator has written PrepareCommit, and
+//! the markers reach each partition leader afterwards. A read_committed reader that stopped at
+//! the first EOF would miss a commit that its writer already saw succeed, e.g. a restore would
+//! miss the previous owner's last state records and redo its batch with stale crossing state.
+//!
+//! So a read ends, by default ([`End::Decided`]), when the reader's position reaches the high
+//! watermark that the fetch response of its first EOF reported: everything written before the
+//! reader got there, each transaction decided (committed records read, aborted ones skipped).
+//! Markers occupy offsets, and librdkafka moves the position past them, so the position reaches
+//! the high watermark exactly when the last marker is read. A transaction still open for real (a
+//! crashed or frozen writer's, which its coordinator aborts after the transaction timeout, or one
+//! that a successor's registration fences and aborts) holds the read the same way, and its abort
+//! marker ends the wait: the read ends on the EOF that follows the marker, never on a timer.
+//! [`End::Visible`] keeps the plain EOF, for the one question it answers: what do committed readers
+//! see right now?
+//!
+//! Records are counted as they arrive; offsets are only compared with the watermark, never
+//! subtracted, because transaction markers occupy offsets and an aborted batch leaves offsets that
+//! no committed reader sees.
 
 use super::config::{Isolation, KafkaConfig};
 use super::logging::Logged;
 use super::offsets::position_list;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Offset;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -71,12 +94,118 @@ pub fn partition_count_if_exists<X: ConsumerContext, C: Consumer<X>>(
     Ok((!t.partitions().is_empty()).then(|| t.partitions().len() as i32))
 }
 
-/// Reads the given partitions of `topic` from the beginning up to their end, calling `f` for each
-/// record; returns the number of records read.
+/// Where a read "to the end" of a partition stops (see the module doc). Under read_uncommitted both
+/// are the high watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The high watermark seen when the reader first reached the end, every transaction before it
+    /// decided: all that was written before the read got there, as committed readers will see it.
+    Decided,
+    /// The first EOF: the last stable offset, what committed readers see at this moment. Records of
+    /// a transaction not decided yet (still open, or committed with its marker not yet written)
+    /// are neither read nor waited for.
+    Visible,
+}
+
+/// One partition's way to its end.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The high watermark reported with the partition's first EOF of this read: the end under
+    /// [`End::Decided`]; `None` until that EOF.
+    target: Option<i64>,
+    /// The reader's position at its latest EOF, i.e. the last stable offset then; for the error
+    /// that says why a read did not end.
+    stable: Option<i64>,
+}
+
+impl Progress {
+    /// At an EOF of `partition`: whether the read of it has reached `end`.
+    fn at_eof(
+        &mut self,
+        consumer: &Reader,
+        topic: &str,
+        partition: i32,
+        end: End,
+    ) -> anyhow::Result<bool> {
+        if end == End::Visible {
+            return Ok(true);
+        }
+        let (low, high) = fetched_watermarks(consumer, topic, partition)?;
+        let position = position_of(consumer, topic, partition)?;
+        Ok(self.reached(position, low, high))
+    }
+
+    /// The decision at an EOF, from the reader's `position` (`None`: nothing delivered since the
+    /// assign) and the `low` and `high` watermarks of the latest fetch response.
+    fn reached(&mut self, position: Option<i64>, low: i64, high: i64) -> bool {
+        // Nothing delivered yet, not even a marker: the reader is where it started, at the log
+        // start (the fetch response's, like the high watermark).
+        let position = position.unwrap_or(low);
+        // The first EOF's high watermark, kept: records written after the read got there do not
+        // move its end, so a writer that keeps a transaction open at all times cannot starve it.
+        let target = *self.target.get_or_insert(high);
+        self.stable = Some(position);
+        position >= target
+    }
+}
+
+/// The next offset `consumer` will deliver of `topic`/`partition` (past any marker it read), or
+/// `None` if it delivered nothing since it was assigned. A local call.
+fn position_of(consumer: &Reader, topic: &str, partition: i32) -> anyhow::Result<Option<i64>> {
+    let positions = consumer
+        .position()
+        .context("reading the reader's position")?;
+    Ok(
+        match positions
+            .find_partition(topic, partition)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        },
+    )
+}
+
+/// The log start offset and high watermark of `topic`/`partition` as the latest fetch response
+/// reported them; librdkafka keeps both, so no request is made.
+///
+/// Why not [`Consumer::fetch_watermarks`]: it asks the leader with the reader's isolation level,
+/// and a read_committed reader is then answered with the last stable offset as its "high"
+/// watermark, the very offset it has to look past. rust-rdkafka does not wrap
+/// `rd_kafka_get_watermark_offsets`, hence the one `unsafe` call.
+fn fetched_watermarks(
+    consumer: &Reader,
+    topic: &str,
+    partition: i32,
+) -> anyhow::Result<(i64, i64)> {
+    let topic_c = CString::new(topic).context("topic name with a NUL byte")?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client handle is valid while `consumer` is borrowed, `topic_c` is a
+    // NUL-terminated string that outlives the call, and `low`/`high` are valid for writes.
+    // librdkafka only reads its partition state, under the partition's lock, and keeps no pointer.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic_c.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    match RDKafkaErrorCode::from(err) {
+        RDKafkaErrorCode::NoError => Ok((low, high)),
+        code => bail!("watermarks of {topic}/{partition}: {code}"),
+    }
+}
+
+/// Reads the given partitions of `topic` from the beginning up to their [`End`], calling `f` for
+/// each record; returns the number of records read. Fails after `timeout`, saying which partitions
+/// did not get there and why.
 pub fn read_partitions_to_end(
     consumer: &Reader,
     topic: &str,
     partitions: &[i32],
+    end: End,
     timeout: Duration,
     mut f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
@@ -91,7 +220,10 @@ pub fn read_partitions_to_end(
     consumer
         .assign(&tpl)
         .context("assigning partitions to the reader")?;
-    let mut pending: BTreeSet<i32> = partitions.iter().copied().collect();
+    let mut pending: BTreeMap<i32, Progress> = partitions
+        .iter()
+        .map(|&p| (p, Progress::default()))
+        .collect();
     let deadline = Instant::now() + timeout;
     let mut count = 0;
     let result = loop {
@@ -100,9 +232,7 @@ pub fn read_partitions_to_end(
         }
         let now = Instant::now();
         if now >= deadline {
-            break Err(anyhow!(
-                "reading {topic} to its end took longer than {timeout:?} (partitions {pending:?} not at their end)"
-            ));
+            break Err(not_at_end(topic, timeout, &pending));
         }
         match consumer.poll(deadline - now) {
             None => {}
@@ -113,7 +243,23 @@ pub fn read_partitions_to_end(
                 }
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
-                pending.remove(&p);
+                let Some(progress) = pending.get_mut(&p) else {
+                    continue;
+                };
+                match progress.at_eof(consumer, topic, p, end) {
+                    Ok(true) => {
+                        pending.remove(&p);
+                    }
+                    // Below the target: the next EOF comes once the LSO moves (a marker).
+                    Ok(false) => debug!(
+                        topic,
+                        partition = p,
+                        stable = progress.stable,
+                        high_watermark = progress.target,
+                        "at the last stable offset, below the high watermark: waiting for a transaction to be decided"
+                    ),
+                    Err(e) => break Err(e),
+                }
             }
             Some(Err(e)) if is_nominal_group_refused(&e) => {
                 debug!(topic, error = %e, "reader's nominal group refused")
@@ -127,7 +273,26 @@ pub fn read_partitions_to_end(
     result
 }
 
-/// Reads every partition of `topic` to its end with a fresh reader of the given isolation.
+/// The error of a read that did not reach the end of `pending` within `timeout`: per partition,
+/// whether it is held below the high watermark by an undecided transaction or not at its end at all.
+fn not_at_end(topic: &str, timeout: Duration, pending: &BTreeMap<i32, Progress>) -> anyhow::Error {
+    let mut why = String::new();
+    for (p, progress) in pending {
+        let _ = match (progress.stable, progress.target) {
+            (Some(stable), Some(high)) => write!(
+                why,
+                "; partition {p}: at the last stable offset {stable}, below the high watermark {high}: \
+                 a transaction on it was not decided (a hanging transaction? see \
+                 `kafka-transactions find-hanging`)"
+            ),
+            _ => write!(why, "; partition {p}: not at its end (no end-of-partition event)"),
+        };
+    }
+    anyhow!("reading {topic} to its end took longer than {timeout:?}{why}")
+}
+
+/// Reads every partition of `topic` to its end ([`End::Decided`]) with a fresh reader of the given
+/// isolation.
 pub fn read_topic_to_end(
     kafka: &KafkaConfig,
     topic: &str,
@@ -135,17 +300,95 @@ pub fn read_topic_to_end(
     timeout: Duration,
     f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
+    read_topic(kafka, topic, isolation, End::Decided, timeout, f)
+}
+
+fn read_topic(
+    kafka: &KafkaConfig,
+    topic: &str,
+    isolation: Isolation,
+    end: End,
+    timeout: Duration,
+    f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
     let consumer = reader(kafka, isolation)?;
     let n = partition_count(&consumer, topic, timeout)?;
     let partitions: Vec<i32> = (0..n).collect();
-    read_partitions_to_end(&consumer, topic, &partitions, timeout, f)
+    read_partitions_to_end(&consumer, topic, &partitions, end, timeout, f)
 }
 
-/// Counts the records of `topic` visible under `isolation`.
+/// Counts the records of `topic` visible under `isolation` once every transaction written before
+/// the count is decided ([`End::Decided`]).
 pub fn count_records(
     kafka: &KafkaConfig,
     topic: &str,
     isolation: Isolation,
 ) -> anyhow::Result<u64> {
-    read_topic_to_end(kafka, topic, isolation, DEFAULT_READ_TIMEOUT, |_| Ok(()))
+    read_topic(
+        kafka,
+        topic,
+        isolation,
+        End::Decided,
+        DEFAULT_READ_TIMEOUT,
+        |_| Ok(()),
+    )
+}
+
+/// Counts the records of `topic` that readers of `isolation` see at this moment ([`End::Visible`]):
+/// under read_committed, not those of a transaction not decided yet. For tests that look for an
+/// open transaction.
+pub fn count_visible_records(
+    kafka: &KafkaConfig,
+    topic: &str,
+    isolation: Isolation,
+) -> anyhow::Result<u64> {
+    read_topic(
+        kafka,
+        topic,
+        isolation,
+        End::Visible,
+        DEFAULT_READ_TIMEOUT,
+        |_| Ok(()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Progress;
+
+    #[test]
+    fn an_empty_partition_ends_at_its_first_eof() {
+        assert!(Progress::default().reached(None, 0, 0));
+        // Everything deleted by retention: the log starts at its high watermark.
+        assert!(Progress::default().reached(None, 40, 40));
+    }
+
+    #[test]
+    fn a_partition_holding_only_an_open_transaction_waits() {
+        let mut p = Progress::default();
+        // Records 0..3 of a transaction without its marker: the LSO is 0, nothing delivered.
+        assert!(!p.reached(None, 0, 3));
+        // Aborted: the records are skipped, the marker at 3 moves the position to 4.
+        assert!(p.reached(Some(4), 0, 4));
+    }
+
+    #[test]
+    fn a_commit_without_its_marker_holds_the_read_until_its_records_are_read() {
+        let mut p = Progress::default();
+        // Committed batch at 0..2, marker at 2; the next batch at 3..5, its marker not written:
+        // the LSO (and the position) is 3, the high watermark 5.
+        assert!(!p.reached(Some(3), 0, 5));
+        // The marker at 5 arrives: records 3 and 4 are delivered, the position passes the marker.
+        assert_eq!(p.stable, Some(3));
+        assert!(p.reached(Some(6), 0, 6));
+    }
+
+    #[test]
+    fn the_end_is_the_first_eofs_high_watermark_not_a_later_one() {
+        let mut p = Progress::default();
+        assert!(!p.reached(Some(3), 0, 5));
+        // Meanwhile a zombie opened another transaction at 7..9: the end stays at 5.
+        assert!(p.reached(Some(7), 0, 9));
+        assert_eq!(p.target, Some(5));
+    }
 }

@@ -17,9 +17,10 @@
 //! - The in-memory state of a partition is the committed one plus the effects of the open
 //!   transaction. After an abort it is dropped and restored from the changelog, and the consumer is
 //!   rewound to the committed offsets, so the redo sees exactly the committed world.
-//! - A partition's state is restored (read_committed, to its end) before any of its ticks is
-//!   processed, and only after its committed offset could be fetched as stable: an open transaction
-//!   of a previous owner is resolved first.
+//! - A partition's state is restored (read_committed, to its high watermark with every transaction
+//!   before it decided) before any of its ticks is processed, and only after its committed offset
+//!   could be fetched as stable: an open transaction of a previous owner is resolved first, and
+//!   its commit marker on the changelog is read, not just its offsets.
 //!
 //! # Error handling
 //! Transactional errors are classified by [`super::producer::classify`]: abortable ones lead to
@@ -168,14 +169,18 @@ impl Engine {
         // Fetching the committed offsets of a read_committed consumer waits until no transaction
         // holds pending offsets on these partitions (KIP-447 "require stable"): a previous owner's
         // last transaction is resolved before its changelog is read.
+        // Both waits are for a transaction to be decided: one bound.
+        let timeout = state::restore_timeout(self.committer.settings().transaction_timeout);
         let committed = fetch_committed(
             &self.consumer,
             &partition_list(&topics.input, pending.iter().copied()),
-            state::RESTORE_TIMEOUT,
+            timeout,
         )
         .context("fetching committed offsets")?;
         let started = Instant::now();
-        let restored = state::restore(&self.restore_reader, &topics.changelog, &pending)?;
+        // The committed offsets being stable does not mean the changelog has its marker: the
+        // restore waits for it itself (see `state`).
+        let restored = state::restore(&self.restore_reader, &topics.changelog, &pending, timeout)?;
         let mut session = self.committer.lock()?;
         for (p, s) in restored {
             session.state.install(p, s);

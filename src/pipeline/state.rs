@@ -5,17 +5,41 @@
 //! and aborts cheap and exact: a revoked partition's map is dropped, an assigned one is restored
 //! from its own changelog partition, and after an abort every owned partition is restored, so the
 //! state in force is always exactly the committed one.
+//!
+//! # Where a restore ends
+//! At the changelog partition's high watermark, every transaction before it decided, not at its
+//! last stable offset ([`End::Decided`], see [`crate::kafka::read`]): the previous owner's commit
+//! returns, and its group offsets can become stable, before the changelog leader has the commit
+//! marker, and a restore that stopped at the last stable offset would miss that batch's state and
+//! redo the batch with stale crossing state. The same wait covers a transaction still open for
+//! real (a crashed or frozen previous owner's, or a fenced predecessor's): its abort marker ends it.
+//! The wait ends on the marker; it is bounded by [`restore_timeout`], which lets a transaction
+//! left open by a crashed writer run into its timeout and be aborted by its coordinator.
 
 use crate::alert::SymbolState;
-use crate::kafka::read::{read_partitions_to_end, Reader};
+use crate::kafka::read::{read_partitions_to_end, End, Reader};
 use anyhow::Context as _;
 use rdkafka::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// Bound on restoring one batch of partitions.
+/// Bound on reading one batch of partitions from the changelog (a large state on a slow machine).
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How often a transaction coordinator looks for transactions past their timeout to abort them
+/// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, the broker's default).
+const COORDINATOR_ABORT_CHECK: Duration = Duration::from_secs(10);
+
+/// Bound on one restore of instances whose transactions time out after `transaction_timeout`:
+/// reading ([`RESTORE_TIMEOUT`]), plus the longest a transaction found open on the changelog can
+/// hold its last stable offset when its writer is gone: its timeout, then the coordinator's next
+/// check. A transaction open longer than that is hanging (no coordinator will end it): the restore
+/// fails and says so, the process stops, and waiting more or restoring again would not help;
+/// `kafka-transactions find-hanging` / `abort` is the operator's cure.
+pub fn restore_timeout(transaction_timeout: Duration) -> Duration {
+    RESTORE_TIMEOUT + transaction_timeout + COORDINATOR_ABORT_CHECK
+}
 
 /// Symbol -> state of one partition.
 pub type PartitionState = HashMap<String, SymbolState>;
@@ -91,16 +115,18 @@ impl StateStore {
     }
 }
 
-/// Reads changelog partitions to their (read_committed) end and returns each one's state.
+/// Reads changelog partitions (read_committed) to their high watermark, every transaction before it
+/// decided, and returns each one's state; fails after `timeout` (see [`restore_timeout`]).
 pub fn restore(
     reader: &Reader,
     changelog: &str,
     partitions: &[i32],
+    timeout: Duration,
 ) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
     let mut out: BTreeMap<i32, PartitionState> =
         partitions.iter().map(|&p| (p, HashMap::new())).collect();
     let mut skipped = 0u64;
-    let n = read_partitions_to_end(reader, changelog, partitions, RESTORE_TIMEOUT, |m| {
+    let n = read_partitions_to_end(reader, changelog, partitions, End::Decided, timeout, |m| {
         let (Some(key), Some(value)) = (m.key(), m.payload()) else {
             // A tombstone or a keyless record: nothing to restore (this code writes neither).
             skipped += 1;

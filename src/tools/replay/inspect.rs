@@ -13,7 +13,9 @@ use super::ledger::{self, key_of};
 use super::select::Selection;
 use super::{class_of, now_ms, subscriber_of, table};
 use crate::dlq::header;
-use crate::kafka::read::{partition_count, read_partitions_to_end, reader, DEFAULT_READ_TIMEOUT};
+use crate::kafka::read::{
+    partition_count, read_partitions_to_end, reader, End, DEFAULT_READ_TIMEOUT,
+};
 use crate::kafka::{Isolation, KafkaConfig};
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::Message;
@@ -127,6 +129,7 @@ pub fn inspect(opts: &InspectOptions) -> anyhow::Result<Inspection> {
         &consumer,
         &opts.dlq,
         &partitions,
+        End::Decided,
         DEFAULT_READ_TIMEOUT,
         |m| {
             if !opts

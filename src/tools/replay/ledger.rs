@@ -20,7 +20,7 @@
 //! dead letter replayed and is not pruned when DLQ retention removes the dead letter itself.
 
 use crate::kafka::read::{
-    partition_count_if_exists, read_partitions_to_end, reader, Reader, DEFAULT_READ_TIMEOUT,
+    partition_count_if_exists, read_partitions_to_end, reader, End, Reader, DEFAULT_READ_TIMEOUT,
 };
 use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use crate::kafka::{Isolation, KafkaConfig};
@@ -144,12 +144,19 @@ pub fn read(kafka: &KafkaConfig, dlq: &str) -> anyhow::Result<Ledger> {
         return Ok(ledger);
     };
     let partitions: Vec<i32> = (0..n).collect();
-    read_partitions_to_end(&consumer, &name, &partitions, DEFAULT_READ_TIMEOUT, |m| {
-        if let Some((partition, offset, timestamp)) = decode(m, dlq) {
-            ledger.entries.insert((partition, offset), timestamp);
-        }
-        Ok(())
-    })
+    read_partitions_to_end(
+        &consumer,
+        &name,
+        &partitions,
+        End::Decided,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            if let Some((partition, offset, timestamp)) = decode(m, dlq) {
+                ledger.entries.insert((partition, offset), timestamp);
+            }
+            Ok(())
+        },
+    )
     .with_context(|| format!("reading the replay ledger {name}"))?;
     Ok(ledger)
 }

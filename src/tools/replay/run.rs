@@ -49,7 +49,7 @@ use crate::dlq::{copy_headers, header};
 use crate::kafka::access::{self, Needs};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
 use crate::kafka::read::{
-    partition_count, partition_count_if_exists, read_partitions_to_end, reader, Reader,
+    partition_count, partition_count_if_exists, read_partitions_to_end, reader, End, Reader,
     DEFAULT_READ_TIMEOUT,
 };
 use crate::kafka::{Isolation, KafkaConfig};
@@ -278,29 +278,36 @@ fn replay_once(opts: &ReplayOptions) -> anyhow::Result<ReplayReport> {
         .as_deref()
         .map(|p| Batches::new(p, &consumer, opts));
     let mut replayed = 0u64;
-    let scanned = read_partitions_to_end(&consumer, &opts.dlq, &partitions, SCAN_TIMEOUT, |m| {
-        let class = class_of(m);
-        let counts = report.classes.entry(class.to_owned()).or_default();
-        counts.read += 1;
-        if ledger.contains(m.partition(), m.offset(), m.timestamp().to_millis()) {
-            counts.handled += 1;
-            return Ok(());
-        }
-        if !opts
-            .select
-            .matches(m.partition(), m.offset(), class, subscriber_of(m))
-            || opts.limit.is_some_and(|limit| replayed >= limit)
-        {
-            counts.left += 1;
-            return Ok(());
-        }
-        counts.replayed += 1;
-        replayed += 1;
-        match &mut batches {
-            Some(b) => b.add(m, class, opts.to.as_deref()),
-            None => Ok(()),
-        }
-    });
+    let scanned = read_partitions_to_end(
+        &consumer,
+        &opts.dlq,
+        &partitions,
+        End::Decided,
+        SCAN_TIMEOUT,
+        |m| {
+            let class = class_of(m);
+            let counts = report.classes.entry(class.to_owned()).or_default();
+            counts.read += 1;
+            if ledger.contains(m.partition(), m.offset(), m.timestamp().to_millis()) {
+                counts.handled += 1;
+                return Ok(());
+            }
+            if !opts
+                .select
+                .matches(m.partition(), m.offset(), class, subscriber_of(m))
+                || opts.limit.is_some_and(|limit| replayed >= limit)
+            {
+                counts.left += 1;
+                return Ok(());
+            }
+            counts.replayed += 1;
+            replayed += 1;
+            match &mut batches {
+                Some(b) => b.add(m, class, opts.to.as_deref()),
+                None => Ok(()),
+            }
+        },
+    );
     let finished = scanned.and_then(|_| batches.as_mut().map_or(Ok(()), Batches::commit));
     if let Err(e) = finished {
         if let Some(b) = &mut batches {

@@ -1,0 +1,255 @@
+//! The state restore against a changelog partition whose last transaction is not decided yet, on
+//! the 3-broker cluster (`KAFKA_CLUSTER_BOOTSTRAP`).
+//!
+//! EndTxn returns once the transaction coordinator has written PrepareCommit; the commit markers
+//! reach each partition leader afterwards. Until the changelog leader has its marker, the
+//! previous owner's last state records are in the log but above the last stable offset, exactly
+//! as the records of a transaction still open. A restore that stopped at the last stable offset
+//! would miss them and redo the batch with stale crossing state. Holding a transaction open is the
+//! deterministic form of that window: the restore must neither finish while it is open nor wait
+//! once it is decided, whether it commits or is aborted by a successor that fences it.
+//!
+//! The changelog's leader is placed on another broker than the transaction coordinator, as the
+//! window arises in production: the marker travels from one broker to another.
+
+mod common;
+
+use price_alerts::alert::SymbolState;
+use price_alerts::kafka::read::reader;
+use price_alerts::kafka::topics::DropTopics;
+use price_alerts::kafka::{Isolation, KafkaConfig};
+use price_alerts::pipeline::producer::TxnProducer;
+use price_alerts::pipeline::state::{self, PartitionState};
+use price_alerts::tools::chaos::cluster::{Cluster, DEFAULT_CLUSTER_BOOTSTRAP};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::BaseRecord;
+use rust_decimal::Decimal;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Transaction timeout of the "previous owner": far above the test, so that no transaction the
+/// test holds open is aborted by the coordinator while the test looks at it.
+const TXN_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bound of the restore that must not finish while the transaction is open: it has to give up.
+const HELD_BOUND: Duration = Duration::from_secs(5);
+/// Bound of the restores that must finish once the transaction is decided (loaded machine).
+const RESTORE_BOUND: Duration = Duration::from_secs(60);
+/// How long a restore may take to finish after the transaction it waited for was decided: the
+/// wait ends on the marker, not on a timer. Generous for a loaded 2-core machine.
+const PROMPT: Duration = Duration::from_secs(10);
+
+fn cluster() -> Cluster {
+    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP")
+        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
+    Cluster {
+        kafka_sh: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh")),
+        kafka: KafkaConfig::new(bootstrap),
+        brokers: 3,
+    }
+}
+
+/// Creates the one-partition compacted changelog `name` with its replicas on every broker and its
+/// leader on `leader`, and waits until the metadata says so.
+fn create_changelog(kafka: &KafkaConfig, name: &str, leader: i32, brokers: i32) {
+    let admin: AdminClient<DefaultClientContext> = kafka.admin().create().expect("admin client");
+    let replicas: Vec<i32> = std::iter::once(leader)
+        .chain((1..=brokers).filter(|&b| b != leader))
+        .collect();
+    let assignment = [replicas.as_slice()];
+    // Compacted, as the pipeline's changelog.
+    let topic = NewTopic::new(name, 1, TopicReplication::Variable(&assignment))
+        .set("cleanup.policy", "compact");
+    let results = futures::executor::block_on(admin.create_topics(
+        [&topic],
+        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+    ))
+    .expect("create_topics");
+    for r in results {
+        r.expect("changelog created");
+    }
+    let probe = reader(kafka, Isolation::ReadCommitted).expect("reader");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let md = probe
+            .fetch_metadata(Some(name), Duration::from_secs(10))
+            .expect("metadata");
+        let now = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == name)
+            .and_then(|t| t.partitions().first().map(|p| p.leader()));
+        if now == Some(leader) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: leader {now:?}, wanted {leader}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One state record for `symbol` in changelog partition 0, in the producer's open transaction.
+fn send_state(p: &TxnProducer, changelog: &str, symbol: &str, price: i64, seq: u64) {
+    let value = serde_json::to_vec(&SymbolState {
+        price: Decimal::from(price),
+        seq,
+    })
+    .unwrap();
+    p.send(
+        BaseRecord::to(changelog)
+            .partition(0)
+            .key(symbol.as_bytes())
+            .payload(value.as_slice()),
+    )
+    .expect("send state");
+}
+
+/// (symbol, price, seq) of a restored partition, sorted.
+fn summary(s: &PartitionState) -> Vec<(String, String, u64)> {
+    let mut v: Vec<_> = s
+        .iter()
+        .map(|(k, v)| (k.clone(), v.price.to_string(), v.seq))
+        .collect();
+    v.sort();
+    v
+}
+
+fn expect(pairs: &[(&str, i64, u64)]) -> Vec<(String, String, u64)> {
+    pairs
+        .iter()
+        .map(|(k, p, s)| (k.to_string(), p.to_string(), *s))
+        .collect()
+}
+
+/// Restores partition 0 of `changelog` on a thread of its own, with a fresh reader as a new owner
+/// has; returns the state and when the restore returned.
+fn restore_in_background(
+    kafka: &KafkaConfig,
+    changelog: &str,
+) -> thread::JoinHandle<(anyhow::Result<BTreeMap<i32, PartitionState>>, Instant)> {
+    let kafka = kafka.clone();
+    let changelog = changelog.to_owned();
+    thread::spawn(move || {
+        let r = reader(&kafka, Isolation::ReadCommitted).expect("reader");
+        let out = state::restore(&r, &changelog, &[0], RESTORE_BOUND);
+        (out, Instant::now())
+    })
+}
+
+#[test]
+#[ignore = "needs the 3-broker cluster: scripts/kafka.sh up --brokers 3"]
+fn restore_waits_for_the_changelogs_open_transaction_to_be_decided() {
+    let cluster = cluster();
+    let kafka = &cluster.kafka;
+    let prefix = common::prefix("restore-open");
+    let _topics = DropTopics::with_prefix(kafka, &prefix);
+    let changelog = format!("{prefix}app-state");
+    let txn_id = format!("{prefix}app-0");
+
+    // The previous owner: registered first, so that the tools can name its coordinator.
+    let owner = TxnProducer::start(kafka, &txn_id, TXN_TIMEOUT).expect("previous owner");
+    let coordinator = cluster
+        .transaction_coordinator(&txn_id)
+        .expect("transaction coordinator");
+    let leader = (1..=cluster.brokers)
+        .find(|&b| b != coordinator)
+        .expect("another broker");
+    create_changelog(kafka, &changelog, leader, cluster.brokers);
+    println!("transaction coordinator: broker {coordinator}; changelog leader: broker {leader}");
+
+    // Batch 1, committed: the state a restore finds when nothing is open.
+    owner.begin().unwrap();
+    send_state(&owner, &changelog, "BBCA", 100, 1);
+    send_state(&owner, &changelog, "TLKM", 50, 1);
+    owner.commit().unwrap();
+    let restored = state::restore(
+        &reader(kafka, Isolation::ReadCommitted).unwrap(),
+        &changelog,
+        &[0],
+        RESTORE_BOUND,
+    )
+    .expect("restore of a decided changelog");
+    assert_eq!(
+        summary(&restored[&0]),
+        expect(&[("BBCA", 100, 1), ("TLKM", 50, 1)])
+    );
+
+    // Batch 2, in the log but not decided: the changelog leader without its marker.
+    owner.begin().unwrap();
+    send_state(&owner, &changelog, "BBCA", 200, 2);
+    owner
+        .flush(Duration::from_secs(30))
+        .expect("batch 2 in the log");
+
+    // A restore now must not finish with batch 1's state: it gives up at its bound instead.
+    let r = reader(kafka, Isolation::ReadCommitted).unwrap();
+    let started = Instant::now();
+    let held = state::restore(&r, &changelog, &[0], HELD_BOUND);
+    let took = started.elapsed();
+    match &held {
+        Ok(s) => panic!(
+            "the restore finished after {took:?} with {:?} while batch 2 (BBCA 200/2) was in the log, undecided",
+            summary(&s[&0])
+        ),
+        Err(e) => {
+            let e = format!("{e:#}");
+            println!("restore held by the open transaction: {e}");
+            assert!(
+                e.contains("not decided"),
+                "the error names the undecided transaction: {e}"
+            );
+            assert!(
+                took >= HELD_BOUND,
+                "gave up after {took:?}, bound {HELD_BOUND:?}"
+            );
+        }
+    }
+
+    // The commit of batch 2 lets a waiting restore finish, with batch 2's state, at once.
+    let waiting = restore_in_background(kafka, &changelog);
+    owner.commit().unwrap();
+    let committed = Instant::now();
+    let (out, done) = waiting.join().expect("restore thread");
+    let out = out.expect("restore after the commit");
+    assert_eq!(
+        summary(&out[&0]),
+        expect(&[("BBCA", 200, 2), ("TLKM", 50, 1)]),
+        "the restore waited for batch 2's commit"
+    );
+    let after = done.saturating_duration_since(committed);
+    println!("restore returned {after:?} after the commit");
+    assert!(
+        after < PROMPT,
+        "the restore returned {after:?} after the commit"
+    );
+
+    // Batch 3 open, then a successor with the same transactional id fences the owner, which aborts
+    // batch 3: a waiting restore finishes with batch 2's state (the abort marker decides it).
+    owner.begin().unwrap();
+    send_state(&owner, &changelog, "BBCA", 300, 3);
+    send_state(&owner, &changelog, "TLKM", 10, 2);
+    owner
+        .flush(Duration::from_secs(30))
+        .expect("batch 3 in the log");
+    let waiting = restore_in_background(kafka, &changelog);
+    let _successor = TxnProducer::start(kafka, &txn_id, TXN_TIMEOUT).expect("successor");
+    let fenced = Instant::now();
+    let (out, done) = waiting.join().expect("restore thread");
+    let out = out.expect("restore after the abort");
+    assert_eq!(
+        summary(&out[&0]),
+        expect(&[("BBCA", 200, 2), ("TLKM", 50, 1)]),
+        "the fenced owner's batch 3 is not restored"
+    );
+    let after = done.saturating_duration_since(fenced);
+    println!("restore returned {after:?} after the fencing");
+    assert!(
+        after < PROMPT,
+        "the restore returned {after:?} after the fencing"
+    );
+}
