@@ -91,6 +91,11 @@ impl Setup {
     }
 
     fn spawn_with(&self, extra: &[&str]) -> Pipeline {
+        self.spawn_instance("0", &self.metrics_addr, extra)
+    }
+
+    /// Starts instance `instance` of alert-deliver, serving its metrics on `metrics_addr`.
+    fn spawn_instance(&self, instance: &str, metrics_addr: &str, extra: &[&str]) -> Pipeline {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_alert-deliver"))
             .args(["--bootstrap", &kafka().bootstrap])
             .args([
@@ -102,7 +107,7 @@ impl Setup {
                 "--app-id",
                 &format!("{}app", self.prefix),
                 "--instance-id",
-                "0",
+                instance,
             ])
             .args([
                 "--transaction-timeout",
@@ -115,7 +120,7 @@ impl Setup {
             } else {
                 &["--http-timeout", "2s"][..]
             })
-            .args(["--metrics-addr", &self.metrics_addr])
+            .args(["--metrics-addr", metrics_addr])
             .args(extra)
             .env(
                 "RUST_LOG",
@@ -124,23 +129,39 @@ impl Setup {
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("starting alert-deliver");
-        Pipeline::from(child, "0")
+        Pipeline::from(child, instance)
     }
 
     /// Waits until the deliverer answers /readyz.
     fn wait_ready(&self, p: &mut Pipeline) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while http_get(&self.metrics_addr, "/readyz").0 != 200 {
-            assert!(
-                matches!(p.child.try_wait(), Ok(None)),
-                "alert-deliver exited before it was ready"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "alert-deliver never became ready"
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready_at(&self.metrics_addr, p);
+    }
+
+    /// The deliverers' consumer group.
+    fn group(&self) -> String {
+        format!("{}app-deliver", self.prefix)
+    }
+
+    /// The topics the deliverers read: the notifications topic and every bucket.
+    fn read_topics(&self) -> Vec<String> {
+        let labels = self.buckets.split(',').map(|l| self.bucket(l.trim()));
+        std::iter::once(self.topic.clone()).chain(labels).collect()
+    }
+}
+
+/// Waits until the deliverer serving metrics on `addr` answers /readyz.
+fn wait_ready_at(addr: &str, p: &mut Pipeline) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(addr, "/readyz").0 != 200 {
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "alert-deliver exited before it was ready"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "alert-deliver never became ready"
+        );
+        thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -202,6 +223,12 @@ fn handoffs(topic: &str, extra: &[&str]) -> Vec<(String, String, Vec<String>)> {
 
 /// Asserts `topic` holds exactly one record per id of `ids`, each for `subscriber`.
 fn assert_exactly_once(topic: &str, ids: &[String], subscriber: &str) {
+    assert_once(topic, ids, subscriber, true);
+}
+
+/// Asserts `topic` holds at most one record per id of `ids` (exactly one if `all`), each for
+/// `subscriber`, and no other.
+fn assert_once(topic: &str, ids: &[String], subscriber: &str, all: bool) {
     let got = handoffs(topic, &[]);
     let mut per: BTreeMap<&str, u32> = BTreeMap::new();
     for (id, sub, _) in &got {
@@ -212,9 +239,13 @@ fn assert_exactly_once(topic: &str, ids: &[String], subscriber: &str) {
     assert!(doubled.is_empty(), "{topic}: doubled hand-offs {doubled:?}");
     let want: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
     let have: BTreeSet<&str> = per.keys().copied().collect();
-    let missing: Vec<_> = want.difference(&have).take(5).collect();
-    assert!(missing.is_empty(), "{topic}: lost hand-offs {missing:?}");
-    assert_eq!(got.len(), ids.len(), "{topic}: one record per notification");
+    let unexpected: Vec<_> = have.difference(&want).take(5).collect();
+    assert!(unexpected.is_empty(), "{topic}: unexpected {unexpected:?}");
+    if all {
+        let missing: Vec<_> = want.difference(&have).take(5).collect();
+        assert!(missing.is_empty(), "{topic}: lost hand-offs {missing:?}");
+        assert_eq!(got.len(), ids.len(), "{topic}: one record per notification");
+    }
 }
 
 /// Nothing reached the DLQ or the parking lot.
@@ -379,6 +410,13 @@ fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_
         Duration::from_secs(60),
         || down.accepted().len() == ids.len() && healthy.accepted().len() == ids.len(),
     );
+    let aborted = gauge(
+        &setup.metrics_addr,
+        "alerts_deliver_transactions_total",
+        "result",
+        "aborted",
+    );
+    assert!(aborted >= 0.0, "the aborted transactions are counted");
     deliverer.signal("TERM");
     assert!(
         deliverer.wait(EXIT).success(),
@@ -390,7 +428,10 @@ fn an_outage_longer_than_two_buckets_loses_nothing_and_never_blocks_the_healthy_
     assert_eq!(healthy.accepted(), keys(&ids, "healthy"));
     // Every notification of the down subscriber went through the first bucket, once; only its
     // records are in any bucket; nothing reached the DLQ or the parking lot.
-    assert_exactly_once(&setup.bucket("1s"), &ids, "down");
+    // Every notification of the down subscriber went through the first bucket, once: unless a
+    // hand-off transaction aborted (a broker stall timed a record out, seen on this shared
+    // machine), and its batch, delivered again after the endpoint was back, needed no hand-off.
+    assert_once(&setup.bucket("1s"), &ids, "down", aborted == 0.0);
     let second = handoffs(&setup.bucket("2s"), &[]);
     assert!(
         !second.is_empty() && second.iter().all(|(_, s, _)| s == "down"),
@@ -804,4 +845,300 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
         per.len() == ids.len() && per.values().all(|rs| rs.len() >= 4),
         "four attempts per key at least"
     );
+}
+
+/// Retry records as a deliverer hands them to a bucket, for `subscriber`: (notification seq,
+/// due time), all of symbol S0, written to `topic` in ONE transaction, so that a read_committed
+/// reader gets them all at once (one fetch). Returns their ids.
+fn produce_retries(topic: &str, subscriber: &str, records: &[(u64, SystemTime)]) -> Vec<String> {
+    use price_alerts::deliver::buckets::{format_time, ATTEMPT, NEXT_DUE_AT, SUBSCRIBER};
+    use price_alerts::pipeline::producer::TxnProducer;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::BaseRecord;
+    let producer = TxnProducer::start(
+        &kafka(),
+        &format!("{topic}-writer"),
+        Duration::from_secs(30),
+    )
+    .expect("a transactional producer");
+    producer.begin().expect("begin");
+    let mut ids = Vec::new();
+    for (seq, due) in records {
+        let (id, value) = notification("S0", *seq);
+        let due = format_time(*due);
+        let headers = [
+            (SUBSCRIBER, subscriber),
+            (ATTEMPT, "1"),
+            (NEXT_DUE_AT, &due),
+        ]
+        .into_iter()
+        .fold(OwnedHeaders::new(), |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value),
+            })
+        });
+        let record = BaseRecord::<[u8], [u8]>::to(topic)
+            .key(b"S0".as_slice())
+            .payload(value.as_slice())
+            .headers(headers);
+        producer.send(record).expect("send");
+        ids.push(id);
+    }
+    producer.commit().expect("commit");
+    ids
+}
+
+/// The partitions of each member of a Stable `group`, as the broker assigned them (no member
+/// while the group rebalances or is empty).
+fn group_assignment(group: &str) -> Vec<BTreeSet<(String, i32)>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: BaseConsumer = kafka().admin().create().expect("a client");
+    let Ok(list) = client.fetch_group_list(Some(group), Duration::from_secs(10)) else {
+        return Vec::new();
+    };
+    list.groups()
+        .iter()
+        .filter(|g| g.state() == "Stable")
+        .flat_map(|g| g.members())
+        .map(|m| m.assignment().map(parse_assignment).unwrap_or_default())
+        .collect()
+}
+
+/// A consumer protocol assignment (version, [topic, [partition]], user data), big-endian.
+fn parse_assignment(mut b: &[u8]) -> BTreeSet<(String, i32)> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        (b.len() >= n).then(|| {
+            let (head, tail) = b.split_at(n);
+            *b = tail;
+            head
+        })
+    }
+    fn int(b: &mut &[u8], n: usize) -> Option<i64> {
+        let bytes = take(b, n)?;
+        Some(bytes.iter().fold(0i64, |acc, x| (acc << 8) | i64::from(*x)))
+    }
+    let mut out = BTreeSet::new();
+    let parsed = (|| {
+        int(&mut b, 2)?; // version
+        for _ in 0..int(&mut b, 4)? {
+            let len = int(&mut b, 2)? as usize;
+            let topic = String::from_utf8_lossy(take(&mut b, len)?).into_owned();
+            for _ in 0..int(&mut b, 4)? {
+                out.insert((topic.clone(), int(&mut b, 4)? as i32));
+            }
+        }
+        Some(())
+    })();
+    assert!(parsed.is_some(), "a malformed assignment");
+    out
+}
+
+/// A gauge of `name{label="value"}` served at `addr` (-1 while it is not there).
+fn gauge(addr: &str, name: &str, label: &str, value: &str) -> f64 {
+    let body = http_get(addr, "/metrics").1;
+    let series = format!("{name}{{{label}=\"{value}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok())
+        .unwrap_or(-1.0)
+}
+
+/// Sends SIGCONT to a stopped child when dropped, however the test ends.
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_aborted_hand_off_reads_a_held_partition_again_from_the_rewind() {
+    let failing = Webhook::up(Behaviour::Status(503));
+    let setup = Setup::new(
+        "deliver-abort-held",
+        1,
+        "1s,2s,60s",
+        &[("failing", failing.url())],
+    );
+    // The hook aborts the first hand-off transaction; no breaker, so every delivery is tried.
+    let mut deliverer =
+        setup.spawn_with(&["--test-abort-handoff-txn", "1", "--breaker-failures", "0"]);
+    setup.wait_ready(&mut deliverer);
+    wait_until(
+        "the deliverer owns its partitions",
+        Duration::from_secs(60),
+        || {
+            group_assignment(&setup.group())
+                .iter()
+                .map(BTreeSet::len)
+                .sum::<usize>()
+                == 4
+        },
+    );
+    // One partition of the first bucket: 10 records due already, then 10 due in 8 s, visible in
+    // one fetch. The first 10 make the first batch (aborted by the hook); the 11th holds the
+    // partition (paused) while that batch is delivered and aborted.
+    let now = SystemTime::now();
+    let later = now + Duration::from_secs(8);
+    let records: Vec<(u64, SystemTime)> = (0..20)
+        .map(|i| {
+            (
+                i,
+                if i < 10 {
+                    now - Duration::from_secs(1)
+                } else {
+                    later
+                },
+            )
+        })
+        .collect();
+    let ids = produce_retries(&setup.bucket("1s"), "failing", &records);
+    let second = setup.bucket("2s");
+    let handed = || count_records(&kafka(), &second, Isolation::ReadCommitted).unwrap_or(0);
+    // Until all 20 are handed to the second bucket, or well past the late ones' due time.
+    let deadline = Instant::now() + Duration::from_secs(8 + 40);
+    while handed() < 20 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(200));
+    }
+    let aborts = gauge(
+        &setup.metrics_addr,
+        "alerts_deliver_transactions_total",
+        "result",
+        "aborted",
+    );
+    deliverer.signal_if_running("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+
+    // The hook aborted the first transaction: the 10 records due at once, and only them (had the
+    // late ones not been held, they would have been in the same batch).
+    let aborted = count_records(&kafka(), &second, Isolation::ReadUncommitted).unwrap()
+        - count_records(&kafka(), &second, Isolation::ReadCommitted).unwrap();
+    if aborts == 1.0 {
+        assert_eq!(aborted, 10, "the aborted transaction held the due records");
+    } else {
+        // A broker stall aborted another transaction too (seen on this shared machine).
+        assert!(
+            aborts > 1.0 && aborted >= 10,
+            "{aborts} aborts, {aborted} records"
+        );
+    }
+    // Each record handed on once: none skipped by the rewind, none doubled.
+    assert_exactly_once(&second, &ids, "failing");
+    // The late ones were held until due.
+    let per = failing.per_key();
+    for id in &ids[10..] {
+        let first = per[&format!("{id}/failing")][0].at;
+        assert!(
+            first + Duration::from_millis(1) >= later,
+            "{id} was tried before it was due"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
+    // Each key fails once (429, Retry-After 0) then is accepted: every notification goes through
+    // the first bucket once.
+    let flaky = Webhook::up(Behaviour::TooManyOnce {
+        retry_after_secs: 0,
+    });
+    let setup = Setup::new("deliver-moved", 1, "1s,2s,90s", &[("flaky", flaky.url())]);
+    let group = setup.group();
+    let all: BTreeSet<(String, i32)> = setup.read_topics().into_iter().map(|t| (t, 0)).collect();
+    let owners = || group_assignment(&group);
+    // Short sessions, so a frozen or stopped (static) member is expelled within seconds.
+    let args = ["-X", "session.timeout.ms=6000", "--breaker-failures", "0"];
+    let mut a = setup.spawn_instance("0", &setup.metrics_addr, &args);
+    setup.wait_ready(&mut a);
+    wait_until(
+        "instance 0 owns every partition",
+        Duration::from_secs(60),
+        || owners() == vec![all.clone()],
+    );
+    // A retry record due in 60 s: instance 0 holds the first bucket's partition (paused) at it.
+    let h_due = SystemTime::now() + Duration::from_secs(60);
+    let held = produce_retries(&setup.bucket("1s"), "flaky", &[(1000, h_due)]);
+    wait_until(
+        "instance 0 holds the first bucket's partition",
+        Duration::from_secs(30),
+        || {
+            gauge(
+                &setup.metrics_addr,
+                "alerts_deliver_bucket_oldest_age_seconds",
+                "topic",
+                &setup.bucket("1s"),
+            ) > 0.0
+        },
+    );
+
+    // Instance 1 joins; instance 0 is frozen past its session timeout, so instance 1 takes every
+    // partition, the held one included; instance 0 is thawed (its partitions are lost) and
+    // rejoins; instance 1 stops and every partition comes back to instance 0.
+    let b_addr = free_addr();
+    let mut b = setup.spawn_instance("1", &b_addr, &args);
+    wait_ready_at(&b_addr, &mut b);
+    let both = || {
+        let o = owners();
+        o.len() == 2 && o.iter().all(|p| !p.is_empty())
+    };
+    wait_until(
+        "both instances own partitions",
+        Duration::from_secs(60),
+        both,
+    );
+    a.signal("STOP");
+    let thaw = Thaw(a.child.id());
+    wait_until(
+        "instance 1 owns every partition",
+        Duration::from_secs(60),
+        || owners() == vec![all.clone()],
+    );
+    assert!(
+        SystemTime::now() + Duration::from_secs(15) < h_due,
+        "the machine was too slow for the scenario: the held record comes due before instance 0 has seen its revoke"
+    );
+    drop(thaw);
+    wait_until("instance 0 rejoined", Duration::from_secs(60), both);
+    b.signal("TERM");
+    assert!(b.wait(EXIT).success(), "instance 1 stops cleanly");
+    wait_until(
+        "instance 0 owns every partition again",
+        Duration::from_secs(60),
+        || owners() == vec![all.clone()],
+    );
+
+    // After the last move: notifications that each fail once, so each waits in the first bucket
+    // behind the held record, and all are delivered once it is due.
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..20);
+    let every: Vec<String> = ids.iter().chain(&held).cloned().collect();
+    let until_due = h_due.duration_since(SystemTime::now()).unwrap_or_default();
+    wait_until(
+        "the subscriber accepted every notification",
+        until_due + Duration::from_secs(60),
+        || flaky.accepted() == keys(&every, "flaky"),
+    );
+    // Every key went through the first bucket once, and is accepted at its second attempt: only
+    // the held record, a retry already when it was written, failed its first attempt there.
+    // Unless a broker stall aborted a hand-off: the batch, delivered again, then needed none.
+    let aborts = gauge(
+        &setup.metrics_addr,
+        "alerts_deliver_transactions_total",
+        "result",
+        "aborted",
+    );
+    assert!(aborts >= 0.0, "the aborted transactions are counted");
+    a.signal("TERM");
+    assert!(a.wait(EXIT).success(), "instance 0 stops cleanly");
+    assert_once(&setup.bucket("1s"), &every, "flaky", aborts == 0.0);
+    assert_once(&setup.bucket("2s"), &held, "flaky", aborts == 0.0);
+    assert_nothing_given_up(&setup);
 }

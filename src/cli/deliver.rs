@@ -85,6 +85,9 @@ pub struct DeliverArgs {
     /// TEST ONLY: abort once this many hand-off records are written, inside the open transaction.
     #[arg(long, hide = true)]
     pub test_crash_after_handoffs: Option<u64>,
+    /// TEST ONLY: abort the N-th hand-off transaction (1-based) instead of committing it.
+    #[arg(long, hide = true)]
+    pub test_abort_handoff_txn: Option<u64>,
 }
 
 impl DeliverArgs {
@@ -139,6 +142,7 @@ impl DeliverArgs {
             retention: self.retention,
             shutdown_timeout: self.shutdown_timeout,
             test_crash_after_handoffs: self.test_crash_after_handoffs,
+            test_abort_handoff_txn: self.test_abort_handoff_txn,
         })
     }
 }

@@ -219,6 +219,20 @@ impl Buckets {
         matches!((stage, next), (Stage::Bucket(i), Next::Bucket(j)) if i == j)
     }
 
+    /// When a record read from bucket `i` at `now` is due: its `retry.next.due.at`, or, when that
+    /// is missing or unreadable, its timestamp plus the bucket's delay (`now` without a
+    /// timestamp). Never later than `now` plus the last bucket's delay, the longest any hand-off
+    /// waits ([`Buckets::due`]): a due time beyond it comes from a clock that ran ahead or an
+    /// edited replay, and trusted, it would hold the whole partition behind it that long.
+    pub fn due_of<M: Message>(&self, msg: &M, i: usize, now: SystemTime) -> SystemTime {
+        let fallback = msg
+            .timestamp()
+            .to_millis()
+            .map_or(now, |ts| from_millis(ts) + self.delays[i]);
+        let due = RetryState::of(msg, fallback).map_or(fallback, |s| s.next_due_at);
+        due.min(now + self.delays[self.delays.len() - 1])
+    }
+
     /// When a record handed to bucket `i` at `now` is due: the bucket's delay, or the receiver's
     /// `not_before` if longer (capped at the last bucket's delay).
     pub fn due(&self, i: usize, now: SystemTime, not_before: Option<Duration>) -> SystemTime {
@@ -480,6 +494,41 @@ mod tests {
             x.due(0, now, Some(Duration::from_secs(3600))),
             now + Duration::from_secs(4)
         );
+    }
+
+    #[test]
+    fn a_due_time_beyond_the_last_bucket_is_clamped() {
+        let x = b("1s,2s,4s");
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let due_at = |due: SystemTime| {
+            let m = retry_record(&[(SUBSCRIBER, "s"), (NEXT_DUE_AT, &format_time(due))]);
+            x.due_of(&m, 0, now)
+        };
+        // A skewed writer's clock or an edited replay: a day ahead holds the partition 4 s at most.
+        assert_eq!(
+            due_at(now + Duration::from_secs(86_400)),
+            now + Duration::from_secs(4)
+        );
+        assert_eq!(
+            due_at(now + Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(
+            due_at(now - Duration::from_secs(3)),
+            now - Duration::from_secs(3)
+        );
+        // Without the header: the record timestamp plus the bucket's delay, clamped as well.
+        let m = rdkafka::message::OwnedMessage::new(
+            None,
+            None,
+            "n.retry.1s".into(),
+            rdkafka::Timestamp::CreateTime(999_999_000),
+            0,
+            0,
+            None,
+        );
+        assert_eq!(x.due_of(&m, 0, now), now);
+        assert_eq!(x.due_of(&m, 2, now), now + Duration::from_secs(3));
     }
 
     #[test]

@@ -22,7 +22,7 @@
 use super::buckets::{Buckets, RetryState};
 use crate::dlq::{copy_headers, Coordinates, Letter};
 use crate::kafka::offsets::positions_list;
-use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
+use crate::pipeline::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseRecord;
@@ -103,17 +103,24 @@ impl Handoff {
     }
 }
 
-/// TEST ONLY: a crash inside the hand-off transaction, after this many hand-offs of the process.
+/// TEST ONLY: faults injected into the hand-off transactions of the process (off by default).
 #[derive(Debug, Default)]
-pub struct CrashHook {
-    pub after: Option<u64>,
+pub struct TestHooks {
+    /// Crash (abort the process) inside the open transaction after this many hand-off records.
+    pub crash_after: Option<u64>,
+    /// Hand-off records sent so far.
     pub sent: u64,
+    /// Abort this hand-off transaction (1-based, counted over the process) instead of committing
+    /// it, through the path an abortable commit error takes.
+    pub abort_txn: Option<u64>,
+    /// Hand-off transactions ended so far.
+    pub txns: u64,
 }
 
-impl CrashHook {
+impl TestHooks {
     fn sent(&mut self, producer: &TxnProducer) {
         self.sent += 1;
-        if self.after == Some(self.sent) {
+        if self.crash_after == Some(self.sent) {
             // Records first into the log, so the crash lands inside an open transaction.
             let _ = producer.flush(Duration::from_secs(30));
             tracing::error!(
@@ -122,6 +129,24 @@ impl CrashHook {
             );
             std::process::abort();
         }
+    }
+
+    /// Commits the open transaction, unless this is the one the hook aborts: then an abortable
+    /// error, which [`commit`] handles as it handles a real one (abort, and the caller rewinds).
+    fn commit(&mut self, producer: &TxnProducer) -> Result<(), TxnError> {
+        self.txns += 1;
+        if self.abort_txn == Some(self.txns) {
+            tracing::error!(
+                txn = self.txns,
+                "test hook: aborting a hand-off transaction"
+            );
+            return Err(TxnError::with_class(
+                "commit_transaction",
+                TxnErrorClass::Abortable,
+                TxnCause::Injected("the test hook aborts this hand-off transaction"),
+            ));
+        }
+        producer.commit()
     }
 }
 
@@ -165,11 +190,11 @@ pub fn commit(
     group_id: &str,
     buckets: &Buckets,
     batch: &Batch<'_>,
-    hook: &mut CrashHook,
+    hook: &mut TestHooks,
 ) -> Result<(), TxnError> {
     producer.begin()?;
-    let result =
-        send_all(producer, group, group_id, buckets, batch, hook).and_then(|()| producer.commit());
+    let result = send_all(producer, group, group_id, buckets, batch, hook)
+        .and_then(|()| hook.commit(producer));
     if let Err(e) = &result {
         if e.class == TxnErrorClass::Abortable {
             if let Err(abort) = producer.abort() {
@@ -187,7 +212,7 @@ fn send_all(
     group_id: &str,
     buckets: &Buckets,
     batch: &Batch<'_>,
-    hook: &mut CrashHook,
+    hook: &mut TestHooks,
 ) -> Result<(), TxnError> {
     let now = SystemTime::now();
     for h in batch.handoffs {

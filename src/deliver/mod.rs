@@ -29,6 +29,9 @@
 //!   HTTP calls, bounded per subscriber and partition, through the breakers, within a deadline.
 //! - [`buckets`]: bucket names, where a failure goes next, due times, the `retry.*` headers.
 //! - [`handoff`]: the hand-off records and the one transaction per batch.
+//! - [`partitions`]: what the deliverer keeps per partition between polls (held heads, pauses)
+//!   and its fate on assign, revoke, abort and due; the consumer context whose rebalance
+//!   callbacks reach it.
 //! - [`run`](mod@run): start-up, the poll loop with its due-time pauses, shutdown.
 //! - [`options`], [`metrics`].
 
@@ -39,6 +42,7 @@ pub mod handoff;
 pub mod http;
 pub mod metrics;
 pub mod options;
+pub mod partitions;
 pub mod run;
 pub mod subscriptions;
 

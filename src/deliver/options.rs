@@ -53,4 +53,7 @@ pub struct DeliverOptions {
     /// TEST ONLY: abort the process once this many hand-off records are written (flushed into
     /// the log) by this process, inside the open transaction: a crash in the middle of a hand-off.
     pub test_crash_after_handoffs: Option<u64>,
+    /// TEST ONLY: abort the N-th hand-off transaction of this process (1-based) instead of
+    /// committing it, through the path an abortable commit error takes.
+    pub test_abort_handoff_txn: Option<u64>,
 }

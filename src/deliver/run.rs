@@ -14,38 +14,41 @@
 //! polling its other partitions, serves rebalances and keeps its group membership) and resumed at
 //! the head's due time, from the head's offset. Its later records wait behind it: a bucket is a
 //! queue in due order, since every record of a bucket is due the same delay after its hand-off.
+//! What becomes of a held partition on a rebalance or an abort is [`super::partitions`]' business:
+//! the loop pauses, resumes and seeks only through it.
 //!
 //! # Error handling
-//! A transaction that must be aborted rewinds every partition of the batch to its first record, so
-//! the batch is delivered again (the HTTP side is at-least-once) and handed off once. A fatal one
-//! (fenced by a newer instance, say) stops the deliverer non-zero.
+//! A transaction that must be aborted rewinds every partition of the batch to its first record
+//! (dropping a head held further on), so the batch is delivered again (the HTTP side is
+//! at-least-once) and handed off once. A fatal one (fenced by a newer instance, say) stops the
+//! deliverer non-zero.
 
 use super::buckets::{from_millis, Next, RetryState, Stage};
 use super::dispatch::{Dispatcher, Job, Lane};
-use super::handoff::{self, rewind_positions, Batch, CrashHook, Handoff, Target};
+use super::handoff::{self, rewind_positions, Batch, Handoff, Target, TestHooks};
 use super::http::{self, Outcome};
 use super::metrics as m;
 use super::options::DeliverOptions;
+use super::partitions::{DeliverContext, Held, Partitions};
 use super::subscriptions::Subscriber;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::logging::Logged;
-use crate::kafka::offsets::positions_list;
 use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use crate::pipeline::producer::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset};
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// Longest single poll: bounds how late a due record, a stop request or a metrics refresh is noticed.
 const POLL_SLICE: Duration = Duration::from_millis(100);
@@ -55,8 +58,6 @@ const GAUGES_EVERY: Duration = Duration::from_secs(5);
 const WATERMARK_TIMEOUT: Duration = Duration::from_millis(100);
 /// A batch slower than this is logged with where its time went (deliveries or the commit).
 const SLOW_BATCH: Duration = Duration::from_secs(1);
-/// Bound on seeking a partition (a local operation once assigned).
-const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a deliverer did, for its exit line and the tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -168,15 +169,6 @@ async fn create_topics(opts: &DeliverOptions) -> anyhow::Result<i32> {
     Ok(partitions)
 }
 
-/// The head of a paused partition: the first record not due yet.
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    due: SystemTime,
-    offset: i64,
-    /// Its record timestamp (ms), for the oldest-age gauge.
-    timestamp: Option<i64>,
-}
-
 /// What a notification's JSON must have for a delivery.
 #[derive(Deserialize)]
 struct Head {
@@ -188,15 +180,14 @@ struct Deliverer {
     opts: DeliverOptions,
     rt: tokio::runtime::Handle,
     client: reqwest::Client,
-    consumer: BaseConsumer<Logged>,
+    /// Its context owns the per-partition state (held heads, pauses): [`Deliverer::partitions`].
+    consumer: BaseConsumer<DeliverContext>,
     producer: Arc<TxnProducer>,
     /// Per subscriber: itself, its `max_in_flight` bound and its circuit breaker.
     lanes: HashMap<String, Lane>,
-    /// Paused partitions and their held head.
-    held: HashMap<(String, i32), Held>,
     stats: DeliverStats,
     gauges_at: Instant,
-    hook: CrashHook,
+    hook: TestHooks,
 }
 
 fn run_blocking(
@@ -214,8 +205,8 @@ fn run_blocking(
         // default would be most of a delivery's latency. -X overrides it.
         cfg.set("fetch.wait.max.ms", "20");
     }
-    let consumer: BaseConsumer<Logged> = cfg
-        .create_with_context(Logged)
+    let consumer: BaseConsumer<DeliverContext> = cfg
+        .create_with_context(DeliverContext::default())
         .context("creating the deliverer's consumer")?;
     let producer_cfg = opts
         .kafka
@@ -233,7 +224,11 @@ fn run_blocking(
         .iter()
         .map(|s| (s.name.clone(), Lane::new(s.clone(), opts.breaker)))
         .collect();
-    let opts_hook = opts.test_crash_after_handoffs;
+    let hook = TestHooks {
+        crash_after: opts.test_crash_after_handoffs,
+        abort_txn: opts.test_abort_handoff_txn,
+        ..TestHooks::default()
+    };
     let mut d = Deliverer {
         opts,
         rt,
@@ -241,13 +236,9 @@ fn run_blocking(
         consumer,
         producer,
         lanes,
-        held: HashMap::new(),
         stats: DeliverStats::default(),
         gauges_at: Instant::now(),
-        hook: CrashHook {
-            after: opts_hook,
-            sent: 0,
-        },
+        hook,
     };
     health.ready();
     let result = d.consume_until_stopped(&health, stop);
@@ -268,7 +259,8 @@ impl Deliverer {
     fn consume_until_stopped(&mut self, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
         while !stop.load(Ordering::Relaxed) {
             health.beat();
-            self.resume_due()?;
+            self.partitions()?
+                .resume_due(&self.consumer, SystemTime::now())?;
             if self.gauges_at <= Instant::now() {
                 self.bucket_gauges();
                 self.gauges_at = Instant::now() + GAUGES_EVERY;
@@ -281,15 +273,23 @@ impl Deliverer {
         Ok(())
     }
 
+    /// The per-partition state (never held across a poll: the rebalance callbacks lock it).
+    fn partitions(&self) -> anyhow::Result<std::sync::MutexGuard<'_, Partitions>> {
+        let p = self.consumer.context().partitions()?;
+        if let Some(e) = p.failure() {
+            bail!("{e}");
+        }
+        Ok(p)
+    }
+
     /// Polls up to `max_batch` records, waiting at most until the next due time; keeps those of
     /// owned partitions that are due, holding (pausing) a partition at its first record that is not.
     fn poll_batch(&mut self) -> anyhow::Result<Vec<OwnedMessage>> {
         let now = SystemTime::now();
         let until_due = self
-            .held
-            .values()
-            .map(|h| h.due.duration_since(now).unwrap_or_default())
-            .min();
+            .partitions()?
+            .next_due()
+            .map(|due| due.duration_since(now).unwrap_or_default());
         let wait = until_due.map_or(POLL_SLICE, |d| d.min(POLL_SLICE));
         let mut polled = Vec::new();
         while polled.len() < self.opts.max_batch {
@@ -298,95 +298,39 @@ impl Deliverer {
             } else {
                 Duration::ZERO
             }) {
-                Some(Ok(m)) => polled.push(m.detach()),
+                // Stamped after the poll, whose rebalance callbacks ran before it returned.
+                Some(Ok(m)) => polled.push((self.partitions()?.stamp(), m.detach())),
                 Some(Err(e)) => warn!(error = %e, "consumer error"),
                 None => break,
             }
         }
-        // The rebalance callback runs inside poll: keep only what this instance still owns.
-        let owned: HashSet<(String, i32)> = self
-            .consumer
-            .assignment()
-            .context("reading the assignment")?
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_owned(), e.partition()))
-            .collect();
-        self.held.retain(|tp, _| owned.contains(tp));
+        let mut partitions = self.partitions()?;
         let now = SystemTime::now();
         let mut batch = Vec::with_capacity(polled.len());
-        for m in polled {
+        for (stamp, m) in polled {
             let tp = (m.topic().to_owned(), m.partition());
-            if !owned.contains(&tp) || self.held.contains_key(&tp) {
-                continue; // read again from the held offset on resume, or by the new owner
+            if !partitions.is_current(&tp, stamp) {
+                // Read again: from the held head once due, from the committed offset after a
+                // re-assign, or by the new owner.
+                continue;
             }
             if let Some(Stage::Bucket(i)) = self.opts.buckets.stage_of(m.topic()) {
-                let fallback = m
-                    .timestamp()
-                    .to_millis()
-                    .map_or(now, |ts| from_millis(ts) + self.opts.buckets.delays()[i]);
-                let due = RetryState::of(&m, fallback).map_or(fallback, |s| s.next_due_at);
+                let due = self.opts.buckets.due_of(&m, i, now);
                 if due > now {
-                    self.hold(
-                        tp,
-                        Held {
-                            due,
-                            offset: m.offset(),
-                            timestamp: m.timestamp().to_millis(),
-                        },
-                    )?;
+                    let held = Held {
+                        due,
+                        offset: m.offset(),
+                        timestamp: m.timestamp().to_millis(),
+                    };
+                    partitions
+                        .hold(&self.consumer, tp, held)
+                        .context("pausing a partition")?;
                     continue;
                 }
             }
             batch.push(m);
         }
         Ok(batch)
-    }
-
-    /// Pauses a partition at its head record until it is due.
-    fn hold(&mut self, tp: (String, i32), held: Held) -> anyhow::Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&tp.0, tp.1);
-        self.consumer
-            .pause(&tpl)
-            .with_context(|| format!("pausing {}/{}", tp.0, tp.1))?;
-        debug!(topic = %tp.0, partition = tp.1, offset = held.offset, "head not due: partition paused");
-        self.held.insert(tp, held);
-        Ok(())
-    }
-
-    /// Resumes the held partitions whose head is due, from the head.
-    fn resume_due(&mut self) -> anyhow::Result<()> {
-        let now = SystemTime::now();
-        let due: BTreeMap<(String, i32), i64> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.due <= now)
-            .map(|(tp, h)| (tp.clone(), h.offset))
-            .collect();
-        if due.is_empty() {
-            return Ok(());
-        }
-        self.seek(&due)?;
-        let tpl = positions_list(&due)?;
-        self.consumer.resume(&tpl).context("resuming partitions")?;
-        for tp in due.keys() {
-            self.held.remove(tp);
-        }
-        Ok(())
-    }
-
-    /// Moves partitions to the given offsets.
-    fn seek(&self, positions: &BTreeMap<(String, i32), i64>) -> anyhow::Result<()> {
-        let result = self
-            .consumer
-            .seek_partitions(positions_list(positions)?, SEEK_TIMEOUT)
-            .context("seeking")?;
-        for e in result.elements() {
-            e.error()
-                .with_context(|| format!("seeking {}/{}", e.topic(), e.partition()))?;
-        }
-        Ok(())
     }
 
     /// Delivers a batch and commits its hand-offs and offsets in one transaction.
@@ -572,7 +516,8 @@ impl Deliverer {
                 warn!(error = %e, records = records.len(), "hand-off transaction aborted; the batch is read and delivered again");
                 m::aborted();
                 self.stats.aborted += 1;
-                self.seek(&rewind_positions(records))?;
+                self.partitions()?
+                    .rewind(&self.consumer, &rewind_positions(records))?;
                 return Ok(());
             }
             Err(e) => {
@@ -613,12 +558,17 @@ impl Deliverer {
             return;
         };
         let positions = self.consumer.position().ok();
+        // A copy: the watermark requests below are not made under the lock.
+        let held: BTreeMap<(String, i32), Held> = match self.partitions() {
+            Ok(p) => p.held().map(|(tp, h)| (tp.clone(), *h)).collect(),
+            Err(_) => return,
+        };
         let now = SystemTime::now();
         for topic in self.opts.buckets.bucket_topics() {
             let mut lag = 0;
             for e in assigned.elements().iter().filter(|e| e.topic() == topic) {
                 let p = e.partition();
-                let held = self.held.get(&(topic.clone(), p)).map(|h| h.offset);
+                let held = held.get(&(topic.clone(), p)).map(|h| h.offset);
                 let position = held.or_else(|| {
                     positions
                         .as_ref()?
@@ -637,8 +587,7 @@ impl Deliverer {
                     lag += (high - pos).max(0);
                 }
             }
-            let oldest = self
-                .held
+            let oldest = held
                 .iter()
                 .filter(|((t, _), _)| *t == topic)
                 .filter_map(|(_, h)| h.timestamp)

@@ -482,13 +482,8 @@ impl Committer {
     /// Write in it (empty for any other abort). If the abort fails fatally because of such a
     /// refusal, the producer is made again instead (see below).
     fn abort_open(&self) -> Result<BTreeSet<String>, TxnError> {
-        // Let in-flight produce requests finish first: with records still in flight, Kafka 4.4
-        // answered librdkafka's EndTxn(abort) with INVALID_TXN_STATE, a fatal error, in our
-        // forced-abort test (the open librdkafka issue #4849 reports the same). Delivery errors
-        // here are expected and change nothing: the transaction is aborted anyway.
-        if let Err(e) = self.producer.flush(self.settings.transaction_timeout) {
-            debug!(error = %e, "flush before abort did not complete");
-        }
+        // TxnProducer::abort lets in-flight produce requests finish first (Kafka 4.4 answered
+        // an EndTxn(abort) with records in flight with INVALID_TXN_STATE).
         let aborted = self.producer.abort();
         let mut refused = self.producer.take_refused();
         match aborted {
