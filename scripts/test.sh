@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# scripts/test.sh: runs every test of the project, the broker tests included, against a real
-# single-node Apache Kafka. Starts the local broker (scripts/kafka.sh up) when none answers at
-# KAFKA_BOOTSTRAP and stops it again at the end; a broker that was already running is reused and
-# left alone. The chaos test (tests/chaos.rs) runs on the local 3-broker cluster
-# (scripts/kafka.sh up --brokers 3), started and stopped the same way, in parallel with the single
-# broker.
+# scripts/test.sh: runs every test of the project, the broker tests included, against real Apache
+# Kafka brokers, in two phases so that a phase's tests run beside the brokers they need and no
+# others (two cores do not carry five broker JVMs and the tests without stalls):
+#   1. the unit tests and every broker test on the local single broker (scripts/kafka.sh up), the
+#      security tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM
+#      users, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and KAFKA_SECURE_CA tell the tests
+#      where it is);
+#   2. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore.
+# A broker that is not running is started for its phase and stopped again after it; one that was
+# already running is reused and left alone. With arguments (a selection such as --test pipeline)
+# every broker is started and the selection runs once.
 #
 # Broker tests are #[ignore]d under a plain `cargo test` (no broker there); here they run with
 # --include-ignored, so none is silently skipped.
-#
-# The secure tests (tests/security.rs) run on the local SECURED broker (scripts/kafka.sh up --secure:
-# SASL_SSL, SCRAM users, ACLs), started and stopped the same way, in parallel with the others;
-# KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and KAFKA_SECURE_CA tell the tests where it is.
 #
 # alert-sink's tests need PostgreSQL too: scripts/postgres.sh up when it is not running (stopped
 # again at the end), unless DATABASE_URL names a server already.
@@ -58,29 +59,70 @@ if [ -z "${DATABASE_URL:-}" ]; then
   DATABASE_URL=$(scripts/postgres.sh url)
   export DATABASE_URL
 fi
-# The jars first (once), then the single broker and the cluster start side by side.
+# The brokers a phase needs, and only those: on two cores, five idle-but-alive broker JVMs beside
+# the tests were enough to stall clients past their timeouts (issue 19). Each is started here when
+# none answers (and stopped again when its phase ends); one that was already running is reused
+# and left alone.
 scripts/kafka.sh classpath >/dev/null
-pids=()
-if ! scripts/kafka.sh status >/dev/null 2>&1; then
-  started=1
-  scripts/kafka.sh up &
-  pids+=($!)
-fi
-if ! scripts/kafka.sh status --brokers 3 >/dev/null 2>&1; then
-  cluster_started=1
-  scripts/kafka.sh up --brokers 3 &
-  pids+=($!)
-fi
-if ! scripts/kafka.sh status --secure >/dev/null 2>&1; then
-  secure_started=1
-  scripts/kafka.sh up --secure &
-  pids+=($!)
-fi
-for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid"; done
-eval "$(scripts/kafka.sh env --secure)"
+start_brokers() { # single | cluster | secure ...
+  local pids=() which
+  for which in "$@"; do
+    case $which in
+      single) if ! scripts/kafka.sh status >/dev/null 2>&1; then started=1; scripts/kafka.sh up & pids+=($!); fi ;;
+      cluster) if ! scripts/kafka.sh status --brokers 3 >/dev/null 2>&1; then cluster_started=1; scripts/kafka.sh up --brokers 3 & pids+=($!); fi ;;
+      secure) if ! scripts/kafka.sh status --secure >/dev/null 2>&1; then secure_started=1; scripts/kafka.sh up --secure & pids+=($!); fi ;;
+    esac
+  done
+  local pid rc=0
+  for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || rc=1; done
+  return $rc
+}
+stop_started() { # single | cluster | secure ...: those this script started
+  local which
+  for which in "$@"; do
+    case $which in
+      single) if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; started=0; fi ;;
+      cluster) if [ "$cluster_started" = 1 ]; then scripts/kafka.sh down --brokers 3 --wipe >/dev/null || true; cluster_started=0; fi ;;
+      secure) if [ "$secure_started" = 1 ]; then scripts/kafka.sh down --secure --wipe >/dev/null || true; secure_started=0; fi ;;
+    esac
+  done
+}
 
 SECONDS=0
-cargo build --locked --workspace --all-targets
 # Two test threads: the machine has two cores and each broker test runs clients of its own.
-cargo test --locked --workspace --no-fail-fast "$@" -- --include-ignored --test-threads=2
+run_tests() { cargo test --locked --workspace --no-fail-fast "$@" -- --include-ignored --test-threads=2; }
+if [ $# -gt 0 ]; then
+  # A selection (e.g. --test pipeline): every broker up, one run.
+  start_brokers single cluster secure
+  eval "$(scripts/kafka.sh env --secure)"
+  cargo build --locked --workspace --all-targets
+  run_tests "$@"
+  echo "test.sh: all tests passed in ${SECONDS}s"
+  exit 0
+fi
+# The tests that need the 3-broker cluster; every other test file runs on the single broker (the
+# security tests on the secured one).
+cluster_tests=(chaos restore)
+single_args=(--lib --bins)
+for f in tests/*.rs bench/tests/*.rs; do
+  name=$(basename "$f" .rs)
+  [[ " ${cluster_tests[*]} " == *" $name "* ]] || single_args+=(--test "$name")
+done
+cluster_args=()
+for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
+
+start_brokers single secure
+eval "$(scripts/kafka.sh env --secure)"
+cargo build --locked --workspace --all-targets
+failed=0
+# Phase 1: the unit tests and every broker test but the cluster's (the bench crate's too).
+run_tests "${single_args[@]}" || failed=1
+stop_started single secure
+# Phase 2: the cluster's tests, alone with their three brokers.
+start_brokers cluster
+run_tests "${cluster_args[@]}" || failed=1
+if [ "$failed" = 1 ]; then
+  echo "test.sh: some tests failed (${SECONDS}s)" >&2
+  exit 1
+fi
 echo "test.sh: all tests passed in ${SECONDS}s"
