@@ -103,6 +103,10 @@ pub struct PipelineArgs {
     /// TEST ONLY: hang once a shutdown is requested, as a client call stuck for ever would.
     #[arg(long, hide = true)]
     pub test_stall_on_shutdown: bool,
+    /// TEST ONLY: crash (abort the process) right after the first revoke of input partitions,
+    /// before the consumer rejoins the group.
+    #[arg(long, hide = true)]
+    pub test_abort_after_revoke: bool,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -180,6 +184,7 @@ impl PipelineArgs {
                     crash_before_commit: self.test_crash_before_commit,
                     abort_every: self.test_abort_every,
                     stall_on_shutdown: self.test_stall_on_shutdown,
+                    abort_after_revoke: self.test_abort_after_revoke,
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,

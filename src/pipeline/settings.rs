@@ -40,6 +40,10 @@ pub struct TestHooks {
     /// Hang for ever once a shutdown is requested, instead of closing: a clean path stuck in a
     /// client call, which the shutdown bound must cut short.
     pub stall_on_shutdown: bool,
+    /// Exit abruptly right after the first revoke of input partitions has been handled (its
+    /// transaction closed, the partitions unassigned) and before the consumer rejoins: a crash
+    /// between the two rounds of a cooperative rebalance.
+    pub abort_after_revoke: bool,
 }
 
 /// What one processor instance is.
