@@ -24,9 +24,9 @@ pub struct PipelineArgs {
     /// Application id: consumer group, transactional-id prefix, changelog name (<app>-state).
     #[arg(long, default_value = "price-alerts")]
     pub app_id: String,
-    /// Instance id, stable across restarts of this instance (transactional.id = <app>-<instance>).
-    #[arg(long, env = "INSTANCE_ID", default_value = "0")]
-    pub instance_id: String,
+    /// Instance id, group membership (--instance-id, --static-membership, --dynamic-membership).
+    #[command(flatten)]
+    pub membership: super::MembershipArgs,
     /// Input topic.
     #[arg(long, default_value = "market-updates")]
     pub input: String,
@@ -65,10 +65,6 @@ pub struct PipelineArgs {
     /// Partitions of the input topic when it has to be created.
     #[arg(long, default_value_t = 6)]
     pub partitions: i32,
-    /// Dynamic group membership instead of static (group.instance.id); static membership lets a
-    /// restarted instance take its partitions back without waiting for the session timeout.
-    #[arg(long)]
-    pub dynamic_membership: bool,
     /// Stop once assigned, restored and idle (nothing to read) this long (demos, benchmarks).
     #[arg(long, value_parser = super::duration)]
     pub exit_when_idle: Option<std::time::Duration>,
@@ -166,11 +162,12 @@ impl PipelineArgs {
             anyhow::bail!("--dlq-retention must be positive");
         }
         topics.dlq_retention = self.dlq_retention;
+        let membership = self.membership.resolve()?;
         Ok(PipelineOptions {
             engine: crate::pipeline::EngineSettings {
                 max_tick_bytes: self.max_tick_bytes,
                 transaction_timeout: self.transaction_timeout,
-                static_membership: !self.dynamic_membership,
+                static_membership: membership.static_membership,
                 guarantee: self.guarantee.into(),
                 retry: crate::dlq::RetryPolicy {
                     max_attempts: self.max_attempts,
@@ -189,7 +186,7 @@ impl PipelineArgs {
                 ..crate::pipeline::EngineSettings::new(
                     kafka,
                     &self.app_id,
-                    &self.instance_id,
+                    &membership.instance_id,
                     topics,
                     std::sync::Arc::new(rules),
                 )
@@ -237,7 +234,7 @@ mod tests {
     #[test]
     fn config_file_properties_reach_the_clients_and_minus_x_wins() {
         let o = options(
-            &["-X", "linger.ms=9"],
+            &["-X", "linger.ms=9", "--instance-id", "0"],
             "[librdkafka]\n\"linger.ms\" = 3\n\"socket.keepalive.enable\" = true\n",
         )
         .unwrap();
@@ -253,6 +250,27 @@ mod tests {
         );
         assert_eq!(o.engine.transactional_id(), "price-alerts-0");
         assert_eq!(o.commit_interval, std::time::Duration::from_millis(100));
+    }
+
+    #[test]
+    fn membership_is_dynamic_unless_asked_and_ids_never_default_to_one_value() {
+        let (a, b) = (options(&[], "").unwrap(), options(&[], "").unwrap());
+        assert!(!a.engine.static_membership);
+        assert_ne!(a.engine.transactional_id(), b.engine.transactional_id());
+        let o = options(
+            &["--static-membership", "--instance-id", "price-alerts-1"],
+            "",
+        )
+        .unwrap();
+        assert!(o.engine.static_membership);
+        assert_eq!(o.engine.transactional_id(), "price-alerts-price-alerts-1");
+        assert!(options(&["--static-membership"], "").is_err());
+        assert!(
+            !options(&["--dynamic-membership"], "")
+                .unwrap()
+                .engine
+                .static_membership
+        );
     }
 
     #[test]
