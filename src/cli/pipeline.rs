@@ -44,6 +44,11 @@ pub struct PipelineArgs {
     /// age) are refreshed from the DLQ and its replay ledger.
     #[arg(long, default_value = "15s", value_parser = super::duration)]
     pub dlq_watch_interval: std::time::Duration,
+    /// With --metrics-addr: how often the group's committed offset, the end and the lag of every
+    /// input partition, owned by this instance or not, are read from the broker (the gauges
+    /// alerts_group_*, alerts_partition_end_offset: a partition nobody consumes shows there).
+    #[arg(long, default_value = "15s", value_parser = super::interval)]
+    pub lag_watch_interval: std::time::Duration,
     /// Commit the open transaction when it is this old, counted from the arrival of its oldest
     /// record (so a record that waited behind the previous commit does not wait a whole interval
     /// more), but never from before the previous commit began or from more than half an interval
