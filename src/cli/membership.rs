@@ -9,8 +9,8 @@
 //! owner for good: a member that revokes partitions in the first round of a rebalance and dies
 //! before the second comes back with the same `group.instance.id` into a Stable group, the
 //! broker hands it its cached first-round assignment without a rebalance, and nobody is ever
-//! given what it revoked. `tests/membership.rs` reproduces it: 4 runs of 4 under static
-//! membership left 3 of 6 partitions without an owner (still so 30 s after the restart), 0 of 4
+//! given what it revoked. `tests/membership.rs` reproduces it: 7 runs of 7 under static
+//! membership left 3 of 6 partitions without an owner (still so 30 s after the restart), 0 of 7
 //! under dynamic membership (every partition owned again about one session timeout after the
 //! restart). The README's "Group membership" has the figures and the trade-off.
 //!
