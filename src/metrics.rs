@@ -38,6 +38,9 @@ pub const REBALANCES: &str = "alerts_rebalances_total";
 pub const FENCED: &str = "alerts_fenced_total";
 pub const DELIVERY_FAILURES: &str = "alerts_delivery_failures_total";
 pub const CONSUMER_LAG: &str = "alerts_consumer_lag";
+pub const GROUP_COMMITTED_OFFSET: &str = "alerts_group_committed_offset";
+pub const PARTITION_END_OFFSET: &str = "alerts_partition_end_offset";
+pub const GROUP_LAG: &str = "alerts_group_lag";
 pub const DLQ_OLDEST_AGE: &str = "alerts_dlq_oldest_unhandled_age_seconds";
 pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
 pub const NOT_AUTHORISED: &str = "alerts_not_authorised_total";
@@ -67,7 +70,10 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (REBALANCES, Kind::Counter, "Rebalance events of the consumer group, by kind (assign, revoke, lost)."),
     (FENCED, Kind::Counter, "Times this instance found itself fenced by a newer one (it then stops)."),
     (DELIVERY_FAILURES, Kind::Counter, "Records the producer could not deliver, by topic (the DLQ's included)."),
-    (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition."),
+    (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition it owns (librdkafka's statistics)."),
+    (GROUP_COMMITTED_OFFSET, Kind::Gauge, "The group's committed offset on every input partition, owned or not (the log start where nothing is committed)."),
+    (PARTITION_END_OFFSET, Kind::Gauge, "The high watermark of every input partition."),
+    (GROUP_LAG, Kind::Gauge, "High watermark minus the group's committed offset on every input partition, owned or not: the lag kafka-consumer-groups reports (offsets, so transaction markers count)."),
     (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet replayed (no entry in the replay ledger <dlq>.replayed; 0 when none)."),
     (DLQ_UNHANDLED, Kind::Gauge, "Dead letters not yet replayed (no entry in the replay ledger <dlq>.replayed): a count of records."),
     (NOT_AUTHORISED, Kind::Counter, "Transactions aborted because a right was refused, by right (e.g. \"Write on Topic notifications\"); the input is redone once it is granted."),
@@ -205,6 +211,19 @@ pub fn delivery_failed(topic: &str) {
 pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
     gauge!(CONSUMER_LAG, "topic" => topic.to_owned(), "partition" => partition.to_string())
         .set(lag as f64);
+}
+
+/// The group's committed offset, the end and their difference on one partition, owned or not
+/// ([`crate::kafka::group_lag`]).
+pub fn group_partition(group: &str, topic: &str, p: &crate::kafka::group_lag::PartitionLag) {
+    let labels = [
+        ("group", group.to_owned()),
+        ("topic", topic.to_owned()),
+        ("partition", p.partition.to_string()),
+    ];
+    gauge!(GROUP_COMMITTED_OFFSET, &labels).set(p.committed as f64);
+    gauge!(PARTITION_END_OFFSET, &labels).set(p.end as f64);
+    gauge!(GROUP_LAG, &labels).set(p.lag() as f64);
 }
 
 /// What the DLQ holds that has not been replayed yet: the oldest one's age and how many records.

@@ -1,6 +1,7 @@
 //! What ships beside the binaries: the Prometheus alert rules (checked and unit-tested by
 //! promtool, and naming only metrics that exist) and the Kubernetes StatefulSet (its flags parse,
-//! its probes point at the real endpoints, its grace period covers the shutdown timeout).
+//! its probes point at the real endpoints, its grace period covers the shutdown timeout, its pods
+//! run with dynamic group membership and an instance id of their own).
 
 use clap::Parser;
 use price_alerts::cli::PipelineArgs;
@@ -149,6 +150,12 @@ fn the_statefulset_runs_the_pipeline_with_real_flags_probes_and_grace() {
     assert!(
         !args.iter().any(|a| a.starts_with("--instance-id")),
         "the instance id must come from the pod name"
+    );
+    // Dynamic membership, the default (README, "Group membership"): a static member killed
+    // between the rounds of a cooperative rebalance can leave partitions without an owner.
+    assert!(
+        !parsed.membership.static_membership,
+        "the pods run with dynamic group membership"
     );
     assert_eq!(set["spec"]["serviceName"].as_str(), Some("price-alerts"));
 }

@@ -3,6 +3,7 @@
 use clap::Parser;
 use price_alerts::cli::{main_of, shutdown_signal_bounded, PipelineArgs};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
+use price_alerts::kafka::group_lag;
 use price_alerts::tools::replay::Watcher;
 use price_alerts::{errln, outln, pipeline};
 use std::process::ExitCode;
@@ -27,6 +28,16 @@ fn run() -> anyhow::Result<()> {
                 let (kafka, dlq) = (opts.engine.kafka.clone(), opts.engine.topics.dlq.clone());
                 Some(Watcher::spawn(kafka, dlq, args.dlq_watch_interval)?)
             }
+            None => None,
+        };
+        // The group's lag on every input partition, owned or not, likewise.
+        let _lag_watch = match args.metrics_addr {
+            Some(_) => Some(group_lag::Watcher::spawn(
+                &opts.engine.kafka,
+                opts.engine.group_id(),
+                &opts.engine.topics.input,
+                args.lag_watch_interval,
+            )?),
             None => None,
         };
         let shutdown = shutdown_signal_bounded(opts.shutdown_timeout);

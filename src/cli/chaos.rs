@@ -55,7 +55,8 @@ pub struct ChaosArgs {
     /// Where the instances' logs go (default: a temp folder named after the seed).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
-    /// Static group membership for the instances (the pipeline's default), not dynamic.
+    /// Static group membership for the instances (`--static-membership`), not dynamic (the
+    /// pipeline's default).
     #[arg(long)]
     pub static_membership: bool,
 }

@@ -39,13 +39,9 @@ pub struct DeliverArgs {
     /// The deliverer's consumer group (default <app>-deliver).
     #[arg(long)]
     pub group: Option<String>,
-    /// Instance id, stable across restarts of this instance (group.instance.id and
-    /// transactional.id = <group>-<instance>).
-    #[arg(long, env = "INSTANCE_ID", default_value = "0")]
-    pub instance_id: String,
-    /// Dynamic group membership instead of static (group.instance.id).
-    #[arg(long)]
-    pub dynamic_membership: bool,
+    /// Instance id, group membership (--instance-id, --static-membership, --dynamic-membership).
+    #[command(flatten)]
+    pub membership: super::MembershipArgs,
     /// Records per batch (one transaction), at most.
     #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
     pub max_batch: usize,
@@ -121,12 +117,13 @@ impl DeliverArgs {
             bail!("--breaker-cooldown must be above 0");
         }
         let group_id = self.group_id();
-        let instance = format!("{group_id}-{}", self.instance_id);
+        let membership = self.membership.resolve()?;
+        let instance = format!("{group_id}-{}", membership.instance_id);
         Ok(DeliverOptions {
             kafka,
             subscriptions,
             buckets,
-            group_instance_id: (!self.dynamic_membership).then(|| instance.clone()),
+            group_instance_id: membership.static_membership.then(|| instance.clone()),
             transactional_id: instance,
             group_id,
             max_batch: self.max_batch,
@@ -192,7 +189,31 @@ mod tests {
             .options()
             .unwrap();
         assert_eq!(o.group_id, "price-alerts-deliver");
+        assert_eq!(o.group_instance_id, None, "dynamic membership by default");
+        let other = DeliverArgs::try_parse_from(["alert-deliver", "--subscriptions", path])
+            .unwrap()
+            .options()
+            .unwrap();
+        assert_ne!(
+            o.transactional_id, other.transactional_id,
+            "two replicas without an instance id do not fence each other"
+        );
+        let o = DeliverArgs::try_parse_from([
+            "alert-deliver",
+            "--subscriptions",
+            path,
+            "--instance-id",
+            "0",
+            "--static-membership",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
         assert_eq!(o.transactional_id, "price-alerts-deliver-0");
+        assert_eq!(
+            o.group_instance_id.as_deref(),
+            Some("price-alerts-deliver-0")
+        );
         assert_eq!(
             o.buckets.bucket_topics(),
             [

@@ -17,12 +17,14 @@
 pub mod chaos;
 pub mod deliver;
 mod log;
+pub mod membership;
 pub mod pipeline;
 pub mod replay;
 pub mod sink;
 pub mod tickgen;
 
 pub use log::{init_logging, LogGuard};
+pub use membership::{Membership, MembershipArgs};
 pub use pipeline::{GuaranteeArg, PipelineArgs};
 
 use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};

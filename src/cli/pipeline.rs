@@ -24,9 +24,9 @@ pub struct PipelineArgs {
     /// Application id: consumer group, transactional-id prefix, changelog name (<app>-state).
     #[arg(long, default_value = "price-alerts")]
     pub app_id: String,
-    /// Instance id, stable across restarts of this instance (transactional.id = <app>-<instance>).
-    #[arg(long, env = "INSTANCE_ID", default_value = "0")]
-    pub instance_id: String,
+    /// Instance id, group membership (--instance-id, --static-membership, --dynamic-membership).
+    #[command(flatten)]
+    pub membership: super::MembershipArgs,
     /// Input topic.
     #[arg(long, default_value = "market-updates")]
     pub input: String,
@@ -44,6 +44,11 @@ pub struct PipelineArgs {
     /// age) are refreshed from the DLQ and its replay ledger.
     #[arg(long, default_value = "15s", value_parser = super::duration)]
     pub dlq_watch_interval: std::time::Duration,
+    /// With --metrics-addr: how often the group's committed offset, the end and the lag of every
+    /// input partition, owned by this instance or not, are read from the broker (the gauges
+    /// alerts_group_*, alerts_partition_end_offset: a partition nobody consumes shows there).
+    #[arg(long, default_value = "15s", value_parser = super::interval)]
+    pub lag_watch_interval: std::time::Duration,
     /// Commit the open transaction when it is this old, counted from the arrival of its oldest
     /// record (so a record that waited behind the previous commit does not wait a whole interval
     /// more), but never from before the previous commit began or from more than half an interval
@@ -65,10 +70,6 @@ pub struct PipelineArgs {
     /// Partitions of the input topic when it has to be created.
     #[arg(long, default_value_t = 6)]
     pub partitions: i32,
-    /// Dynamic group membership instead of static (group.instance.id); static membership lets a
-    /// restarted instance take its partitions back without waiting for the session timeout.
-    #[arg(long)]
-    pub dynamic_membership: bool,
     /// Stop once assigned, restored and idle (nothing to read) this long (demos, benchmarks).
     #[arg(long, value_parser = super::duration)]
     pub exit_when_idle: Option<std::time::Duration>,
@@ -103,6 +104,10 @@ pub struct PipelineArgs {
     /// TEST ONLY: hang once a shutdown is requested, as a client call stuck for ever would.
     #[arg(long, hide = true)]
     pub test_stall_on_shutdown: bool,
+    /// TEST ONLY: crash (abort the process) right after the first revoke of input partitions,
+    /// before the consumer rejoins the group.
+    #[arg(long, hide = true)]
+    pub test_abort_after_revoke: bool,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -162,11 +167,12 @@ impl PipelineArgs {
             anyhow::bail!("--dlq-retention must be positive");
         }
         topics.dlq_retention = self.dlq_retention;
+        let membership = self.membership.resolve()?;
         Ok(PipelineOptions {
             engine: crate::pipeline::EngineSettings {
                 max_tick_bytes: self.max_tick_bytes,
                 transaction_timeout: self.transaction_timeout,
-                static_membership: !self.dynamic_membership,
+                static_membership: membership.static_membership,
                 guarantee: self.guarantee.into(),
                 retry: crate::dlq::RetryPolicy {
                     max_attempts: self.max_attempts,
@@ -180,11 +186,12 @@ impl PipelineArgs {
                     crash_before_commit: self.test_crash_before_commit,
                     abort_every: self.test_abort_every,
                     stall_on_shutdown: self.test_stall_on_shutdown,
+                    abort_after_revoke: self.test_abort_after_revoke,
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,
                     &self.app_id,
-                    &self.instance_id,
+                    &membership.instance_id,
                     topics,
                     std::sync::Arc::new(rules),
                 )
@@ -232,7 +239,7 @@ mod tests {
     #[test]
     fn config_file_properties_reach_the_clients_and_minus_x_wins() {
         let o = options(
-            &["-X", "linger.ms=9"],
+            &["-X", "linger.ms=9", "--instance-id", "0"],
             "[librdkafka]\n\"linger.ms\" = 3\n\"socket.keepalive.enable\" = true\n",
         )
         .unwrap();
@@ -248,6 +255,27 @@ mod tests {
         );
         assert_eq!(o.engine.transactional_id(), "price-alerts-0");
         assert_eq!(o.commit_interval, std::time::Duration::from_millis(100));
+    }
+
+    #[test]
+    fn membership_is_dynamic_unless_asked_and_ids_never_default_to_one_value() {
+        let (a, b) = (options(&[], "").unwrap(), options(&[], "").unwrap());
+        assert!(!a.engine.static_membership);
+        assert_ne!(a.engine.transactional_id(), b.engine.transactional_id());
+        let o = options(
+            &["--static-membership", "--instance-id", "price-alerts-1"],
+            "",
+        )
+        .unwrap();
+        assert!(o.engine.static_membership);
+        assert_eq!(o.engine.transactional_id(), "price-alerts-price-alerts-1");
+        assert!(options(&["--static-membership"], "").is_err());
+        assert!(
+            !options(&["--dynamic-membership"], "")
+                .unwrap()
+                .engine
+                .static_membership
+        );
     }
 
     #[test]

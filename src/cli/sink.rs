@@ -88,12 +88,9 @@ pub struct SinkArgs {
     /// The sink's consumer group (default <app>-sink).
     #[arg(long)]
     pub group: Option<String>,
-    /// Instance id, stable across restarts of this instance (group.instance.id = <group>-<instance>).
-    #[arg(long, env = "INSTANCE_ID", default_value = "0")]
-    pub instance_id: String,
-    /// Dynamic group membership instead of static (group.instance.id).
-    #[arg(long)]
-    pub dynamic_membership: bool,
+    /// Instance id, group membership (--instance-id, --static-membership, --dynamic-membership).
+    #[command(flatten)]
+    pub membership: super::MembershipArgs,
     /// The notifications topic.
     #[arg(long, default_value = "notifications")]
     pub topic: String,
@@ -181,12 +178,14 @@ impl SinkArgs {
             }
         };
         let group_id = self.group_id();
+        let membership = self.membership.resolve()?;
         Ok(SinkOptions {
             kafka,
             db: self.db.options()?,
             topic: self.topic.clone(),
-            group_instance_id: (!self.dynamic_membership)
-                .then(|| format!("{group_id}-{}", self.instance_id)),
+            group_instance_id: membership
+                .static_membership
+                .then(|| format!("{group_id}-{}", membership.instance_id)),
             group_id,
             max_batch: self.max_batch,
             commit_interval: self.commit_interval,
@@ -250,6 +249,18 @@ mod tests {
             .options()
             .unwrap();
         assert_eq!(o.group_id, "price-alerts-sink");
+        assert_eq!(o.group_instance_id, None, "dynamic membership by default");
+        let o = SinkArgs::try_parse_from([
+            "alert-sink",
+            "--database-url",
+            "postgres://h/d",
+            "--static-membership",
+            "--instance-id",
+            "0",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
         assert_eq!(o.group_instance_id.as_deref(), Some("price-alerts-sink-0"));
         assert_eq!(
             (o.max_batch, o.commit_interval),

@@ -13,6 +13,8 @@
 //! - [`changelog`]: the changelog's segment and cleaner settings, so that a restore reads about
 //!   one record per symbol, and the check of an existing changelog against them.
 //! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
+//! - [`group_lag`]: the group's committed offset, end and lag on every partition of a topic,
+//!   owned or not, refreshed off the processing thread: a partition nobody consumes shows.
 //! - [`pause`]: the one owner of a consumer's paused partitions, which sets librdkafka's pause
 //!   flag again on every assign (the flag outlives an unassign).
 //! - [`read`]: standalone readers that read partitions to their end, counting records (never
@@ -25,6 +27,7 @@ pub mod changelog;
 pub mod config;
 pub mod connect;
 pub mod feed;
+pub mod group_lag;
 pub mod logging;
 pub mod offsets;
 pub mod pause;

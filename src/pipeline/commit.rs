@@ -635,7 +635,15 @@ impl ConsumerContext for RebalanceHandler {
                 }
             }
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
-            Rebalance::Revoke(_) => {}
+            Rebalance::Revoke(tpl) => {
+                let revoked = partitions_of(tpl, &self.committer.settings.topics.input);
+                if self.committer.settings.hooks.abort_after_revoke && !revoked.is_empty() {
+                    // Here the partitions are unassigned and the consumer has not rejoined yet:
+                    // between the two rounds of a cooperative rebalance.
+                    error!(partitions = ?revoked, "test hook: crashing right after this revoke");
+                    std::process::abort();
+                }
+            }
         }
     }
 }

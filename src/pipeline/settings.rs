@@ -40,6 +40,10 @@ pub struct TestHooks {
     /// Hang for ever once a shutdown is requested, instead of closing: a clean path stuck in a
     /// client call, which the shutdown bound must cut short.
     pub stall_on_shutdown: bool,
+    /// Exit abruptly right after the first revoke of input partitions has been handled (its
+    /// transaction closed, the partitions unassigned) and before the consumer rejoins: a crash
+    /// between the two rounds of a cooperative rebalance.
+    pub abort_after_revoke: bool,
 }
 
 /// What one processor instance is.
@@ -60,7 +64,9 @@ pub struct EngineSettings {
     pub max_tick_bytes: usize,
     /// transaction.timeout.ms of the producer.
     pub transaction_timeout: Duration,
-    /// Use static group membership (group.instance.id = transactional id).
+    /// Use static group membership (group.instance.id = transactional id). Off by default: a
+    /// static member that dies between the two rounds of a cooperative rebalance can leave
+    /// partitions without an owner (see `crate::cli::membership`).
     pub static_membership: bool,
     /// Exactly-once (transactions) or at-least-once (idempotent producer, offsets committed after
     /// the outputs are acknowledged).
@@ -90,7 +96,7 @@ impl EngineSettings {
             rules,
             max_tick_bytes: crate::tick::DEFAULT_MAX_TICK_BYTES,
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
-            static_membership: true,
+            static_membership: false,
             guarantee: Guarantee::ExactlyOnce,
             retry: RetryPolicy::default(),
             faults: FaultInjection::default(),

@@ -80,7 +80,7 @@ pub struct ChaosOptions {
     pub shutdown_timeout: Duration,
     /// The instances' --commit-interval.
     pub commit_interval: Duration,
-    /// Static group membership (the pipeline's default) or dynamic (`--dynamic-membership`).
+    /// Static group membership (`--static-membership`) or dynamic (the pipeline's default).
     pub static_membership: bool,
     /// Longest time a bounced broker stays down (drawn from 1 s up to this).
     pub max_down: Duration,
@@ -123,10 +123,11 @@ impl ChaosOptions {
             // and bounce lands in one (and a commit's fixed cost on three replicas is paid less
             // often than with the production 100 ms).
             commit_interval: Duration::from_secs(1),
-            // Dynamic: with static membership (the pipeline's default) a partition can be left
+            // Dynamic, the pipeline's default: with static membership a partition can be left
             // without owner for good when an instance is stopped between the two rounds of a
-            // cooperative rebalance and its successor takes its place without a rebalance; the
-            // long run in README shows the static case, `--static-membership`.
+            // cooperative rebalance and its successor takes its place without a rebalance
+            // (tests/membership.rs); the long run in README shows the static case,
+            // `--static-membership`.
             static_membership: false,
             max_down: Duration::from_secs(5),
             limit: Duration::from_secs(600),
@@ -476,8 +477,9 @@ fn launch(opts: &ChaosOptions, rules: &std::path::Path, app_id: &str, topics: &T
     ]
     .map(str::to_owned)
     .to_vec();
-    if !opts.static_membership {
-        args.push("--dynamic-membership".to_owned());
+    // Dynamic is the pipeline's default; static is asked for (every instance has its own id).
+    if opts.static_membership {
+        args.push("--static-membership".to_owned());
     }
     Launch {
         binary: opts.pipeline.clone(),

@@ -1,0 +1,217 @@
+//! The group's lag on every partition of its input, owned or not, as Kafka's own tooling reports
+//! it (`kafka-consumer-groups --describe`): so that a partition nobody consumes is visible.
+//!
+//! librdkafka's statistics give a consumer's lag only for the partitions it owns
+//! ([`crate::metrics::CONSUMER_LAG`]). A partition that no member owns (a member that died
+//! between the two rounds of a cooperative rebalance under static membership, see the README's
+//! "Group membership") has no such series anywhere, while every instance stays ready. This
+//! watcher asks the broker instead: every interval it fetches the group's committed offsets of
+//! every input partition and each partition's high watermark, and sets, per partition
+//! ([`crate::metrics::group_partition`]):
+//!
+//! | gauge                           | value                                                        |
+//! |---------------------------------|--------------------------------------------------------------|
+//! | `alerts_group_committed_offset` | the group's committed offset; the log start where nothing is committed (where the group starts) |
+//! | `alerts_partition_end_offset`   | the high watermark                                           |
+//! | `alerts_group_lag`              | end minus committed: the lag `kafka-consumer-groups` reports |
+//!
+//! The lag is a difference of offsets, not a count of records: transaction markers occupy
+//! offsets, so a partition consumed to its end behind a transactional producer may show a marker
+//! or two. The question these gauges answer is whether the committed offset moves while the end
+//! does (the `PartitionWithoutProgress` alert), and for that offsets are right.
+//!
+//! # Cost
+//! A thread and a client of its own, never the processing thread: per round one metadata request,
+//! one OffsetFetch for all partitions, and one ListOffsets per partition. The committed offsets
+//! are fetched without "require stable" (read_uncommitted), so a round never waits for an open
+//! transaction of the processor.
+//!
+//! # Errors
+//! The watcher never stops the pipeline. Every broker call has a deadline ([`CALL_TIMEOUT`]); a
+//! round that fails is logged and leaves the gauges as the last round set them (an end that does
+//! not move raises no alert); the next round tries again. A topic that does not exist yet has no
+//! series.
+
+use super::config::{Isolation, KafkaConfig};
+use super::logging::Logged;
+use super::offsets::{fetch_committed, partition_list};
+use super::read::{partition_count_if_exists, Reader};
+use anyhow::Context as _;
+use rdkafka::consumer::Consumer;
+use rdkafka::Offset;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// Bound on each broker call of a round.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest sleep between checks of the stop flag.
+const STOP_SLICE: Duration = Duration::from_millis(100);
+
+/// One partition's figures of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionLag {
+    pub partition: i32,
+    /// The group's committed offset; the log start where nothing is committed.
+    pub committed: i64,
+    /// The high watermark.
+    pub end: i64,
+}
+
+impl PartitionLag {
+    /// End minus committed, never below zero (a committed offset past the end: a topic deleted
+    /// and made again under the same name).
+    pub fn lag(&self) -> i64 {
+        (self.end - self.committed).max(0)
+    }
+}
+
+/// The figures of one partition from what the broker answered: the committed offset (`None`
+/// where the group has committed nothing) and the low and high watermarks.
+pub fn partition_lag(
+    partition: i32,
+    committed: Option<i64>,
+    (low, high): (i64, i64),
+) -> PartitionLag {
+    PartitionLag {
+        partition,
+        // Nothing committed: the group starts at the earliest offset (auto.offset.reset).
+        committed: committed.unwrap_or(low),
+        end: high,
+    }
+}
+
+/// A running watcher; dropping it stops the watcher within [`STOP_SLICE`].
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    /// Watches `group` on every partition of `topic` on a thread of its own, setting the gauges
+    /// every `every`.
+    pub fn spawn(
+        kafka: &KafkaConfig,
+        group: &str,
+        topic: &str,
+        every: Duration,
+    ) -> anyhow::Result<Watcher> {
+        let probe = Probe::new(kafka, group, topic)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("group-lag".into())
+            .spawn(move || probe.run(every, &flag))
+            .context("starting the group lag watcher")?;
+        Ok(Watcher { stop })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What one round asks the broker with.
+struct Probe {
+    /// Never subscribes, polls or commits: it only asks for the group's offsets and the ends.
+    consumer: Reader,
+    group: String,
+    topic: String,
+}
+
+impl Probe {
+    fn new(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<Self> {
+        // read_uncommitted: the offsets committed now, without waiting for a transaction that
+        // holds pending offsets ("require stable" of a read_committed fetch); and the high
+        // watermark as the end, as Kafka's tooling shows it.
+        let mut cfg = kafka.reader(Isolation::ReadUncommitted);
+        // The group whose committed offsets are read; this client never joins it.
+        cfg.set("group.id", group);
+        let consumer: Reader = cfg
+            .create_with_context(Logged)
+            .context("creating the group lag reader")?;
+        Ok(Probe {
+            consumer,
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+        })
+    }
+
+    /// Rounds every `every` until `stop`. Blocking.
+    fn run(&self, every: Duration, stop: &AtomicBool) {
+        info!(group = %self.group, topic = %self.topic, every = ?every, "watching the group's lag on every partition");
+        let mut failing = false;
+        while !stop.load(Ordering::Relaxed) {
+            let next = Instant::now() + every;
+            match self.round() {
+                Ok(rows) => {
+                    for r in &rows {
+                        crate::metrics::group_partition(&self.group, &self.topic, r);
+                    }
+                    if failing {
+                        info!(group = %self.group, "group lag readable again");
+                        failing = false;
+                    }
+                    debug!(group = %self.group, partitions = rows.len(), "group lag refreshed");
+                }
+                Err(e) => {
+                    // Once per failure streak: a broker that is away for a while is not news
+                    // every interval.
+                    if !failing {
+                        warn!(group = %self.group, topic = %self.topic, error = format!("{e:#}"), "cannot read the group's lag; the gauges keep their last values");
+                        failing = true;
+                    }
+                }
+            }
+            while !stop.load(Ordering::Relaxed) && Instant::now() < next {
+                std::thread::sleep(STOP_SLICE.min(next.saturating_duration_since(Instant::now())));
+            }
+        }
+    }
+
+    /// One round: the committed offset and the end of every partition.
+    fn round(&self) -> anyhow::Result<Vec<PartitionLag>> {
+        let Some(n) = partition_count_if_exists(&self.consumer, &self.topic, CALL_TIMEOUT)? else {
+            return Ok(Vec::new());
+        };
+        // Committed first, ends second: an end read after the offsets is never below them.
+        let committed = fetch_committed(
+            &self.consumer,
+            &partition_list(&self.topic, 0..n),
+            CALL_TIMEOUT,
+        )
+        .with_context(|| format!("fetching the committed offsets of group {}", self.group))?;
+        (0..n)
+            .map(|p| {
+                let offset = match committed.find_partition(&self.topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => Some(o),
+                    _ => None,
+                };
+                let marks = self
+                    .consumer
+                    .fetch_watermarks(&self.topic, p, CALL_TIMEOUT)
+                    .with_context(|| format!("fetching the watermarks of {}/{p}", self.topic))?;
+                Ok(partition_lag(p, offset, marks))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_end_minus_committed_and_nothing_committed_counts_from_the_log_start() {
+        let r = partition_lag(3, Some(40), (10, 55));
+        assert_eq!((r.partition, r.committed, r.end, r.lag()), (3, 40, 55, 15));
+        let r = partition_lag(0, None, (10, 55));
+        assert_eq!((r.committed, r.lag()), (10, 45));
+        // A committed offset past the end (the topic made again): no negative lag.
+        let r = partition_lag(1, Some(70), (10, 55));
+        assert_eq!(r.lag(), 0);
+    }
+}
