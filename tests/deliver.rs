@@ -752,8 +752,9 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
     let subs = [("failing", failing.url()), ("healthy", healthy.url())];
     let setup = Setup::with_in_flight("deliver-kill", 3, "300ms,600ms,900ms", &subs, 2);
     // No breaker: this test counts every failing subscriber's record through every bucket with
-    // four real attempts; an open circuit would hand records on untried.
-    let no_breaker = ["--breaker-failures", "0"];
+    // four real attempts; an open circuit would hand records on untried. Static membership: each
+    // restart (the same instance id) takes the partitions back at once.
+    let no_breaker = ["--breaker-failures", "0", "--static-membership"];
     let feed = Feed::new(&kafka()).expect("feed");
     let ids = produce(&feed, &setup.topic, 0..150);
     // Crashes inside open hand-off transactions, their records already in the log: after 30

@@ -160,7 +160,10 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
     });
     let mut run = Run::new("faults", rules);
     run.faults = FaultInjection { enabled: true };
-    run.extra = vec!["--commit-interval".into(), "500ms".into()];
+    // Static membership: each restart (the same instance id) takes the partitions back at once.
+    run.extra = ["--commit-interval", "500ms", "--static-membership"]
+        .map(String::from)
+        .to_vec();
     run.create_topics(6);
     let poison: BTreeSet<(String, u64)> = ticks
         .iter()

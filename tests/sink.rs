@@ -264,8 +264,15 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_kill", &topic);
-    // Small, frequent batches, so there are many of them to stop in.
-    sink.extra = s(&["--commit-interval", "50ms", "--max-batch", "200"]);
+    // Small, frequent batches, so there are many of them to stop in. Static membership: each
+    // restart (the same instance id) takes the partitions back at once.
+    sink.extra = s(&[
+        "--commit-interval",
+        "50ms",
+        "--max-batch",
+        "200",
+        "--static-membership",
+    ]);
     let records: Vec<_> = input.iter().map(record).collect();
     let loader = load_slowly(topic.clone(), records, 60, Duration::from_secs(12));
     let dir = std::env::temp_dir().join(format!("{prefix}holds"));

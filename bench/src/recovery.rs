@@ -271,7 +271,10 @@ fn spawn(
     let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let child = Command::new(binary)
         .args(["--rules", path_str(rules)?, "--app-id", app_id])
+        // The same instance, restarted: static membership takes its partitions back at once
+        // (under the dynamic default a restart waits out the dead member's session first).
         .args(["--bootstrap", &opts.kafka.bootstrap, "--instance-id", "0"])
+        .arg("--static-membership")
         .args(["--input", &topics.input, "--output", &topics.notifications])
         .args(["--commit-interval", &opts.commit_interval])
         .args(["--metrics-addr", metrics_addr])
