@@ -5,8 +5,9 @@
 //! ≥ 4 broker bounces, ≥ 3 PostgreSQL shutdowns):
 //!
 //! ```text
-//! alert-chaos --ticks 500000 --span 20m --kills 15 --terms 5 --zombies 2 \
-//!     --hard-bounces 2 --clean-bounces 2 --database-downs 3 --limit 60m
+//! alert-chaos --ticks 500000 --symbols 200 --partitions 12 --span 20m \
+//!     --kills 15 --terms 5 --zombies 2 --hard-bounces 2 --clean-bounces 2 \
+//!     --database-downs 3 --limit 90m --work-dir /tmp/chaos-all-long
 //! ```
 
 use crate::kafka::KafkaConfig;
