@@ -51,7 +51,8 @@ impl Database {
         with_database(&self.admin_url, &self.name)
     }
 
-    /// Connection settings for the run's database (`None`: the server's admin database).
+    /// Connection settings for the run's database, or (`admin`) for the server's own (the URL
+    /// as given).
     pub fn options(&self, admin: bool) -> anyhow::Result<DbOptions> {
         let url = if admin {
             self.admin_url.clone()

@@ -8,7 +8,7 @@
 //!                                      ▲        └──► <notifications>.retry.<delay> … .dlq, .parking-lot
 //!                                      └───────────────┘ (the buckets are read again when due)
 //!   drain: committed offsets of both groups (the sink's in its table) at the data ends of their
-//!          inputs, and every subscriber has accepted every key
+//!          inputs (the buckets included: every key settled)
 //!   checks: alerts = oracle; accepted keys ⊎ given-up keys = oracle × subscribers; each given-up
 //!           record once; no partition left behind
 //! ```
@@ -229,17 +229,6 @@ impl Downstream {
             ));
         }
         Ok(behind)
-    }
-
-    /// Whether every subscriber has accepted every key of `expected` ids.
-    pub fn all_accepted(&self, expected: &[String]) -> bool {
-        self.subscribers.names().iter().all(|name| {
-            let accepted = self.subscribers.seen(name).accepted;
-            accepted.len() >= expected.len()
-                && expected
-                    .iter()
-                    .all(|id| accepted.contains(&format!("{id}/{name}")))
-        })
     }
 
     /// The checks, once every instance has stopped.

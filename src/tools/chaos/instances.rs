@@ -390,6 +390,9 @@ impl Instances {
     /// Zombie outcomes once the run is over, for a resumed zombie not seen to exit: the group
     /// fenced it if it found its assignment lost after SIGCONT (its generation is gone, so its
     /// offsets could not commit: KIP-447) and it went on as a new member; else it was not fenced.
+    /// Lost is read from the stage's own `partitions revoked … lost=true` line (pipeline, sink)
+    /// or from librdkafka's `Consumer group session timed out` warning (every stage: the
+    /// deliverer logs no rebalance line of its own).
     pub fn finish_zombies(&mut self) {
         let resumed: Vec<_> = self.resumed.drain(..).collect();
         for (n, _, log_len) in resumed {
@@ -398,7 +401,7 @@ impl Instances {
                     .map(|t| plain(&String::from_utf8_lossy(t)))
             });
             let id = &self.all[n].id;
-            if after.is_some_and(|t| t.contains("partitions revoked") && t.contains("lost=true")) {
+            if after.is_some_and(|t| lost_after_pause(&t)) {
                 self.figures.zombies_fenced += 1;
                 self.figures.zombie_outcomes.push(format!(
                     "instance {id} found its assignment lost after SIGCONT and rejoined"
@@ -435,6 +438,12 @@ impl Instances {
             })
             .collect()
     }
+}
+
+/// Whether an instance's log after SIGCONT shows that it found its assignment lost.
+fn lost_after_pause(log: &str) -> bool {
+    (log.contains("partitions revoked") && log.contains("lost=true"))
+        || log.contains("Consumer group session timed out")
 }
 
 /// `text` without terminal colour codes (ESC [ ... letter), which the instances' log fields carry.
@@ -524,6 +533,17 @@ mod tests {
             super::last_commit_age("no commit here", "transaction committed"),
             None
         );
+    }
+
+    #[test]
+    fn a_lost_assignment_is_read_from_the_stage_or_from_librdkafka() {
+        let sink = "INFO partitions revoked partitions=[0, 1] lost=true buffered=0";
+        let deliver = "WARN librdkafka: [thrd:main]: Consumer group session timed out (in \
+                       join-state steady) after 42121 ms without a successful response";
+        assert!(super::lost_after_pause(sink) && super::lost_after_pause(deliver));
+        assert!(!super::lost_after_pause(
+            "INFO partitions revoked partitions=[0] lost=false"
+        ));
     }
 
     #[test]
