@@ -1,6 +1,8 @@
 //! `alert-chaos`: the chaos runner on the local cluster of `scripts/kafka.sh up --brokers 3`.
 //! Exit 0 only if exactly-once held: offsets at the input's end, 0 missing, 0 duplicate,
-//! 0 unexpected, no hanging transaction, every dead letter once. Defaults: the short run.
+//! 0 unexpected, no hanging transaction, every dead letter once, and (all stages, the default)
+//! the alerts table and every subscriber's accepted keys equal to the oracle. Defaults: the
+//! short all-stage run.
 
 use clap::Parser;
 use price_alerts::cli::chaos::ChaosArgs;

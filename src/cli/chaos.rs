@@ -1,4 +1,14 @@
-//! `alert-chaos`'s command line: every knob of a chaos run, each defaulting to the short run's.
+//! `alert-chaos`'s command line: every knob of a chaos run, each defaulting to the short run's
+//! (all stages: [`ChaosOptions::short_all_stages`]; `--pipeline-only` for the pipeline alone).
+//!
+//! A long all-stage run, as issue 19 asks for (≥ 500,000 ticks, ≥ 15 kills of each stage,
+//! ≥ 4 broker bounces, ≥ 3 PostgreSQL shutdowns):
+//!
+//! ```text
+//! alert-chaos --ticks 500000 --symbols 200 --partitions 12 --span 20m \
+//!     --kills 15 --terms 5 --zombies 2 --hard-bounces 2 --clean-bounces 2 \
+//!     --database-downs 3 --limit 90m --work-dir /tmp/chaos-all-long
+//! ```
 
 use crate::kafka::KafkaConfig;
 use crate::tools::chaos::cluster::{Cluster, DEFAULT_CLUSTER_BOOTSTRAP};
@@ -11,7 +21,7 @@ use std::time::Duration;
 #[command(
     name = "alert-chaos",
     version,
-    about = "Kill, pause and bounce pipeline instances and brokers, then check exactly-once"
+    about = "Kill, pause and bounce the instances of every stage, brokers and PostgreSQL, then check exactly-once"
 )]
 pub struct ChaosArgs {
     /// Every broker of the cluster.
@@ -25,6 +35,35 @@ pub struct ChaosArgs {
     /// The alert-pipeline binary (default: the one beside this binary).
     #[arg(long)]
     pub pipeline: Option<PathBuf>,
+    /// The pipeline alone: no sink, deliverer, subscribers or database.
+    #[arg(long)]
+    pub pipeline_only: bool,
+    /// The alert-sink binary (default: the one beside this binary).
+    #[arg(long)]
+    pub sink: Option<PathBuf>,
+    /// The alert-deliver binary (default: the one beside this binary).
+    #[arg(long)]
+    pub deliver: Option<PathBuf>,
+    /// scripts/postgres.sh, which shuts PostgreSQL down and starts it (the database faults).
+    #[arg(long, default_value = "scripts/postgres.sh")]
+    pub postgres_sh: PathBuf,
+    /// The PostgreSQL server (the run creates its own database there; default: what
+    /// `scripts/postgres.sh url` prints).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    #[arg(long)]
+    pub sink_instances: Option<usize>,
+    #[arg(long)]
+    pub deliver_instances: Option<usize>,
+    /// alert-deliver's retry buckets (their sum must exceed --subscriber-outage by a margin).
+    #[arg(long)]
+    pub buckets: Option<String>,
+    /// How long the failing subscriber answers 503 (from a quarter of the span on).
+    #[arg(long, value_parser = super::duration)]
+    pub subscriber_outage: Option<Duration>,
+    /// Immediate PostgreSQL shutdowns.
+    #[arg(long)]
+    pub database_downs: Option<u32>,
     /// Seed of the stream, the schedule and every choice (default: random, printed).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -40,10 +79,13 @@ pub struct ChaosArgs {
     /// Planned chaos time: the input is fed and the faults spread over it.
     #[arg(long, value_parser = super::duration)]
     pub span: Option<Duration>,
+    /// SIGKILLs of instances, of each stage.
     #[arg(long)]
     pub kills: Option<u32>,
+    /// SIGTERMs of instances, of each stage.
     #[arg(long)]
     pub terms: Option<u32>,
+    /// Instances SIGSTOPped beyond their transaction timeout, of each stage.
     #[arg(long)]
     pub zombies: Option<u32>,
     #[arg(long)]
@@ -55,30 +97,56 @@ pub struct ChaosArgs {
     /// Where the instances' logs go (default: a temp folder named after the seed).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
-    /// Static group membership for the instances (`--static-membership`), not dynamic (the
-    /// pipeline's default).
+    /// Static group membership (`--static-membership`) for the instances of every stage, not
+    /// dynamic (the default).
     #[arg(long)]
     pub static_membership: bool,
 }
 
 impl ChaosArgs {
     /// The run's options: the short run's, with what was given on the command line.
-    pub fn options(self) -> std::io::Result<ChaosOptions> {
+    pub fn options(self) -> anyhow::Result<ChaosOptions> {
+        let here = std::env::current_exe()?;
         let pipeline = match self.pipeline {
             Some(p) => p,
-            None => std::env::current_exe()?.with_file_name("alert-pipeline"),
+            None => here.with_file_name("alert-pipeline"),
         };
         let cluster = Cluster {
             kafka_sh: self.kafka_sh,
             kafka: KafkaConfig::new(self.bootstrap),
             brokers: self.brokers,
         };
-        let mut o = ChaosOptions::short(cluster, pipeline, self.seed.unwrap_or_else(rand::random));
+        let seed = self.seed.unwrap_or_else(rand::random);
+        let mut o = if self.pipeline_only {
+            ChaosOptions::short(cluster, pipeline, seed)
+        } else {
+            let database_url = match self.database_url {
+                Some(url) => url,
+                None => postgres_url(&self.postgres_sh)?,
+            };
+            let dir = here.parent().unwrap_or(std::path::Path::new("."));
+            let mut o =
+                ChaosOptions::short_all_stages(cluster, dir, seed, self.postgres_sh, database_url);
+            o.pipeline = pipeline;
+            if let Some(d) = &mut o.downstream {
+                d.sink = self.sink.unwrap_or_else(|| d.sink.clone());
+                d.deliver = self.deliver.unwrap_or_else(|| d.deliver.clone());
+                d.sink_instances = self.sink_instances.unwrap_or(d.sink_instances);
+                d.deliver_instances = self.deliver_instances.unwrap_or(d.deliver_instances);
+                d.buckets = self.buckets.unwrap_or_else(|| d.buckets.clone());
+                d.subscriber_outage.lasts =
+                    self.subscriber_outage.unwrap_or(d.subscriber_outage.lasts);
+            }
+            o
+        };
         o.ticks = self.ticks.unwrap_or(o.ticks);
         o.symbols = self.symbols.unwrap_or(o.symbols);
         o.partitions = self.partitions.unwrap_or(o.partitions);
         o.instances = self.instances.unwrap_or(o.instances);
         o.span = self.span.unwrap_or(o.span);
+        if let Some(d) = &mut o.downstream {
+            d.subscriber_outage.after = o.span / 4;
+        }
         o.limit = self.limit.unwrap_or(o.limit);
         o.work_dir = self.work_dir.unwrap_or(o.work_dir);
         o.static_membership = self.static_membership;
@@ -88,6 +156,24 @@ impl ChaosArgs {
         f.zombies = self.zombies.unwrap_or(f.zombies);
         f.hard_bounces = self.hard_bounces.unwrap_or(f.hard_bounces);
         f.clean_bounces = self.clean_bounces.unwrap_or(f.clean_bounces);
+        f.database_downs = self.database_downs.unwrap_or(f.database_downs);
         Ok(o)
     }
+}
+
+/// The URL `scripts/postgres.sh url` prints.
+fn postgres_url(postgres_sh: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let out = std::process::Command::new(postgres_sh)
+        .arg("url")
+        .output()
+        .with_context(|| format!("running {} url", postgres_sh.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "no --database-url and `{} url` failed: {}",
+            postgres_sh.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

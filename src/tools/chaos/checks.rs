@@ -8,6 +8,14 @@
 //!   holds the LSO back; [`open_transactions`]);
 //! - every poison tick of the input is in the DLQ exactly once, matched by the
 //!   `dlq.original.partition`/`dlq.original.offset` headers ([`dead_letters_once`]).
+//!
+//! And for an all-stage run (the checks that read the database and the subscribers are in
+//! [`super::downstream`]):
+//!
+//! - no partition of any group is left without progress: the group's committed offset is at or
+//!   past the end of the partition's committed data ([`data_ends`], [`left_behind`]; a
+//!   transaction marker or an aborted batch after the last record needs no consuming);
+//! - each record of alert-deliver's DLQ and parking lot is there once ([`given_up`]).
 
 use crate::dlq;
 use crate::kafka::read::{partition_count, read_topic_to_end, reader, DEFAULT_READ_TIMEOUT};
@@ -84,6 +92,65 @@ pub fn dead_letters_once(
     })
 }
 
+/// Per partition of `topic`, the offset after its last committed record (read_committed): what a
+/// consumer group must have committed to have consumed everything. Partitions without a record
+/// are absent.
+pub fn data_ends(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<BTreeMap<i32, i64>> {
+    let mut ends = BTreeMap::new();
+    read_topic_to_end(
+        kafka,
+        topic,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            ends.insert(m.partition(), m.offset() + 1);
+            Ok(())
+        },
+    )
+    .with_context(|| format!("reading {topic} to its end"))?;
+    Ok(ends)
+}
+
+/// The partitions of `topic` whose committed offset (`committed(p)`) is behind its data end,
+/// described for the report (`who` names the group or the table).
+pub fn left_behind(
+    who: &str,
+    topic: &str,
+    committed: impl Fn(i32) -> Option<i64>,
+    ends: &BTreeMap<i32, i64>,
+) -> Vec<String> {
+    ends.iter()
+        .filter(|(p, end)| committed(**p).is_none_or(|c| c < **end))
+        .map(|(p, end)| {
+            let at = committed(*p).map_or("nothing".to_owned(), |c| c.to_string());
+            format!("{who}: {topic}/{p} committed {at}, data ends at {end}")
+        })
+        .collect()
+}
+
+/// alert-deliver's records in `topic` (its DLQ or parking lot), read_committed, counted by key
+/// (`<notification id>/<subscriber>`, from the value's `id` and the `retry.subscriber` header).
+pub fn given_up(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut keys: BTreeMap<String, u64> = BTreeMap::new();
+    read_topic_to_end(
+        kafka,
+        topic,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            let id = serde_json::from_slice::<serde_json::Value>(m.payload().unwrap_or_default())
+                .ok()
+                .and_then(|v| v["id"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| format!("(no id at offset {})", m.offset()));
+            let sub = crate::trace::header(m, "retry.subscriber").unwrap_or("(no subscriber)");
+            *keys.entry(format!("{id}/{sub}")).or_default() += 1;
+            Ok(())
+        },
+    )
+    .with_context(|| format!("reading {topic}"))?;
+    Ok(keys)
+}
+
 /// Partitions of `topics` whose last stable offset is behind the high watermark: a transaction is
 /// open there. A read_committed client's ListOffsets answers the LSO, a read_uncommitted one's the
 /// high watermark.
@@ -124,5 +191,31 @@ pub fn wait_no_open_transactions(
             return Ok(open);
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::left_behind;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_partition_is_behind_when_its_committed_offset_is_before_its_data_end() {
+        let ends = BTreeMap::from([(0, 10), (1, 5), (2, 7)]);
+        let committed = |p: i32| match p {
+            0 => Some(10), // at the end
+            1 => Some(6),  // past it: a marker after the last record was consumed too
+            2 => Some(6),  // one record left
+            _ => None,
+        };
+        assert_eq!(
+            left_behind("g", "t", committed, &ends),
+            ["g: t/2 committed 6, data ends at 7"]
+        );
+        assert_eq!(
+            left_behind("g", "t", |_| None, &BTreeMap::from([(3, 1)])),
+            ["g: t/3 committed nothing, data ends at 1"]
+        );
+        assert!(left_behind("g", "t", |_| None, &BTreeMap::new()).is_empty());
     }
 }

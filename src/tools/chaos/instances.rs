@@ -1,6 +1,7 @@
-//! The pipeline instances of a chaos run: real `alert-pipeline` child processes, signalled the
-//! way an orchestrator or an outage would (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and restarted with
-//! the same instance id whenever they exit, as a StatefulSet would.
+//! The instances of one stage of a chaos run: real child processes (`alert-pipeline`,
+//! `alert-sink` or `alert-deliver`, as the [`Launch`] says), signalled the way an orchestrator or
+//! an outage would (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and restarted with the same instance id
+//! whenever they exit, as a StatefulSet would. The runner keeps one [`Instances`] per stage.
 //!
 //! Each instance is a small state machine driven by [`Instances::tick`], which the runner calls
 //! every few hundred milliseconds: an exited process is reaped and restarted, a SIGTERM that is
@@ -8,9 +9,11 @@
 //! zombie is resumed when its pause is over. Nothing here waits: the runner's loop keeps every
 //! instance and the broker bounces going at the same time.
 //!
-//! Each instance's stderr is appended to `<log_dir>/instance-<id>.log` across its restarts; the
-//! commit count of the figures is read from there (the `transaction committed` debug lines).
+//! Each instance's stderr is appended to `<log_dir>/<stage>-<id>.log` across its restarts; the
+//! pipeline's commit count of the figures is read from there (the `transaction committed` debug
+//! lines).
 
+use super::plan::Stage;
 use anyhow::Context as _;
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -65,10 +68,20 @@ pub struct InstanceFigures {
 /// How to start an instance.
 #[derive(Debug, Clone)]
 pub struct Launch {
-    /// The `alert-pipeline` binary.
+    /// Which stage: names the logs and the log lines.
+    pub stage: Stage,
+    /// The stage's binary.
     pub binary: PathBuf,
     /// Arguments of every instance (without --instance-id).
     pub args: Vec<String>,
+    /// Environment of every instance (the database URL of the sink, ...).
+    pub env: Vec<(String, String)>,
+    /// RUST_LOG of every instance.
+    pub log_filter: String,
+    /// The log line of a committed batch, if the stage logs one: a zombie is then taken among
+    /// the instances that committed lately (so it is paused with work in hand); without it,
+    /// among those up for a few seconds.
+    pub commit_line: Option<&'static str>,
     /// Folder of the instances' logs.
     pub log_dir: PathBuf,
     /// The instances' --shutdown-timeout: a SIGTERM not honoured within it (plus a grace) is
@@ -103,7 +116,7 @@ impl Instances {
         for i in 0..n {
             // A fresh log per run: counts are read from it, and a reused folder must not add an
             // earlier run's lines.
-            let log = Self::log_path(&me.launch.log_dir, &i.to_string());
+            let log = Self::log_path(&me.launch.log_dir, me.launch.stage, &i.to_string());
             if log.exists() {
                 std::fs::remove_file(&log)
                     .with_context(|| format!("removing {}", log.display()))?;
@@ -120,32 +133,36 @@ impl Instances {
         Ok(me)
     }
 
-    /// Log file of instance `id`.
-    pub fn log_path(dir: &Path, id: &str) -> PathBuf {
-        dir.join(format!("instance-{id}.log"))
+    /// Log file of instance `id` of `stage`.
+    pub fn log_path(dir: &Path, stage: Stage, id: &str) -> PathBuf {
+        dir.join(format!("{}-{id}.log", stage.name()))
+    }
+
+    /// The stage of these instances.
+    pub fn stage(&self) -> Stage {
+        self.launch.stage
     }
 
     fn spawn(&mut self, id: &str) -> anyhow::Result<Child> {
         let log = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(Self::log_path(&self.launch.log_dir, id))
+            .open(Self::log_path(&self.launch.log_dir, self.launch.stage, id))
             .context("opening an instance log")?;
         let child = Command::new(&self.launch.binary)
             .args(&self.launch.args)
+            // Always given: a stage's default instance id is not the runner's to rely on.
             .args(["--instance-id", id])
-            // Commits at debug level: the figures count them from the log.
-            .env(
-                "RUST_LOG",
-                "warn,price_alerts=info,price_alerts::pipeline::commit=debug",
-            )
+            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
+            .env("RUST_LOG", &self.launch.log_filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", self.launch.binary.display()))?;
         self.figures.starts += 1;
-        info!(instance = id, pid = child.id(), "instance started");
+        let stage = self.launch.stage.name();
+        info!(stage, instance = id, pid = child.id(), "instance started");
         Ok(child)
     }
 
@@ -208,7 +225,7 @@ impl Instances {
         self.signal(n, "KILL")?;
         self.all[n].killed = true;
         self.figures.sigkills += 1;
-        info!(instance = %self.all[n].id, "SIGKILL");
+        info!(stage = self.launch.stage.name(), instance = %self.all[n].id, "SIGKILL");
         Ok(())
     }
 
@@ -217,7 +234,7 @@ impl Instances {
         self.signal(n, "TERM")?;
         self.all[n].phase = Phase::Terminating(Instant::now());
         self.figures.sigterms += 1;
-        info!(instance = %self.all[n].id, "SIGTERM");
+        info!(stage = self.launch.stage.name(), instance = %self.all[n].id, "SIGTERM");
         Ok(())
     }
 
@@ -227,7 +244,12 @@ impl Instances {
         self.signal(n, "STOP")?;
         self.all[n].phase = Phase::Paused(Instant::now() + pause);
         self.figures.sigstops += 1;
-        info!(instance = %self.all[n].id, pause_s = pause.as_secs(), "SIGSTOP (zombie)");
+        info!(
+            stage = self.launch.stage.name(),
+            instance = %self.all[n].id,
+            pause_s = pause.as_secs(),
+            "SIGSTOP (zombie)"
+        );
         Ok(())
     }
 
@@ -242,12 +264,20 @@ impl Instances {
                     self.all[n].phase = Phase::Running;
                     let log_len = std::fs::metadata(self.log(n)).map(|m| m.len()).unwrap_or(0);
                     self.resumed.push((n, now, log_len));
-                    info!(instance = %self.all[n].id, "SIGCONT (zombie resumed)");
+                    info!(
+                        stage = self.launch.stage.name(),
+                        instance = %self.all[n].id,
+                        "SIGCONT (zombie resumed)"
+                    );
                 }
                 Phase::Terminating(since)
                     if now.duration_since(since) > self.launch.shutdown_timeout + TERM_GRACE =>
                 {
-                    warn!(instance = %self.all[n].id, "SIGTERM not honoured in time: SIGKILL");
+                    warn!(
+                        stage = self.launch.stage.name(),
+                        instance = %self.all[n].id,
+                        "SIGTERM not honoured in time: SIGKILL"
+                    );
                     self.signal(n, "KILL")?;
                     self.all[n].killed = true;
                     self.figures.term_escalations += 1;
@@ -300,14 +330,19 @@ impl Instances {
                     inst.id
                 ));
             }
-            warn!(instance = %inst.id, %status, zombie, "instance exited unasked; restarting");
-            let why =
-                last_words(&Self::log_path(&self.launch.log_dir, &inst.id)).unwrap_or_default();
+            let stage = self.launch.stage;
+            warn!(stage = stage.name(), instance = %inst.id, %status, zombie, "instance exited unasked; restarting");
+            let binary = self.launch.binary.file_name().unwrap_or_default();
+            let why = last_words(
+                &Self::log_path(&self.launch.log_dir, stage, &inst.id),
+                &binary.to_string_lossy(),
+            )
+            .unwrap_or_default();
             self.figures
                 .unplanned_exits
                 .push(format!("instance {}: {status} {why}", inst.id));
         }
-        info!(instance = %inst.id, %status, "instance exited");
+        info!(stage = self.launch.stage.name(), instance = %inst.id, %status, "instance exited");
         // A killed instance comes back at once (its successor fences it); an unplanned exit after
         // a second, so that a crash loop does not spin.
         let delay = if inst.killed || planned_term {
@@ -355,6 +390,9 @@ impl Instances {
     /// Zombie outcomes once the run is over, for a resumed zombie not seen to exit: the group
     /// fenced it if it found its assignment lost after SIGCONT (its generation is gone, so its
     /// offsets could not commit: KIP-447) and it went on as a new member; else it was not fenced.
+    /// Lost is read from the stage's own `partitions revoked … lost=true` line (pipeline, sink)
+    /// or from librdkafka's `Consumer group session timed out` warning (every stage: the
+    /// deliverer logs no rebalance line of its own).
     pub fn finish_zombies(&mut self) {
         let resumed: Vec<_> = self.resumed.drain(..).collect();
         for (n, _, log_len) in resumed {
@@ -363,7 +401,7 @@ impl Instances {
                     .map(|t| plain(&String::from_utf8_lossy(t)))
             });
             let id = &self.all[n].id;
-            if after.is_some_and(|t| t.contains("partitions revoked") && t.contains("lost=true")) {
+            if after.is_some_and(|t| lost_after_pause(&t)) {
                 self.figures.zombies_fenced += 1;
                 self.figures.zombie_outcomes.push(format!(
                     "instance {id} found its assignment lost after SIGCONT and rejoined"
@@ -377,24 +415,35 @@ impl Instances {
     }
 
     fn log(&self, n: usize) -> PathBuf {
-        Self::log_path(&self.launch.log_dir, &self.all[n].id)
+        Self::log_path(&self.launch.log_dir, self.launch.stage, &self.all[n].id)
     }
 
     /// Running instances that are processing: their current process (up for more than five
-    /// seconds, so the line is its own) logged a commit in the last two seconds. A zombie is taken
-    /// from these, so that it is paused with partitions and (with one-second batches) nearly
-    /// always an open transaction: something to fence.
+    /// seconds, so the line is its own) logged a commit in the last two seconds (for a stage
+    /// without a commit line: any instance up that long). A zombie is taken from these, so that
+    /// it is paused with partitions and (with one-second batches) nearly always an open
+    /// transaction: something to fence.
     pub fn processing(&self) -> Vec<usize> {
+        let commit_line = self.launch.commit_line;
         self.targets()
             .into_iter()
             .filter(|&n| self.all[n].since.elapsed() > Duration::from_secs(5))
             .filter(|&n| {
+                let Some(line) = commit_line else {
+                    return true;
+                };
                 tail(&self.log(n))
-                    .and_then(|t| last_commit_age(&t))
+                    .and_then(|t| last_commit_age(&t, line))
                     .is_some_and(|age| age < Duration::from_secs(2))
             })
             .collect()
     }
+}
+
+/// Whether an instance's log after SIGCONT shows that it found its assignment lost.
+fn lost_after_pause(log: &str) -> bool {
+    (log.contains("partitions revoked") && log.contains("lost=true"))
+        || log.contains("Consumer group session timed out")
 }
 
 /// `text` without terminal colour codes (ESC [ ... letter), which the instances' log fields carry.
@@ -427,26 +476,24 @@ fn tail(log: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&tail).into_owned())
 }
 
-/// How long ago the last `transaction committed` line of `log` was written, by its timestamp
+/// How long ago the last line of `log` containing `commit_line` was written, by its timestamp
 /// (the first word of a line, RFC 3339).
-fn last_commit_age(log: &str) -> Option<Duration> {
+fn last_commit_age(log: &str, commit_line: &str) -> Option<Duration> {
     use time::format_description::well_known::Rfc3339;
-    let line = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("transaction committed"))?;
+    let line = log.lines().rev().find(|l| l.contains(commit_line))?;
     let stamp = plain(line).split_whitespace().next()?.to_owned();
     let at = time::OffsetDateTime::parse(&stamp, &Rfc3339).ok()?;
     let age = time::OffsetDateTime::now_utc() - at;
     Some(age.try_into().unwrap_or(Duration::ZERO))
 }
 
-/// The last `alert-pipeline: ...` line of an instance log (its exit message).
-fn last_words(log: &Path) -> Option<String> {
+/// The last `<binary>: ...` line of an instance log (its exit message).
+fn last_words(log: &Path, binary: &str) -> Option<String> {
+    let prefix = format!("{binary}: ");
     tail(log)?
         .lines()
         .rev()
-        .find(|l| l.starts_with("alert-pipeline: "))
+        .find(|l| l.starts_with(&prefix))
         .map(|l| l.chars().take(200).collect())
 }
 
@@ -476,13 +523,27 @@ mod tests {
         let log = format!(
             "\u{1b}[2m{stamp}\u{1b}[0m DEBUG transaction committed records=3\nlater line\n"
         );
-        let age = super::last_commit_age(&log).unwrap();
+        let age = super::last_commit_age(&log, "transaction committed").unwrap();
         assert!(
             age >= std::time::Duration::from_secs(3599)
                 && age < std::time::Duration::from_secs(3660),
             "{age:?}"
         );
-        assert_eq!(super::last_commit_age("no commit here"), None);
+        assert_eq!(
+            super::last_commit_age("no commit here", "transaction committed"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_lost_assignment_is_read_from_the_stage_or_from_librdkafka() {
+        let sink = "INFO partitions revoked partitions=[0, 1] lost=true buffered=0";
+        let deliver = "WARN librdkafka: [thrd:main]: Consumer group session timed out (in \
+                       join-state steady) after 42121 ms without a successful response";
+        assert!(super::lost_after_pause(sink) && super::lost_after_pause(deliver));
+        assert!(!super::lost_after_pause(
+            "INFO partitions revoked partitions=[0] lost=false"
+        ));
     }
 
     #[test]

@@ -18,14 +18,36 @@
 //!        ─► checks ([`checks`]) ─► figures ([`ChaosReport`])
 //! ```
 //!
+//! An all-stage run ([`ChaosOptions::downstream`], the short run's and the binary's default)
+//! carries the notifications on through every stage: alert-sink instances write them to a fresh
+//! PostgreSQL database, alert-deliver instances post them to the runner's own webhook
+//! subscribers, one of which fails (503) for a while so the retry buckets carry its deliveries
+//! ([`downstream`], [`subscribers`]). Each stage's instances ([`stages`]) get the same kinds and
+//! counts of faults as the pipeline's (the zombies paused beyond the transaction timeout, which
+//! is also far beyond every stage's session timeout), and PostgreSQL is shut down at once
+//! (`pg_ctl -m immediate`) and started again a few seconds later ([`database`]).
+//!
+//! ```text
+//!   feed ──► input ──► pipeline × N ──► notifications ─┬─► sink × N ──► PostgreSQL (alerts)
+//!                                                      └─► deliver × N ──► subscribers (+ buckets)
+//!   main loop: tick every stage's instances; fire due faults: instance faults of any stage,
+//!              broker bounces (bounce thread), PostgreSQL shutdowns (database thread)
+//!   end: pipeline drained ─► sink and deliver drained (their groups at their inputs' data ends)
+//!        ─► SIGTERM all ─► checks of every stage ─► figures
+//! ```
+//!
 //! Bounded in time: the whole run fails past `limit`. Only one broker is down at a time, and the
 //! next bounce waits until every partition's ISR is complete again, so no partition drops below
 //! min.insync.replicas by the runner's doing: what is tested is failover, not an outage.
 
 pub mod checks;
 pub mod cluster;
+pub mod database;
+pub mod downstream;
 pub mod instances;
 pub mod plan;
+pub mod stages;
+pub mod subscribers;
 
 use crate::dlq::FaultInjection;
 use crate::kafka::feed::{next_offsets, Feed, Landed};
@@ -33,14 +55,17 @@ use crate::kafka::offsets::committed_offsets;
 use crate::kafka::topics::{self, Topics};
 use crate::tick::DEFAULT_MAX_TICK_BYTES;
 use crate::tools::generate::{generate, GenOptions};
-use crate::tools::verify::{verify, VerifyReport};
+use crate::tools::verify::{expected_from_input, verify, VerifyReport};
 use anyhow::{anyhow, bail, Context as _};
 use checks::DeadLetters;
 use cluster::{Cluster, Stop};
+use database::{DatabaseDown, ServerGuard};
+use downstream::{Downstream, DownstreamOptions, DownstreamReport};
 use instances::{InstanceFigures, Instances, Launch};
-use plan::{Fault, FaultCounts, Target};
+use plan::{Fault, FaultCounts, Stage, Target};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use stages::Stages;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
@@ -90,6 +115,8 @@ pub struct ChaosOptions {
     pub work_dir: PathBuf,
     /// Keep the run's topics after a passing run (a failing run always keeps them).
     pub keep_topics: bool,
+    /// The stages after the pipeline (sink, deliver, PostgreSQL), or `None`: pipeline only.
+    pub downstream: Option<DownstreamOptions>,
 }
 
 impl ChaosOptions {
@@ -114,6 +141,7 @@ impl ChaosOptions {
                 zombies: 1,
                 hard_bounces: 1,
                 clean_bounces: 1,
+                database_downs: 2,
             },
             // As the broker tests: a shared CI machine once stalled a broker for about 9 s.
             transaction_timeout: Duration::from_secs(30),
@@ -133,6 +161,47 @@ impl ChaosOptions {
             limit: Duration::from_secs(600),
             work_dir: std::env::temp_dir().join(format!("alert-chaos-{seed}")),
             keep_topics: false,
+            downstream: None,
+        }
+    }
+
+    /// The short run carried through every stage (what `scripts/test.sh` runs, and the binary's
+    /// default): the pipeline's short run, plus 2 sink and 2 deliver instances, each stage with
+    /// the same instance faults as the pipeline (3 SIGKILLs, 3 SIGTERMs, one zombie), two
+    /// immediate PostgreSQL shutdowns, and a subscriber failing for 10 s.
+    pub fn short_all_stages(
+        cluster: Cluster,
+        binaries: &std::path::Path,
+        seed: u64,
+        postgres_sh: PathBuf,
+        database_url: String,
+    ) -> Self {
+        let mut o = Self::short(cluster, binaries.join("alert-pipeline"), seed);
+        o.downstream = Some(DownstreamOptions {
+            sink: binaries.join("alert-sink"),
+            deliver: binaries.join("alert-deliver"),
+            postgres_sh,
+            database_url,
+            sink_instances: 2,
+            deliver_instances: 2,
+            // 37 s in all, far more than the subscriber's 10 s outage: a notification that fails
+            // at its start is retried after 2 s and 7 s (still failing), then after 37 s.
+            buckets: "2s,5s,30s".to_owned(),
+            subscriber_outage: subscribers::Outage {
+                after: o.span / 4,
+                lasts: Duration::from_secs(10),
+            },
+            max_database_down: Duration::from_secs(5),
+        });
+        o
+    }
+
+    /// The stages this run starts.
+    pub fn stages(&self) -> Vec<Stage> {
+        if self.downstream.is_some() {
+            Stage::ALL.to_vec()
+        } else {
+            vec![Stage::Pipeline]
         }
     }
 }
@@ -156,7 +225,10 @@ pub struct ChaosReport {
     pub prefix: String,
     pub ticks: usize,
     pub instances: usize,
+    /// The pipeline instances' figures.
     pub figures: InstanceFigures,
+    /// Every stage's instance figures (the pipeline's first).
+    pub stages: Vec<(Stage, InstanceFigures)>,
     pub bounces: Vec<Bounce>,
     /// Transactions committed and aborted, as the instances logged them.
     pub commits: u64,
@@ -176,6 +248,8 @@ pub struct ChaosReport {
     pub final_exits: Vec<(String, String)>,
     pub chaos: Duration,
     pub total: Duration,
+    /// The sink's and the deliverer's checks and PostgreSQL's shutdowns (all-stage runs).
+    pub downstream: Option<DownstreamReport>,
 }
 
 impl ChaosReport {
@@ -195,6 +269,7 @@ impl ChaosReport {
             && self.open_transactions.is_empty()
             && self.hanging.is_empty()
             && self.replication.is_empty()
+            && self.downstream.as_ref().is_none_or(|d| d.checks.ok())
     }
 }
 
@@ -229,19 +304,39 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     // only with all brokers registered.
     opts.cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
-    let replication = replication_problems(&opts.cluster, &topics)?;
+    let mut replication = replication_problems(&opts.cluster, topics.names())?;
 
-    let schedule = plan::plan(&opts.faults, opts.span, &mut rng);
+    // The stages after the pipeline: their database, subscribers and launches. The guard starts
+    // PostgreSQL again however the run ends.
+    let downstream = match &opts.downstream {
+        Some(d) => {
+            let name = format!("chaos_{}_{}", opts.seed, topics::unique_suffix());
+            let set_up =
+                Downstream::set_up(d, &app_id, &topics.notifications, &name, &opts.work_dir)?;
+            Some((set_up, d))
+        }
+        None => None,
+    };
+    let _database_guard = downstream.as_ref().map(|(d, _)| ServerGuard(d.db.clone()));
+    let mut launches = vec![(launch(opts, &rules_path, &app_id, &topics), opts.instances)];
+    if let Some((d, o)) = &downstream {
+        launches.extend(d.launches(opts, o)?);
+    }
+
+    let schedule = plan::plan(&opts.faults, &opts.stages(), opts.span, &mut rng);
     let seqs: Vec<u64> = ticks.iter().map(|t| t.seq).collect();
     let feed = spawn_feed(kafka.clone(), topics.input.clone(), ticks, opts.span)?;
-    let mut instances =
-        Instances::start(launch(opts, &rules_path, &app_id, &topics), opts.instances)?;
+    let mut stages = Stages::start(launches)?;
+    if let Some((d, o)) = &downstream {
+        d.subscribers.chaos_started(o.subscriber_outage);
+    }
     let played = play(
         opts,
         &app_id,
         schedule,
         feed,
-        &mut instances,
+        &mut stages,
+        downstream.as_ref().map(|(d, _)| d),
         &mut rng,
         started,
     )?;
@@ -255,18 +350,50 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         &app_id,
         &topics.input,
         &end,
-        &mut instances,
+        &mut stages,
         opts.limit.saturating_sub(started.elapsed()),
     )?;
-    let final_exits = instances.stop_all(opts.shutdown_timeout + Duration::from_secs(10))?;
-    instances.finish_zombies();
+    // The oracle of every stage: the notifications the input implies.
+    let faults = FaultInjection { enabled: true };
+    let mut oracle = VerifyReport::default();
+    let expected = expected_from_input(
+        kafka,
+        &topics.input,
+        &rules,
+        DEFAULT_MAX_TICK_BYTES,
+        faults,
+        &mut oracle,
+    )?;
+    if let Some((d, _)) = &downstream {
+        info!(
+            expected = expected.len(),
+            "pipeline drained; waiting for the sink and the deliverer"
+        );
+        drain_downstream(
+            kafka,
+            d,
+            &mut stages,
+            opts.limit.saturating_sub(started.elapsed()),
+        )?;
+    }
+    let final_exits = stages.stop_all(opts.shutdown_timeout + Duration::from_secs(10))?;
+    stages.finish_zombies();
 
     // The checks, once every instance has stopped.
-    let outputs = [
-        topics.notifications.as_str(),
-        topics.changelog.as_str(),
-        topics.dlq.as_str(),
+    let mut outputs = vec![
+        topics.notifications.clone(),
+        topics.changelog.clone(),
+        topics.dlq.clone(),
     ];
+    if let Some((d, _)) = &downstream {
+        outputs.extend(d.deliver_topics());
+        let deliver_topics = d.deliver_topics();
+        replication.extend(replication_problems(
+            &opts.cluster,
+            deliver_topics.iter().map(String::as_str),
+        )?);
+    }
+    let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     let open_transactions = checks::wait_no_open_transactions(
         kafka,
         &outputs,
@@ -281,7 +408,6 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 .map(|row| format!("broker {b}: {row}")),
         );
     }
-    let faults = FaultInjection { enabled: true };
     let verify = verify(
         kafka,
         &topics.input,
@@ -295,13 +421,22 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         .map(|(l, _)| (l.partition, l.offset))
         .collect();
     let dead_letters = checks::dead_letters_once(kafka, &topics.dlq, &poison)?;
-    let (commits, aborts) = logged_transactions(&opts.work_dir, &instances.ids());
+    let pipeline_ids: Vec<String> = (0..opts.instances).map(|i| i.to_string()).collect();
+    let (commits, aborts) = logged_transactions(&opts.work_dir, &pipeline_ids);
+    let downstream_report = match &downstream {
+        Some((d, _)) => Some(DownstreamReport {
+            database_downs: played.database_downs.clone(),
+            checks: d.check(kafka, &expected)?,
+        }),
+        None => None,
+    };
     let report = ChaosReport {
         seed: opts.seed,
         prefix,
         ticks: opts.ticks,
         instances: opts.instances,
-        figures: instances.figures.clone(),
+        figures: stages.figures(Stage::Pipeline),
+        stages: stages.all_figures(),
         bounces: played.bounces,
         commits,
         aborts,
@@ -315,9 +450,21 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         final_exits,
         chaos: played.chaos,
         total: started.elapsed(),
+        downstream: downstream_report,
     };
     if report.ok() && !opts.keep_topics {
-        if let Err(e) = futures::executor::block_on(topics::delete_topics(kafka, &topics.names())) {
+        let mut names: Vec<String> = topics.names().map(str::to_owned).to_vec();
+        if let Some((d, _)) = &downstream {
+            names.extend(d.deliver_topics());
+            if let Err(e) = d.db.drop_database() {
+                warn!(
+                    error = format!("{e:#}"),
+                    "could not drop the run's database"
+                );
+            }
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        if let Err(e) = futures::executor::block_on(topics::delete_topics(kafka, &names)) {
             warn!(
                 error = format!("{e:#}"),
                 "could not delete the run's topics"
@@ -331,23 +478,27 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
 struct Played {
     landed: Vec<Landed>,
     bounces: Vec<Bounce>,
+    database_downs: Vec<DatabaseDown>,
     chaos: Duration,
 }
 
 /// The chaos: fires the due faults (in order, where one can be fired now) and keeps the instances
 /// alive, until every fault is done, the input is fed and every instance runs.
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
 fn play(
     opts: &ChaosOptions,
     app_id: &str,
     mut pending: Vec<plan::Planned>,
     feed: JoinHandle<anyhow::Result<Vec<Landed>>>,
-    instances: &mut Instances,
+    stages: &mut Stages,
+    downstream: Option<&Downstream>,
     rng: &mut ChaCha8Rng,
     started: Instant,
 ) -> anyhow::Result<Played> {
     let chaos_started = Instant::now();
-    let mut bouncing: Option<JoinHandle<anyhow::Result<Bounce>>> = None;
+    let mut bg = Background::default();
     let mut bounces = Vec::new();
+    let mut database_downs = Vec::new();
     let mut feed = Some(feed);
     let mut landed = None;
     loop {
@@ -358,17 +509,17 @@ fn play(
                 pending.len()
             );
         }
-        instances.tick(true)?;
-        if bouncing.as_ref().is_some_and(JoinHandle::is_finished) {
-            let done = bouncing
-                .take()
-                .map(JoinHandle::join)
-                .transpose()
-                .map_err(|_| anyhow!("the bounce thread panicked"))?;
-            if let Some(b) = done.transpose()? {
-                info!(broker = b.broker, hard = b.hard, role = %b.role, "broker bounced");
-                bounces.push(b);
-            }
+        stages.tick(true)?;
+        if let Some(b) = finished(&mut bg.bouncing, "bounce")? {
+            info!(broker = b.broker, hard = b.hard, role = %b.role, "broker bounced");
+            bounces.push(b);
+        }
+        if let Some(d) = finished(&mut bg.database, "database")? {
+            info!(
+                down_ms = d.down.as_millis() as u64,
+                "PostgreSQL shut down and started"
+            );
+            database_downs.push(d);
         }
         if feed.as_ref().is_some_and(JoinHandle::is_finished) {
             let fed = feed
@@ -381,18 +532,20 @@ fn play(
         let now = chaos_started.elapsed();
         let mut fired = Vec::new();
         for (i, p) in pending.iter().enumerate().filter(|(_, p)| p.at <= now) {
-            if fire(p.fault, opts, app_id, instances, &mut bouncing, rng)? {
+            if fire(p.fault, opts, app_id, stages, downstream, &mut bg, rng)? {
                 fired.push(i);
             }
         }
         for i in fired.into_iter().rev() {
             pending.remove(i);
         }
-        if pending.is_empty() && bouncing.is_none() && instances.all_running() {
+        let quiet = bg.bouncing.is_none() && bg.database.is_none();
+        if pending.is_empty() && quiet && stages.all_running() {
             if let Some(landed) = landed.take() {
                 return Ok(Played {
                     landed,
                     bounces,
+                    database_downs,
                     chaos: chaos_started.elapsed(),
                 });
             }
@@ -408,12 +561,12 @@ fn drain(
     group: &str,
     input: &str,
     end: &BTreeMap<i32, i64>,
-    instances: &mut Instances,
+    stages: &mut Stages,
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
-        instances.tick(true)?;
+        stages.tick(true)?;
         // An observer's failed fetch (a coordinator still moving after a bounce) means "not yet":
         // ask again until the deadline; the checks fetch once more and report what they find.
         match committed_offsets(kafka, group, input) {
@@ -482,11 +635,82 @@ fn launch(opts: &ChaosOptions, rules: &std::path::Path, app_id: &str, topics: &T
         args.push("--static-membership".to_owned());
     }
     Launch {
+        stage: Stage::Pipeline,
         binary: opts.pipeline.clone(),
         args,
+        env: Vec::new(),
+        // Commits at debug level: the figures count them from the log.
+        log_filter: "warn,price_alerts=info,price_alerts::pipeline::commit=debug".to_owned(),
+        commit_line: Some("transaction committed"),
         log_dir: opts.work_dir.clone(),
         shutdown_timeout: opts.shutdown_timeout,
     }
+}
+
+/// Keeps every stage alive until the sink and the deliverer have consumed their inputs to the
+/// data ends, or `timeout` passed (then the checks report what is left). The deliverer commits a
+/// record's offset with its outcome (accepted, or handed to the next bucket, the DLQ or the
+/// parking lot), so once its notifications and every bucket are consumed, every key is settled.
+fn drain_downstream(
+    kafka: &crate::kafka::KafkaConfig,
+    downstream: &Downstream,
+    stages: &mut Stages,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // Reading the topics to their ends costs more than a committed-offsets fetch: not too often.
+    let every = Duration::from_secs(2);
+    let mut asked = Instant::now() - every;
+    loop {
+        stages.tick(true)?;
+        if asked.elapsed() >= every {
+            asked = Instant::now();
+            // As in `drain`: a failed read (a database still recovering, a coordinator moving)
+            // means "not yet" until the deadline.
+            match downstream.left_behind(kafka) {
+                Ok(behind) if behind.is_empty() => return Ok(()),
+                Ok(behind) if started.elapsed() > timeout => {
+                    warn!(
+                        ?behind,
+                        "the sink and the deliverer did not finish their inputs in time"
+                    );
+                    return Ok(());
+                }
+                Err(e) if started.elapsed() > timeout => {
+                    return Err(e.context("the downstream progress could not be read"))
+                }
+                Err(e) => warn!(
+                    error = format!("{e:#}"),
+                    "reading the downstream progress failed; asking again"
+                ),
+                Ok(_) => {}
+            }
+        }
+        std::thread::sleep(STEP);
+    }
+}
+
+/// The faults that run on threads of their own, one of each kind at a time.
+#[derive(Default)]
+struct Background {
+    bouncing: Option<JoinHandle<anyhow::Result<Bounce>>>,
+    database: Option<JoinHandle<anyhow::Result<DatabaseDown>>>,
+}
+
+/// The outcome of `thread` if it has finished (taking it), `None` while it runs or if none.
+fn finished<T>(
+    thread: &mut Option<JoinHandle<anyhow::Result<T>>>,
+    what: &str,
+) -> anyhow::Result<Option<T>> {
+    if !thread.as_ref().is_some_and(JoinHandle::is_finished) {
+        return Ok(None);
+    }
+    let done = thread
+        .take()
+        .map(JoinHandle::join)
+        .transpose()
+        .map_err(|_| anyhow!("the {what} thread panicked"))?;
+    done.transpose()
 }
 
 /// Feeds `ticks` to `input` evenly over `span`, on a thread of its own; returns where each landed.
@@ -503,43 +727,64 @@ fn spawn_feed(
     }))
 }
 
-/// Fires `fault` if it can be now; returns whether it did (a bounce waits for the previous one,
-/// a signal for a running instance).
+/// Fires `fault` if it can be now; returns whether it did (a bounce or a database shutdown waits
+/// for the previous one, a signal for a running instance of its stage).
 fn fire(
     fault: Fault,
     opts: &ChaosOptions,
     app_id: &str,
-    instances: &mut Instances,
-    bouncing: &mut Option<JoinHandle<anyhow::Result<Bounce>>>,
+    stages: &mut Stages,
+    downstream: Option<&Downstream>,
+    bg: &mut Background,
     rng: &mut ChaCha8Rng,
 ) -> anyhow::Result<bool> {
-    let running = instances.targets();
-    let processing = instances.processing();
     let pick = |rng: &mut ChaCha8Rng, from: &[usize]| from[rng.random_range(0..from.len())];
     match fault {
-        Fault::Kill | Fault::Term if running.is_empty() => Ok(false),
-        Fault::Zombie if processing.is_empty() => Ok(false),
-        Fault::Kill => instances.kill(pick(rng, &running)).map(|()| true),
-        Fault::Term => instances.terminate(pick(rng, &running)).map(|()| true),
-        // Beyond the transaction timeout, so the coordinator aborts the zombie's transaction,
-        // and far beyond the session timeout, so the group has moved on when it wakes.
-        Fault::Zombie => instances
-            .pause(
-                pick(rng, &processing),
-                opts.transaction_timeout + Duration::from_secs(10),
-            )
-            .map(|()| true),
-        Fault::Bounce { .. } if bouncing.is_some() => Ok(false),
+        Fault::Kill(stage) | Fault::Term(stage) | Fault::Zombie(stage) => {
+            let Some(instances) = stages.get(stage) else {
+                bail!("a fault of {stage:?}, which this run does not start");
+            };
+            let running = instances.targets();
+            let processing = instances.processing();
+            match fault {
+                Fault::Kill(_) | Fault::Term(_) if running.is_empty() => Ok(false),
+                Fault::Zombie(_) if processing.is_empty() => Ok(false),
+                Fault::Kill(_) => instances.kill(pick(rng, &running)).map(|()| true),
+                Fault::Term(_) => instances.terminate(pick(rng, &running)).map(|()| true),
+                // Beyond the transaction timeout, so the coordinator aborts the zombie's
+                // transaction, and far beyond the session timeout, so the group has moved on
+                // when it wakes (the sink's database session too: its write timeout is shorter).
+                _ => instances
+                    .pause(
+                        pick(rng, &processing),
+                        opts.transaction_timeout + Duration::from_secs(10),
+                    )
+                    .map(|()| true),
+            }
+        }
+        Fault::DatabaseDown if bg.database.is_some() => Ok(false),
+        Fault::DatabaseDown => {
+            let (Some(d), Some(o)) = (downstream, &opts.downstream) else {
+                bail!("a database shutdown in a run without the sink");
+            };
+            let down = Duration::from_millis(
+                rng.random_range(1_000..=o.max_database_down.as_millis().max(1_000) as u64),
+            );
+            let db = d.db.clone();
+            bg.database = Some(std::thread::spawn(move || db.bounce(down)));
+            Ok(true)
+        }
+        Fault::Bounce { .. } if bg.bouncing.is_some() => Ok(false),
         Fault::Bounce { hard, target } => {
             let how = if hard { Stop::Hard } else { Stop::Clean };
             let down = Duration::from_millis(
                 rng.random_range(1_000..=opts.max_down.as_millis().max(1_000) as u64),
             );
-            let instance = rng.random_range(0..instances.len());
+            let instance = rng.random_range(0..opts.instances);
             let txn_id = format!("{app_id}-{instance}");
             let any = rng.random_range(1..=opts.cluster.brokers);
             let (cluster, group) = (opts.cluster.clone(), app_id.to_owned());
-            *bouncing = Some(std::thread::spawn(move || {
+            bg.bouncing = Some(std::thread::spawn(move || {
                 bounce(&cluster, how, target, down, &txn_id, &group, any)
             }));
             Ok(true)
@@ -606,11 +851,14 @@ fn bounce(
     })
 }
 
-/// Partitions of the run's topics whose replication factor is not the cluster's (min(N, 3)).
-fn replication_problems(cluster: &Cluster, topics: &Topics) -> anyhow::Result<Vec<String>> {
+/// Partitions of `topics` whose replication factor is not the cluster's (min(N, 3)).
+fn replication_problems<'a>(
+    cluster: &Cluster,
+    topics: impl IntoIterator<Item = &'a str>,
+) -> anyhow::Result<Vec<String>> {
     let want = cluster.brokers.min(3) as usize;
     let mut problems = Vec::new();
-    for t in topics.names() {
+    for t in topics {
         let rf = cluster.replication_factors(t)?;
         if rf.is_empty() || rf.iter().any(|&r| r != want) {
             problems.push(format!("{t}: replication factors {rf:?}, not {want}"));
@@ -623,7 +871,7 @@ fn replication_problems(cluster: &Cluster, topics: &Topics) -> anyhow::Result<Ve
 fn logged_transactions(dir: &std::path::Path, ids: &[String]) -> (u64, u64) {
     let (mut commits, mut aborts) = (0, 0);
     for id in ids {
-        let text = std::fs::read(Instances::log_path(dir, id)).unwrap_or_default();
+        let text = std::fs::read(Instances::log_path(dir, Stage::Pipeline, id)).unwrap_or_default();
         let text = String::from_utf8_lossy(&text);
         commits += text.matches("transaction committed").count() as u64;
         aborts += text.matches("transaction aborted").count() as u64;
@@ -665,6 +913,22 @@ impl fmt::Display for ChaosReport {
             fig.zombies_fenced,
             fig.zombie_outcomes.join("; ")
         )?;
+        for (stage, fig) in self.stages.iter().filter(|(s, _)| *s != Stage::Pipeline) {
+            writeln!(
+                f,
+                "{:<22} {} process starts; {} SIGKILLs, {} SIGTERMs ({} exited 0, {} escalated), \
+                 {} SIGSTOPs ({} expelled from their group: {})",
+                format!("{} instances", stage.name()),
+                fig.starts,
+                fig.sigkills,
+                fig.sigterms,
+                fig.clean_exits,
+                fig.term_escalations,
+                fig.sigstops,
+                fig.zombies_fenced,
+                fig.zombie_outcomes.join("; ")
+            )?;
+        }
         writeln!(f, "{:<22} {} hard, {} clean", "broker bounces", hard, clean)?;
         for b in &self.bounces {
             writeln!(
@@ -677,8 +941,17 @@ impl fmt::Display for ChaosReport {
                 b.recovered.as_secs_f64()
             )?;
         }
-        writeln!(f, "{:<22} {}", "unplanned exits", fig.unplanned_exits.len())?;
-        for e in &fig.unplanned_exits {
+        let unplanned: Vec<String> = self
+            .stages
+            .iter()
+            .flat_map(|(s, fig)| {
+                fig.unplanned_exits
+                    .iter()
+                    .map(move |e| format!("{}: {e}", s.name()))
+            })
+            .collect();
+        writeln!(f, "{:<22} {}", "unplanned exits", unplanned.len())?;
+        for e in &unplanned {
             writeln!(f, "  {e}")?;
         }
         let finals: Vec<String> = self
@@ -720,6 +993,9 @@ impl fmt::Display for ChaosReport {
             self.open_transactions.len(),
             self.hanging.len()
         )?;
+        if let Some(d) = &self.downstream {
+            write!(f, "{d}")?;
+        }
         writeln!(
             f,
             "{:<22} {:.1}s (chaos {:.1}s)",

@@ -7,6 +7,10 @@
 //! jittered within its slot. Broker bounces target, in order of their moments, the transaction
 //! coordinator of an instance's transactional id, then the group coordinator, then any broker, in
 //! turn: the first two are where exactly-once is most at risk.
+//!
+//! Instance faults are aimed at a [`Stage`]: in an all-stage run every stage gets the counts of
+//! instance faults (so `kills: 15` is 15 SIGKILLs of pipeline instances, 15 of sink instances and
+//! 15 of deliver instances), and the database gets its immediate shutdowns.
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -24,20 +28,48 @@ pub enum Target {
     Any,
 }
 
+/// The processes of a run, one supervised set of instances each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// `alert-pipeline`: input to notifications.
+    Pipeline,
+    /// `alert-sink`: notifications to the `alerts` table.
+    Sink,
+    /// `alert-deliver`: notifications to the subscribers' webhooks.
+    Deliver,
+}
+
+impl Stage {
+    /// Every stage, in data-flow order.
+    pub const ALL: [Stage; 3] = [Stage::Pipeline, Stage::Sink, Stage::Deliver];
+
+    /// Its name in logs, log files and the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Pipeline => "pipeline",
+            Stage::Sink => "sink",
+            Stage::Deliver => "deliver",
+        }
+    }
+}
+
 /// One fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// SIGKILL an instance (restarted at once).
-    Kill,
-    /// SIGTERM an instance (restarted once it exited).
-    Term,
-    /// SIGSTOP an instance beyond its transaction timeout, then SIGCONT.
-    Zombie,
+    /// SIGKILL an instance of the stage (restarted at once).
+    Kill(Stage),
+    /// SIGTERM an instance of the stage (restarted once it exited).
+    Term(Stage),
+    /// SIGSTOP an instance of the stage beyond its timeouts, then SIGCONT.
+    Zombie(Stage),
     /// Take a broker down (hard: SIGKILL, clean: SIGTERM) and start it again.
     Bounce { hard: bool, target: Target },
+    /// Shut PostgreSQL down at once (`pg_ctl -m immediate`: no checkpoint, clients cut) and start
+    /// it again a few seconds later.
+    DatabaseDown,
 }
 
-/// How many faults of each kind.
+/// How many faults of each kind. The instance faults are per stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultCounts {
     pub kills: u32,
@@ -45,11 +77,20 @@ pub struct FaultCounts {
     pub zombies: u32,
     pub hard_bounces: u32,
     pub clean_bounces: u32,
+    /// Immediate PostgreSQL shutdowns (all-stage runs only).
+    pub database_downs: u32,
 }
 
 impl FaultCounts {
-    pub fn total(&self) -> u32 {
-        self.kills + self.terms + self.zombies + self.hard_bounces + self.clean_bounces
+    /// Faults planned for a run of `stages` (the database's only with the sink).
+    pub fn total(&self, stages: &[Stage]) -> u32 {
+        let per_stage = self.kills + self.terms + self.zombies;
+        let db = if stages.contains(&Stage::Sink) {
+            self.database_downs
+        } else {
+            0
+        };
+        per_stage * stages.len() as u32 + self.hard_bounces + self.clean_bounces + db
     }
 }
 
@@ -60,12 +101,22 @@ pub struct Planned {
     pub fault: Fault,
 }
 
-/// The schedule: `counts` faults in random order over `span`.
-pub fn plan(counts: &FaultCounts, span: Duration, rng: &mut ChaCha8Rng) -> Vec<Planned> {
+/// The schedule: `counts` faults of `stages` in random order over `span`.
+pub fn plan(
+    counts: &FaultCounts,
+    stages: &[Stage],
+    span: Duration,
+    rng: &mut ChaCha8Rng,
+) -> Vec<Planned> {
     let mut faults = Vec::new();
-    faults.extend((0..counts.kills).map(|_| Fault::Kill));
-    faults.extend((0..counts.terms).map(|_| Fault::Term));
-    faults.extend((0..counts.zombies).map(|_| Fault::Zombie));
+    for &stage in stages {
+        faults.extend((0..counts.kills).map(|_| Fault::Kill(stage)));
+        faults.extend((0..counts.terms).map(|_| Fault::Term(stage)));
+        faults.extend((0..counts.zombies).map(|_| Fault::Zombie(stage)));
+    }
+    if stages.contains(&Stage::Sink) {
+        faults.extend((0..counts.database_downs).map(|_| Fault::DatabaseDown));
+    }
     faults.extend((0..counts.hard_bounces).map(|_| Fault::Bounce {
         hard: true,
         target: Target::Any,
@@ -111,14 +162,24 @@ mod tests {
             zombies: 1,
             hard_bounces: 3,
             clean_bounces: 2,
+            database_downs: 3,
         };
         let span = Duration::from_secs(600);
-        let p = plan(&counts, span, &mut ChaCha8Rng::seed_from_u64(9));
-        assert_eq!(p, plan(&counts, span, &mut ChaCha8Rng::seed_from_u64(9)));
-        assert_eq!(p.len() as u32, counts.total());
+        let pipeline = [Stage::Pipeline];
+        let p = plan(&counts, &pipeline, span, &mut ChaCha8Rng::seed_from_u64(9));
+        assert_eq!(
+            p,
+            plan(&counts, &pipeline, span, &mut ChaCha8Rng::seed_from_u64(9))
+        );
+        assert_eq!(p.len() as u32, counts.total(&pipeline));
         assert!(p.windows(2).all(|w| w[0].at < w[1].at) && p.iter().all(|e| e.at < span));
         let count = |f: fn(&Fault) -> bool| p.iter().filter(|e| f(&e.fault)).count();
-        assert_eq!(count(|f| *f == Fault::Kill), 20);
+        assert_eq!(count(|f| *f == Fault::Kill(Stage::Pipeline)), 20);
+        assert_eq!(
+            count(|f| *f == Fault::DatabaseDown),
+            0,
+            "no sink, no database"
+        );
         assert_eq!(count(|f| matches!(f, Fault::Bounce { hard: true, .. })), 3);
         let targets: Vec<Target> = p
             .iter()
@@ -135,5 +196,38 @@ mod tests {
                 Target::Any
             ]
         );
+    }
+
+    #[test]
+    fn an_all_stage_plan_has_the_instance_faults_of_each_stage_and_the_database_downs() {
+        let counts = FaultCounts {
+            kills: 15,
+            terms: 5,
+            zombies: 1,
+            hard_bounces: 2,
+            clean_bounces: 2,
+            database_downs: 3,
+        };
+        let p = plan(
+            &counts,
+            &Stage::ALL,
+            Duration::from_secs(900),
+            &mut ChaCha8Rng::seed_from_u64(3),
+        );
+        assert_eq!(p.len() as u32, counts.total(&Stage::ALL));
+        for stage in Stage::ALL {
+            let of = |want: Fault| p.iter().filter(|e| e.fault == want).count();
+            assert_eq!(
+                (
+                    of(Fault::Kill(stage)),
+                    of(Fault::Term(stage)),
+                    of(Fault::Zombie(stage))
+                ),
+                (15, 5, 1),
+                "{stage:?}"
+            );
+        }
+        let downs = p.iter().filter(|e| e.fault == Fault::DatabaseDown).count();
+        assert_eq!(downs, 3);
     }
 }
