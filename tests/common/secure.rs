@@ -213,6 +213,8 @@ impl Deployment {
         c.arg("--rules")
             .arg(&self.rules_path)
             .args(self.name_args())
+            // A stable id, so the transactional id is `<app>-0`, as the ACL tests name it.
+            .args(["--instance-id", "0"])
             .args(["--transaction-timeout", "30s"])
             .args(more);
         c
