@@ -944,17 +944,6 @@ fn gauge(addr: &str, name: &str, label: &str, value: &str) -> f64 {
         .unwrap_or(-1.0)
 }
 
-/// Sends SIGCONT to a stopped child when dropped, however the test ends.
-struct Thaw(u32);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-CONT", &self.0.to_string()])
-            .status();
-    }
-}
-
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn an_aborted_hand_off_reads_a_held_partition_again_from_the_rewind() {
@@ -1096,7 +1085,7 @@ fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
         both,
     );
     a.signal("STOP");
-    let thaw = Thaw(a.child.id());
+    let thaw = common::Thaw(a.child.id());
     wait_until(
         "instance 1 owns every partition",
         Duration::from_secs(60),

@@ -483,18 +483,6 @@ fn two_instances_share_the_partitions_and_one_is_replaced() {
     assert_stored_exactly(&sink.db, &input);
 }
 
-/// Sends SIGCONT to a child when dropped: a failing test never leaves a frozen process behind
-/// (declared after the child, so it thaws it before the child's own guard kills it).
-struct Thaw(u32);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-CONT", &self.0.to_string()])
-            .status();
-    }
-}
-
 /// Polls the metrics of instances until `done` holds of them, at most `CAUGHT_UP`.
 fn wait_metrics(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + CAUGHT_UP;
@@ -570,7 +558,7 @@ fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
         in_outage(&a_addr) && in_outage(&b_addr)
     });
     // 2. A is frozen until it is expelled: B takes every partition, paused.
-    let thaw = Thaw(a.child.id());
+    let thaw = common::Thaw(a.child.id());
     a.signal("STOP");
     wait_metrics("B owns every partition", || owned(&b_addr) == 6.0);
     assert!(in_outage(&b_addr));

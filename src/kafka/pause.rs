@@ -89,11 +89,7 @@ impl Pauses {
         consumer: &impl PauseFlag,
         parts: impl IntoIterator<Item = &'a Tp>,
     ) -> KafkaResult<Vec<Tp>> {
-        let parts: Vec<Tp> = parts
-            .into_iter()
-            .filter(|tp| self.owned.contains(*tp))
-            .cloned()
-            .collect();
+        let parts = self.owned_of(parts);
         if !parts.is_empty() {
             consumer.pause(&list(&parts))?;
             self.paused.extend(parts.iter().cloned());
@@ -107,11 +103,7 @@ impl Pauses {
         consumer: &impl PauseFlag,
         parts: impl IntoIterator<Item = &'a Tp>,
     ) -> KafkaResult<Vec<Tp>> {
-        let parts: Vec<Tp> = parts
-            .into_iter()
-            .filter(|tp| self.owned.contains(*tp))
-            .cloned()
-            .collect();
+        let parts = self.owned_of(parts);
         if !parts.is_empty() {
             consumer.resume(&list(&parts))?;
             for tp in &parts {
@@ -131,6 +123,15 @@ impl Pauses {
     pub fn resume_all(&mut self, consumer: &impl PauseFlag) -> KafkaResult<Vec<Tp>> {
         let all: Vec<Tp> = self.owned.iter().cloned().collect();
         self.resume(consumer, &all)
+    }
+
+    /// Those of `parts` that are owned.
+    fn owned_of<'a>(&self, parts: impl IntoIterator<Item = &'a Tp>) -> Vec<Tp> {
+        parts
+            .into_iter()
+            .filter(|tp| self.owned.contains(*tp))
+            .cloned()
+            .collect()
     }
 
     pub fn is_owned(&self, tp: &Tp) -> bool {

@@ -373,3 +373,16 @@ pub fn records_with_headers(topic: &str) -> Vec<ReadRecord> {
     .expect("reading the topic");
     out
 }
+
+/// Sends SIGCONT to a child when dropped, however the test ends: a failing test never leaves a
+/// frozen process behind (declare it after the child, so it thaws the child before the child's
+/// own guard stops it).
+pub struct Thaw(pub u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
