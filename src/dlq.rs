@@ -32,7 +32,7 @@
 //! (poison), `seq % 7 == 0` fails its first two attempts and then succeeds (flaky). A tick that is
 //! both is poison.
 
-use crate::pipeline::producer::TxnProducer;
+use crate::kafka::txn::TxnProducer;
 use crate::tick::{self, Tick, TickError};
 use crate::trace;
 use rand::Rng;
@@ -45,30 +45,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tracing::warn;
 
-/// Every dead-letter class: the `dlq.error.class` header values and the metrics' `class` label.
-pub const CLASSES: &[&str] = &[
-    "permanent.oversize",
-    "permanent.empty",
-    "permanent.not_utf8",
-    "permanent.not_json",
-    "permanent.wrong_type",
-    "permanent.missing_field",
-    "permanent.bad_decimal",
-    "permanent.non_positive_price",
-    "permanent.bad_symbol",
-    "permanent.bad_timestamp",
-    "poison",
-    "transient.exhausted",
-    // alert-deliver (crate::deliver): a (notification, subscriber) that could not be delivered.
-    "delivery.permanent",
-    "delivery.transient.exhausted",
-    "delivery.gone",
-    "delivery.bad_record",
-    "delivery.unknown_subscriber",
-];
-
-/// Class of the failures that fault injection makes.
-pub const INJECTED: &str = "injected";
+pub use crate::labels::{CLASSES, INJECTED};
 
 /// A failure of one processing attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@
 //! 2. State is read back only as committed (read_committed restore, partition-aligned changelog)
 //!    and after an abort every owned partition is rewound and restored ([`pipeline::state`]).
 //! 3. One stable `transactional.id` per instance plus the consumer group metadata in
-//!    `send_offsets_to_transaction` (KIP-447) fence zombies ([`pipeline::producer`]).
+//!    `send_offsets_to_transaction` (KIP-447) fence zombies ([`kafka::txn`]).
 //! 4. Counting is by records, never by offset arithmetic: transaction markers occupy offsets
 //!    ([`kafka::read`]).
 //!
@@ -62,6 +62,7 @@ pub mod deliver;
 pub mod dlq;
 pub mod health;
 pub mod kafka;
+pub mod labels;
 pub mod metrics;
 pub mod pipeline;
 pub mod rules;

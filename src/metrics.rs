@@ -80,7 +80,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
 ];
 
 /// Dead-letter classes, the values of the `class` label of [`DEAD_LETTERED`].
-pub const DEAD_LETTER_CLASSES: &[&str] = crate::dlq::CLASSES;
+pub const DEAD_LETTER_CLASSES: &[&str] = crate::labels::CLASSES;
 
 /// Registers every metric with its help text, at zero.
 pub fn describe() {
@@ -102,7 +102,7 @@ pub fn describe() {
     for class in DEAD_LETTER_CLASSES {
         counter!(DEAD_LETTERED, "class" => *class).increment(0);
     }
-    counter!(TRANSIENT_FAILURES, "class" => crate::dlq::INJECTED).increment(0);
+    counter!(TRANSIENT_FAILURES, "class" => crate::labels::INJECTED).increment(0);
     for kind in ["assign", "revoke", "lost"] {
         counter!(REBALANCES, "kind" => kind).increment(0);
     }

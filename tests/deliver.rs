@@ -853,7 +853,7 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
 /// reader gets them all at once (one fetch). Returns their ids.
 fn produce_retries(topic: &str, subscriber: &str, records: &[(u64, SystemTime)]) -> Vec<String> {
     use price_alerts::deliver::buckets::{format_time, ATTEMPT, NEXT_DUE_AT, SUBSCRIBER};
-    use price_alerts::pipeline::producer::TxnProducer;
+    use price_alerts::kafka::txn::TxnProducer;
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::BaseRecord;
     let producer = TxnProducer::start(

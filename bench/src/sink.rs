@@ -21,11 +21,11 @@ use crate::stats::{median, percentile};
 use anyhow::{bail, Context as _};
 use price_alerts::alert::Notification;
 use price_alerts::kafka::feed::Feed;
-use price_alerts::kafka::offsets::position_list;
 use price_alerts::kafka::read::reader;
 use price_alerts::kafka::topics::{
     create_topics, delete_topics, unique_suffix, Cleanup, TopicSpec,
 };
+use price_alerts::kafka::tpl::position_list;
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::metrics::scrape;
 use price_alerts::tools::generate::{generate, GenOptions};

@@ -8,7 +8,7 @@
 //! A hand-off and the offset past the record it came from commit together or not at all, so a
 //! crash never loses a hand-off (the record is read again) nor doubles one (an aborted hand-off
 //! is invisible to read_committed readers, the next bucket's consumer among them). What the
-//! transactional errors mean is decided by [`crate::pipeline::producer::classify`], the one
+//! transactional errors mean is decided by [`crate::kafka::txn::classify`], the one
 //! function for it: the caller rewinds its partitions after an abortable error and stops on a
 //! fatal one.
 //!
@@ -21,8 +21,8 @@
 
 use super::buckets::{Buckets, RetryState};
 use crate::dlq::{copy_headers, Coordinates, Letter};
-use crate::kafka::offsets::positions_list;
-use crate::pipeline::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
+use crate::kafka::tpl::positions_list;
+use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseRecord;

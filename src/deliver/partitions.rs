@@ -63,7 +63,7 @@ impl<C: ConsumerContext> Position for BaseConsumer<C> {
         if positions.is_empty() {
             return Ok(());
         }
-        let list = crate::kafka::offsets::positions_list(positions)?;
+        let list = crate::kafka::tpl::positions_list(positions)?;
         let result = self
             .seek_partitions(list, SEEK_TIMEOUT)
             .context("seeking")?;

@@ -35,7 +35,7 @@ use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::logging::Logged;
 use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
-use crate::pipeline::producer::{TxnErrorClass, TxnProducer};
+use crate::kafka::txn::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -6,13 +6,13 @@
 //! the partition from its start, reads that history instead of one record per symbol (at the
 //! measured 650,000 records/s, about 50 s for a full 1 GiB segment of ~33-byte records). So the
 //! changelog is created ([`Cleanup::CompactedState`], by [`super::topics::ensure`]) with:
-//! - `segment.ms` = [`STATE_SEGMENT_MS`] (10 min) and `segment.bytes` = [`STATE_SEGMENT_BYTES`]
+//! - `segment.ms` = [`STATE_SEGMENT_MS`](super::cleanup::STATE_SEGMENT_MS) (10 min) and `segment.bytes` = [`STATE_SEGMENT_BYTES`](super::cleanup::STATE_SEGMENT_BYTES)
 //!   (16 MiB): the active segment, which a restore reads uncleaned, holds at most ten minutes or
 //!   16 MiB of changes (about 0.8 s of restore per partition at worst); at the rates of this
 //!   project the time bound is the one that applies. A segment rolls only when a record arrives
 //!   after the bound, and the cleaner merges the segments it cleans, so an idle or a busy
 //!   changelog does not pile up files (each segment holds an open file on the broker).
-//! - `min.cleanable.dirty.ratio` = [`STATE_MIN_CLEANABLE_DIRTY_RATIO`] (0.1, the broker's is
+//! - `min.cleanable.dirty.ratio` = [`STATE_MIN_CLEANABLE_DIRTY_RATIO`](super::cleanup::STATE_MIN_CLEANABLE_DIRTY_RATIO) (0.1, the broker's is
 //!   0.5): the cleaner starts once the uncleaned part is a tenth of the log, so outside the
 //!   active segment a restore reads at most about 1.1 records per symbol instead of 2. The price
 //!   is more cleaning passes over a log that is small (one record per symbol, a few MB for
@@ -33,9 +33,9 @@
 //! of a symbol quiet for longer than `retention.ms` disappears, and a restore then takes its next
 //! tick for its first.
 
+use super::cleanup::Cleanup;
 use super::config::KafkaConfig;
 use super::logging::Logged;
-use super::topics::Cleanup;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use std::time::Duration;
@@ -43,16 +43,6 @@ use tracing::{debug, warn};
 
 /// Bound on the describe-configs round trip.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// `segment.ms` of a state changelog: how long the active segment, which the cleaner never
-/// touches and a restore reads whole, collects changes before it rolls (module doc).
-pub const STATE_SEGMENT_MS: Duration = Duration::from_secs(10 * 60);
-
-/// `segment.bytes` of a state changelog: the active segment's size bound at high change rates.
-pub const STATE_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
-
-/// `min.cleanable.dirty.ratio` of a state changelog: clean once a tenth of the log is dirty.
-pub const STATE_MIN_CLEANABLE_DIRTY_RATIO: f64 = 0.1;
 
 /// A setting of an existing changelog that lets restores read more than a changelog created here
 /// would (see the module doc).

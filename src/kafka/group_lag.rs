@@ -34,8 +34,9 @@
 
 use super::config::{Isolation, KafkaConfig};
 use super::logging::Logged;
-use super::offsets::{fetch_committed, partition_list};
+use super::offsets::fetch_committed;
 use super::read::{partition_count_if_exists, Reader};
+use super::tpl::partition_list;
 use anyhow::Context as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;

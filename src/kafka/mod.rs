@@ -10,9 +10,13 @@
 //! - [`logging`]: librdkafka's own lines and events through tracing, rate-limited.
 //! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned);
 //!   deleting them again (tests, benchmarks).
-//! - [`changelog`]: the changelog's segment and cleaner settings, so that a restore reads about
-//!   one record per symbol, and the check of an existing changelog against them.
-//! - [`offsets`]: partition lists, committed offsets (fetched as stable), and seeking to them.
+//! - [`cleanup`]: what a topic does with old records, and the changelog's compaction settings.
+//! - [`changelog`]: why those settings (a restore reads about one record per symbol), and the
+//!   check of an existing changelog against them.
+//! - [`tpl`]: building partition lists (a leaf).
+//! - [`offsets`]: committed offsets (fetched as stable), and seeking to them.
+//! - [`txn`]: the transactional producer that the pipeline, alert-deliver and dlq-replay share,
+//!   the one `classify` of its errors, and the deadline on every transactional call.
 //! - [`group_lag`]: the group's committed offset, end and lag on every partition of a topic,
 //!   owned or not, refreshed off the processing thread: a partition nobody consumes shows.
 //! - [`pause`]: the one owner of a consumer's paused partitions, which sets librdkafka's pause
@@ -24,6 +28,7 @@
 
 pub mod access;
 pub mod changelog;
+pub mod cleanup;
 pub mod config;
 pub mod connect;
 pub mod feed;
@@ -34,5 +39,7 @@ pub mod pause;
 pub mod read;
 pub mod secrets;
 pub mod topics;
+pub mod tpl;
+pub mod txn;
 
 pub use config::{Isolation, KafkaConfig};

@@ -1,4 +1,4 @@
-//! Offsets: building partition lists, fetching what a group committed, and seeking to it.
+//! Offsets: fetching what a group committed, and seeking to it (partition lists: [`super::tpl`]).
 //!
 //! Every position the project computes is "the next offset to read", as Kafka commits them. Where
 //! a group has committed nothing yet, the position is the beginning of the partition (the
@@ -13,47 +13,13 @@
 use super::config::{Isolation, KafkaConfig};
 use super::logging::Logged;
 use super::read::{partition_count, Reader, DEFAULT_READ_TIMEOUT};
+use super::tpl::{partition_list, position_list};
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
-
-/// A list of `topic`'s `partitions`, without offsets.
-pub fn partition_list(
-    topic: &str,
-    partitions: impl IntoIterator<Item = i32>,
-) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions {
-        tpl.add_partition(topic, p);
-    }
-    tpl
-}
-
-/// A list of `topic`'s partitions, each at its offset.
-pub fn position_list(
-    topic: &str,
-    positions: impl IntoIterator<Item = (i32, Offset)>,
-) -> Result<TopicPartitionList, KafkaError> {
-    let mut tpl = TopicPartitionList::new();
-    for (p, at) in positions {
-        tpl.add_partition_offset(topic, p, at)?;
-    }
-    Ok(tpl)
-}
-
-/// A list of partitions of any topics, each at its offset: `(topic, partition) -> offset`.
-pub fn positions_list(
-    positions: &std::collections::BTreeMap<(String, i32), i64>,
-) -> Result<TopicPartitionList, KafkaError> {
-    let mut tpl = TopicPartitionList::new();
-    for ((topic, partition), offset) in positions {
-        tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
-    }
-    Ok(tpl)
-}
 
 /// The committed offsets of `tpl`'s partitions for the consumer's group, asked again while the
 /// group coordinator is moving or loading, until `timeout`.
@@ -167,29 +133,4 @@ pub fn committed_offsets(
             },
         )
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lists_hold_what_they_were_given() {
-        let tpl = partition_list("t", [2, 0]);
-        let got: Vec<_> = tpl
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_owned(), e.partition()))
-            .collect();
-        assert_eq!(got, [("t".to_owned(), 2), ("t".to_owned(), 0)]);
-        let tpl = position_list("t", [(1, Offset::Offset(7)), (3, Offset::Beginning)]).unwrap();
-        assert_eq!(
-            tpl.find_partition("t", 1).map(|e| e.offset()),
-            Some(Offset::Offset(7))
-        );
-        assert_eq!(
-            tpl.find_partition("t", 3).map(|e| e.offset()),
-            Some(Offset::Beginning)
-        );
-    }
 }

@@ -28,7 +28,7 @@
 
 use super::config::{Isolation, KafkaConfig};
 use super::logging::Logged;
-use super::offsets::position_list;
+use super::tpl::position_list;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

@@ -17,9 +17,8 @@
 //! with [`delete_topics_with_prefix`] or the [`DropTopics`] guard): the broker is shared, and every
 //! partition left behind holds open files on it.
 
-use super::changelog::{
-    self, STATE_MIN_CLEANABLE_DIRTY_RATIO, STATE_SEGMENT_BYTES, STATE_SEGMENT_MS,
-};
+use super::changelog;
+pub use super::cleanup::Cleanup;
 use super::config::KafkaConfig;
 use super::logging::Logged;
 use super::read::{partition_count, partition_count_if_exists};
@@ -100,38 +99,6 @@ pub fn unique_suffix() -> String {
     use rand::Rng;
     let n: u32 = rand::rng().random();
     format!("{n:08x}")
-}
-
-/// What the broker does with a topic's old records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cleanup {
-    /// `cleanup.policy=delete`: kept for the spec's `retention` (or the broker's default).
-    Delete,
-    /// `cleanup.policy=compact` with the broker's segment settings: for a topic whose keys are
-    /// never written twice (the replay ledger), where small segments would buy nothing.
-    Compact,
-    /// `cleanup.policy=compact` for state that is read whole on every restore (the changelog):
-    /// small segments and an eager cleaner, see the module doc.
-    CompactedState,
-}
-
-impl Cleanup {
-    /// The topic configs this cleanup stands for.
-    pub(super) fn configs(self) -> Vec<(&'static str, String)> {
-        match self {
-            Cleanup::Delete => Vec::new(),
-            Cleanup::Compact => vec![("cleanup.policy", "compact".to_owned())],
-            Cleanup::CompactedState => vec![
-                ("cleanup.policy", "compact".to_owned()),
-                ("segment.ms", STATE_SEGMENT_MS.as_millis().to_string()),
-                ("segment.bytes", STATE_SEGMENT_BYTES.to_string()),
-                (
-                    "min.cleanable.dirty.ratio",
-                    STATE_MIN_CLEANABLE_DIRTY_RATIO.to_string(),
-                ),
-            ],
-        }
-    }
 }
 
 /// A topic to create if missing.

@@ -24,10 +24,11 @@
 //! after an abort is never counted twice.
 
 use super::batch::OpenBatch;
-use super::producer::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
-use crate::kafka::offsets::{position_list, seek_to_committed};
+use crate::kafka::offsets::seek_to_committed;
+use crate::kafka::tpl::position_list;
+use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::metrics as m;
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};

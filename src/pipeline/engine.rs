@@ -23,19 +23,20 @@
 //!   its commit marker on the changelog is read, not just its offsets.
 //!
 //! # Error handling
-//! Transactional errors are classified by [`super::producer::classify`]: abortable ones lead to
+//! Transactional errors are classified by [`crate::kafka::txn::classify`]: abortable ones lead to
 //! [`Engine::abort`] (abort, rewind, restore) and processing goes on; fatal ones stop the engine
 //! with the error. Everything runs on one thread: the rebalance callbacks run inside `poll`.
 
 use super::batch::{self, OpenBatch};
 use super::commit::{Committer, RebalanceHandler, Stats};
-use super::producer::{TxnError, TxnErrorClass};
 use super::settings::EngineSettings;
 use super::state::{self, PartitionState};
 use crate::alert::{apply_rules, Notification, Outcome, Source};
 use crate::dlq;
-use crate::kafka::offsets::{fetch_committed, partition_list};
+use crate::kafka::offsets::fetch_committed;
 use crate::kafka::read::{reader, Reader};
+use crate::kafka::tpl::partition_list;
+use crate::kafka::txn::{TxnError, TxnErrorClass};
 use crate::kafka::Isolation;
 use crate::trace;
 use anyhow::{anyhow, Context as _};

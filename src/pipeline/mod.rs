@@ -5,7 +5,8 @@
 //! - [`batch`]: when the open batch is due to commit.
 //! - [`engine`]: poll, decode, crossing rule, produce; the invariants are stated at its top.
 //! - [`commit`]: the open transaction, commit, abort-and-rewind, the rebalance callbacks, stats.
-//! - [`producer`]: the transactional producer wrapper and the one [`producer::classify`].
+//! - [`crate::kafka::txn`] (shared with alert-deliver and dlq-replay): the transactional producer
+//!   wrapper and the one [`crate::kafka::txn::classify`].
 //! - [`state`]: per-partition symbol state and its restore from the changelog.
 //! - [`settings`]: what an instance is ([`EngineSettings`]) and how it batches
 //!   ([`PipelineOptions`]), test hooks included.
@@ -28,7 +29,6 @@
 pub mod batch;
 pub mod commit;
 pub mod engine;
-pub mod producer;
 pub mod settings;
 pub mod state;
 
@@ -42,8 +42,8 @@ pub use settings::{
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::topics;
+use crate::kafka::txn::TxnError;
 use anyhow::{bail, Context as _};
-use producer::TxnError;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -28,7 +28,7 @@
 //!
 //! # Waiting for the outstanding records
 //! [`TxnProducer::flush`] and [`TxnProducer::commit`] wait for outstanding records in 1 ms steps
-//! (rust-rdkafka's own flush waits in 100 ms steps; see `price_alerts::pipeline::producer`), so a commit costs what
+//! (rust-rdkafka's own flush waits in 100 ms steps; see `price_alerts::kafka::txn`), so a commit costs what
 //! librdkafka and the broker cost. That time is inside the measured time and inside the commit
 //! latency, as with Java's `commitTransaction`, which flushes too.
 
@@ -36,8 +36,8 @@ use super::mode::Mode;
 use super::options::Limit;
 use crate::stats;
 use anyhow::{anyhow, Context as _};
+use price_alerts::kafka::txn::{TxnErrorClass, TxnProducer};
 use price_alerts::kafka::KafkaConfig;
-use price_alerts::pipeline::producer::{TxnErrorClass, TxnProducer};
 use rdkafka::producer::BaseRecord;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -23,8 +23,8 @@ use crate::kafka::read::{
     partition_count_if_exists, read_partitions_to_end, reader, End, Reader, DEFAULT_READ_TIMEOUT,
 };
 use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
+use crate::kafka::txn::TxnProducer;
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::pipeline::producer::TxnProducer;
 use anyhow::Context as _;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;

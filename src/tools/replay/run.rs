@@ -52,8 +52,8 @@ use crate::kafka::read::{
     partition_count, partition_count_if_exists, read_partitions_to_end, reader, End, Reader,
     DEFAULT_READ_TIMEOUT,
 };
+use crate::kafka::txn::{TxnError, TxnErrorClass, TxnProducer};
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::pipeline::producer::{TxnError, TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::message::{BorrowedMessage, Header};
 use rdkafka::producer::BaseRecord;

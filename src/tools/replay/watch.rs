@@ -25,8 +25,8 @@
 use super::ledger::{self, same_letter};
 use super::now_ms;
 use crate::kafka::logging::Logged;
-use crate::kafka::offsets::position_list;
 use crate::kafka::read::{partition_count_if_exists, Reader};
+use crate::kafka::tpl::position_list;
 use crate::kafka::{Isolation, KafkaConfig};
 use anyhow::Context as _;
 use rdkafka::consumer::Consumer;
