@@ -100,6 +100,46 @@ impl Health {
         self.since_progress_at(now) < self.inner.stall_after
     }
 
+    /// Ends the process with status `exit_status` when the loop makes no progress (no
+    /// [`Health::beat`]) for longer than `bound`, until the returned guard is dropped: the last
+    /// line of defence against a call that never returns and that no deadline of the process
+    /// reaches (librdkafka #5456, #5511 are the known ones; every transactional call has its own
+    /// deadline, see [`crate::kafka::txn`]). Liveness (`/healthz`) says the same to an
+    /// orchestrator; the watchdog does not need one. Arm it when the loop starts (start-up waits
+    /// have their own bounds), and drop the guard before shutting down (shutdown has its own).
+    pub fn watchdog(&self, bound: Duration, exit_status: u8) -> Watchdog {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        self.beat();
+        let (health, flag) = (self.clone(), Arc::clone(&armed));
+        let check_every = (bound / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let spawned = std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || {
+                while flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(check_every);
+                    let stalled = health.since_progress();
+                    if flag.load(Ordering::Relaxed) && stalled > bound {
+                        tracing::error!(
+                            stalled_s = format!("{:.1}", stalled.as_secs_f64()),
+                            bound_s = bound.as_secs(),
+                            exit_status,
+                            "the processing loop made no progress within its bound; exiting for a restart"
+                        );
+                        crate::errln!(
+                            "stuck: no progress for {:.0} s (bound {} s); exiting with status {exit_status}",
+                            stalled.as_secs_f64(),
+                            bound.as_secs()
+                        );
+                        std::process::exit(i32::from(exit_status));
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the watchdog; liveness still reports a stall");
+        }
+        Watchdog { armed }
+    }
+
     /// `None` when ready, else why not.
     pub fn readiness(&self) -> Option<String> {
         self.inner
@@ -107,6 +147,17 @@ impl Health {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_else(|_| Some("health state poisoned".to_owned()))
+    }
+}
+
+/// Disarms the watchdog of [`Health::watchdog`] when dropped.
+pub struct Watchdog {
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.armed.store(false, Ordering::Relaxed);
     }
 }
 

@@ -44,6 +44,16 @@ pub const GROUP_LAG: &str = "alerts_group_lag";
 pub const DLQ_OLDEST_AGE: &str = "alerts_dlq_oldest_unhandled_age_seconds";
 pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
 pub const NOT_AUTHORISED: &str = "alerts_not_authorised_total";
+pub const TXN_CALLS_STUCK: &str = "alerts_transactional_calls_stuck_total";
+
+/// The transactional calls that run under a deadline ([`crate::kafka::txn`]): the `call` label of
+/// [`TXN_CALLS_STUCK`].
+pub const TXN_CALLS: &[&str] = &[
+    "init_transactions",
+    "send_offsets_to_transaction",
+    "commit_transaction",
+    "abort_transaction",
+];
 
 /// How a metric is exposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +79,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (RESTORE_RECORDS, Kind::Counter, "Changelog records read by restores (with the restore time: the restore rate)."),
     (REBALANCES, Kind::Counter, "Rebalance events of the consumer group, by kind (assign, revoke, lost)."),
     (FENCED, Kind::Counter, "Times this instance found itself fenced by a newer one (it then stops)."),
+    (TXN_CALLS_STUCK, Kind::Counter, "Transactional calls that did not return within their deadline (the transaction timeout + 10 s), by call; each made the producer again."),
     (DELIVERY_FAILURES, Kind::Counter, "Records the producer could not deliver, by topic (the DLQ's included)."),
     (CONSUMER_LAG, Kind::Gauge, "Records between the consumer's position and the end of each input partition it owns (librdkafka's statistics)."),
     (GROUP_COMMITTED_OFFSET, Kind::Gauge, "The group's committed offset on every input partition, owned or not (the log start where nothing is committed)."),
@@ -103,6 +114,7 @@ pub fn describe() {
         counter!(DEAD_LETTERED, "class" => *class).increment(0);
     }
     counter!(TRANSIENT_FAILURES, "class" => crate::labels::INJECTED).increment(0);
+    txn_calls_at_zero();
     for kind in ["assign", "revoke", "lost"] {
         counter!(REBALANCES, "kind" => kind).increment(0);
     }
@@ -181,6 +193,18 @@ pub fn transient_failure(class: &'static str) {
 /// A rebalance event: `assign`, `revoke` or `lost`.
 pub fn rebalance(kind: &'static str) {
     counter!(REBALANCES, "kind" => kind).increment(1);
+}
+
+/// Registers the stuck-call series of every transactional call at zero.
+pub fn txn_calls_at_zero() {
+    for call in TXN_CALLS {
+        counter!(TXN_CALLS_STUCK, "call" => *call).increment(0);
+    }
+}
+
+/// A transactional call passed its deadline.
+pub fn transactional_call_stuck(call: &'static str) {
+    counter!(TXN_CALLS_STUCK, "call" => call).increment(1);
 }
 
 /// This instance was fenced.

@@ -140,7 +140,7 @@ macro_rules! errln {
 }
 
 /// A binary's `main`: logging, then `run`; an error is printed with its whole cause chain
-/// (`{:#}`) and exits 1.
+/// (`{:#}`) and exits 1 ([`exit_code_of`]: 75 when a transactional call stayed stuck).
 pub fn main_of(
     name: &str,
     run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>,
@@ -150,8 +150,23 @@ pub fn main_of(
         Ok(code) => code,
         Err(e) => {
             crate::errln!("{name}: {e:#}");
-            std::process::ExitCode::FAILURE
+            exit_code_of(&e)
         }
+    }
+}
+
+/// The exit status of a run that failed with `e`: [`crate::kafka::txn::EXIT_STUCK`] when a
+/// transactional call stayed stuck and the producer could not be made again (a restart is
+/// expected to mend it), 1 for anything else.
+pub fn exit_code_of(e: &anyhow::Error) -> std::process::ExitCode {
+    let stuck = e.chain().any(|c| {
+        c.downcast_ref::<crate::kafka::txn::TxnError>()
+            .is_some_and(crate::kafka::txn::TxnError::is_stuck)
+    });
+    if stuck {
+        std::process::ExitCode::from(crate::kafka::txn::EXIT_STUCK)
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 

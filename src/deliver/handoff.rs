@@ -186,7 +186,7 @@ pub fn rewind_positions(records: &[OwnedMessage]) -> BTreeMap<(String, i32), i64
 /// transaction is aborted when the producer still can; the caller rewinds (abortable) or stops.
 pub fn commit(
     producer: &TxnProducer,
-    group: &ConsumerGroupMetadata,
+    group: ConsumerGroupMetadata,
     group_id: &str,
     buckets: &Buckets,
     batch: &Batch<'_>,
@@ -208,7 +208,7 @@ pub fn commit(
 
 fn send_all(
     producer: &TxnProducer,
-    group: &ConsumerGroupMetadata,
+    group: ConsumerGroupMetadata,
     group_id: &str,
     buckets: &Buckets,
     batch: &Batch<'_>,

@@ -92,7 +92,12 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
         counter!(TRANSACTIONS, "result" => result).increment(0);
     }
     // The shared transactional producer's two (the alert rules watch them for every binary).
-    crate::metrics::describe_only(&[crate::metrics::FENCED, crate::metrics::DELIVERY_FAILURES]);
+    crate::metrics::describe_only(&[
+        crate::metrics::FENCED,
+        crate::metrics::DELIVERY_FAILURES,
+        crate::metrics::TXN_CALLS_STUCK,
+    ]);
+    crate::metrics::txn_calls_at_zero();
     counter!(crate::metrics::FENCED).increment(0);
 }
 

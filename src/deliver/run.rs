@@ -58,6 +58,8 @@ const GAUGES_EVERY: Duration = Duration::from_secs(5);
 const WATERMARK_TIMEOUT: Duration = Duration::from_millis(100);
 /// A batch slower than this is logged with where its time went (deliveries or the commit).
 const SLOW_BATCH: Duration = Duration::from_secs(1);
+/// Bound on reading the committed offsets after a commit in doubt.
+const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a deliverer did, for its exit line and the tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -197,9 +199,11 @@ fn run_blocking(
     health: Health,
     stop: &AtomicBool,
 ) -> anyhow::Result<DeliverStats> {
-    let mut cfg = opts
-        .kafka
-        .group_consumer(&opts.group_id, opts.group_instance_id.as_deref());
+    let mut cfg = opts.kafka.group_consumer(
+        &opts.group_id,
+        opts.group_instance_id.as_deref(),
+        opts.transaction_timeout,
+    );
     if cfg.get("fetch.wait.max.ms").is_none() {
         // Notifications become visible in bursts, when a transaction commits; librdkafka's 500 ms
         // default would be most of a delivery's latency. -X overrides it.
@@ -241,7 +245,12 @@ fn run_blocking(
         hook,
     };
     health.ready();
+    let watchdog = health.watchdog(
+        crate::kafka::txn::stuck_bound(d.opts.transaction_timeout),
+        crate::kafka::txn::EXIT_STUCK,
+    );
     let result = d.consume_until_stopped(&health, stop);
+    drop(watchdog);
     health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
     match result {
         Ok(()) => {
@@ -505,7 +514,7 @@ impl Deliverer {
         };
         match handoff::commit(
             &self.producer,
-            &group,
+            group,
             &self.opts.group_id,
             &self.opts.buckets,
             &batch,
@@ -516,8 +525,13 @@ impl Deliverer {
                 warn!(error = %e, records = records.len(), "hand-off transaction aborted; the batch is read and delivered again");
                 m::aborted();
                 self.stats.aborted += 1;
-                self.partitions()?
-                    .rewind(&self.consumer, &rewind_positions(records))?;
+                let mut rewind = rewind_positions(records);
+                if e.outcome_unknown() {
+                    // The stuck commit may have landed (its EndTxn reached the coordinator before
+                    // the new producer fenced it): where the group stands says which.
+                    rewind = self.committed_or(rewind)?;
+                }
+                self.partitions()?.rewind(&self.consumer, &rewind)?;
                 return Ok(());
             }
             Err(e) => {
@@ -550,6 +564,30 @@ impl Deliverer {
             &by_topic.into_iter().collect::<Vec<_>>(),
         );
         Ok(())
+    }
+
+    /// The group's committed offset of each partition of `first` (read as stable, so after the
+    /// transaction in doubt is decided), or the given offset where nothing is committed yet.
+    fn committed_or(
+        &self,
+        first: BTreeMap<(String, i32), i64>,
+    ) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
+        let tpl = crate::kafka::tpl::positions_list(&first)?;
+        let committed =
+            crate::kafka::offsets::fetch_committed(&self.consumer, &tpl, REWIND_TIMEOUT)
+                .context("reading the committed offsets after a commit in doubt")?;
+        Ok(first
+            .into_iter()
+            .map(|((topic, p), at)| {
+                let stored = committed
+                    .find_partition(&topic, p)
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                ((topic, p), stored.unwrap_or(at))
+            })
+            .collect())
     }
 
     /// Sets each bucket's lag (owned partitions) and the age of its oldest held record.

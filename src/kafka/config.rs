@@ -22,6 +22,17 @@ use rdkafka::config::ClientConfig;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// How long a stage's loop may go without polling its group consumer before the group gives its
+/// partitions to other members: a transactional call stuck to its deadline
+/// ([`crate::kafka::txn::call_deadline`], 20 s at the default transaction timeout) plus 40 s, in
+/// which a new producer usually registers again and a restore of the state reads a few seconds'
+/// worth; 60 s at the default. It stays above librdkafka's `session.timeout.ms` (45 s), as
+/// librdkafka requires, and below the watchdog's bound ([`crate::kafka::txn::stuck_bound`],
+/// 90 s), so the group moves on before a stuck process is ended.
+pub fn max_poll_interval(txn_timeout: Duration) -> Duration {
+    crate::kafka::txn::call_deadline(txn_timeout) + Duration::from_secs(40)
+}
+
 /// Default bootstrap address: the local single-node broker of `scripts/kafka.sh`.
 pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
 
@@ -223,10 +234,25 @@ impl KafkaConfig {
         self.finish(self.base())
     }
 
-    /// The processor's group consumer.
-    pub fn group_consumer(&self, group_id: &str, instance_id: Option<&str>) -> ClientConfig {
+    /// The group consumer of a stage whose transactions time out after `txn_timeout` (the sink,
+    /// which has none, passes the default: its loop's longest call is shorter).
+    pub fn group_consumer(
+        &self,
+        group_id: &str,
+        instance_id: Option<&str>,
+        txn_timeout: Duration,
+    ) -> ClientConfig {
         let mut c = self.base();
         c.set("group.id", group_id);
+        // librdkafka's default is 300 s: an instance stuck between two polls (a call that never
+        // returns, librdkafka #5456) would keep its partitions five minutes. Every call of the
+        // loop has a deadline instead (crate::kafka::txn, `# Deadlines`), so a loop that has not
+        // polled for `max_poll_interval` is stuck past what it mends itself: the group hands its
+        // partitions to the others then, before the watchdog ends the process.
+        c.set(
+            "max.poll.interval.ms",
+            max_poll_interval(txn_timeout).as_millis().to_string(),
+        );
         if let Some(id) = instance_id {
             // Static membership (KIP-345): a restarted instance takes its partitions back at once
             // instead of waiting session.timeout.ms for its dead predecessor to be evicted.
@@ -285,6 +311,9 @@ impl KafkaConfig {
         );
         // Implied by transactional.id; set so that the configuration reads as what it is.
         c.set("enable.idempotence", "true");
+        // Statistics every 5 s name the transaction coordinator, which the line about a stuck
+        // call reports (crate::kafka::txn); cheap at that rate.
+        c.set("statistics.interval.ms", "5000");
         c.set("acks", "all");
         // A message must fail before its transaction can time out, or a stuck send would surface as
         // a confusing coordinator timeout instead of a delivery error (librdkafka requires it).
@@ -369,7 +398,7 @@ mod tests {
             .unwrap();
         for c in [
             k.admin(),
-            k.group_consumer("g", None),
+            k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT),
             k.reader(Isolation::ReadCommitted),
             k.transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT)
                 .unwrap(),
@@ -381,8 +410,21 @@ mod tests {
     }
 
     #[test]
+    fn a_consumer_stuck_past_its_deadlines_gives_its_partitions_away_before_the_watchdog() {
+        let c = KafkaConfig::new("h:1").group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT);
+        assert_eq!(c.get("max.poll.interval.ms"), Some("60000"));
+        let poll = max_poll_interval(DEFAULT_TRANSACTION_TIMEOUT);
+        // librdkafka's default session.timeout.ms, which max.poll.interval.ms may not undercut.
+        assert!(poll >= Duration::from_secs(45));
+        assert!(poll > crate::kafka::txn::call_deadline(DEFAULT_TRANSACTION_TIMEOUT));
+        assert!(poll < crate::kafka::txn::stuck_bound(DEFAULT_TRANSACTION_TIMEOUT));
+        let long = Duration::from_secs(120);
+        assert!(max_poll_interval(long) > crate::kafka::txn::call_deadline(long));
+    }
+
+    #[test]
     fn consumer_settings_the_guarantee_rests_on() {
-        let c = KafkaConfig::new("h:1").group_consumer("g", Some("i"));
+        let c = KafkaConfig::new("h:1").group_consumer("g", Some("i"), DEFAULT_TRANSACTION_TIMEOUT);
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("isolation.level"), Some("read_committed"));
         assert_eq!(
@@ -435,7 +477,7 @@ mod tests {
     fn queues_are_bounded_and_a_pass_through_wins() {
         let k = KafkaConfig::new("h:1");
         for c in [
-            k.group_consumer("g", None),
+            k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT),
             k.reader(Isolation::ReadCommitted),
         ] {
             assert_eq!(c.get("queued.min.messages"), Some("20000"));
@@ -457,7 +499,8 @@ mod tests {
             ])
             .unwrap();
         assert_eq!(
-            k.group_consumer("g", None).get("queued.min.messages"),
+            k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT)
+                .get("queued.min.messages"),
             Some("100000")
         );
         assert_eq!(
@@ -471,7 +514,7 @@ mod tests {
     #[test]
     fn bounded_settings_are_valid_for_librdkafka() {
         let k = KafkaConfig::new("h:1");
-        k.group_consumer("g", Some("i"))
+        k.group_consumer("g", Some("i"), DEFAULT_TRANSACTION_TIMEOUT)
             .create::<rdkafka::consumer::BaseConsumer>()
             .unwrap();
         k.reader(Isolation::ReadCommitted)

@@ -24,11 +24,32 @@
 //! A retriable error repeats the same call with the same arguments, with a short backoff, at most
 //! [`MAX_RETRIES`] times; past that the error is returned, classified fatal.
 //!
-//! # Blocking
-//! Every transactional call blocks until the coordinator answers. The pipeline runs its whole
-//! consume-process-commit loop on a dedicated thread (never an async worker), so these calls are
-//! plain blocking calls here. Commit and abort take no client-side timeout: they are bounded by
-//! `transaction.timeout.ms`, and a client-side timeout would leave the outcome unknown.
+//! # Deadlines
+//! librdkafka's transactional calls can block for ever: `send_offsets_to_transaction` ignores its
+//! timeout while the group coordinator is down (librdkafka #5456) and waits on a stale coordinator
+//! that is gone for good (#5511); neither fix is in a release. So no call into it is trusted to
+//! return. Each transactional call of a producer runs on a thread of that producer's own
+//! ([`Calls`]), and the caller waits for its answer at most [`call_deadline`] (the transaction
+//! timeout plus [`CALL_MARGIN`]; [`INIT_TIMEOUT`] for `init_transactions`). Past the deadline the
+//! broker has aborted the transaction on its own (or committed it, if EndTxn got through), so
+//! waiting longer buys nothing. Then:
+//!
+//! ```text
+//!   deadline passed ─► one WARN line (call, transaction coordinator last seen, elapsed) + metric
+//!                  ─► the producer is marked stuck: every call but abort fails at once
+//!                  ─► the caller's abortable path: abort() throws the librdkafka producer away
+//!                     and registers a new one with the same transactional.id; its
+//!                     init_transactions bumps the epoch, fences the stuck one and finishes what
+//!                     it left open ─► the caller rewinds to the committed offsets, as after any
+//!                     abort (after a stuck commit, whether it committed is read back from them)
+//!   new producer's registration fails or passes its deadline too ─► fatal: the process exits
+//!                     with [`EXIT_STUCK`] (a supervisor restarts it; the README states the bound)
+//! ```
+//!
+//! The stuck call's thread keeps the old producer alive until the call returns, if ever; it holds
+//! nothing else. Commit and abort pass no client-side timeout to librdkafka (an expired one would
+//! leave the transaction in a state only an abort may follow): the deadline is ours, and it ends
+//! the producer rather than the call.
 
 use crate::kafka::access::{self, AccessError};
 use crate::kafka::KafkaConfig;
@@ -37,11 +58,12 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 /// How often a retriable transactional call is repeated before giving up.
 pub const MAX_RETRIES: u32 = 10;
@@ -49,9 +71,31 @@ pub const MAX_RETRIES: u32 = 10;
 /// Bound on waiting for in-flight records before a commit.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Bound on `init_transactions`: at start the coordinator may be loading, but an instance that
-/// cannot register at all should say so rather than hang.
-const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on `init_transactions` (retries included): at start, or after a stuck call, the
+/// coordinator may be loading or moving, but an instance that cannot register at all should say
+/// so rather than hang.
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How much longer than the transaction timeout a transactional call may take before it counts as
+/// stuck: by then the coordinator has aborted the transaction itself (module doc, `# Deadlines`).
+pub const CALL_MARGIN: Duration = Duration::from_secs(10);
+
+/// The exit status of a process whose transactional producer could not be made again after a
+/// call stuck past its deadline (EX_TEMPFAIL: a restart is expected to mend it).
+pub const EXIT_STUCK: u8 = 75;
+
+/// How long a transactional call (other than `init_transactions`) may take, for a producer whose
+/// `transaction.timeout.ms` is `txn_timeout`.
+pub fn call_deadline(txn_timeout: Duration) -> Duration {
+    txn_timeout + CALL_MARGIN
+}
+
+/// The longest a stage's loop can legitimately go without coming back: a call stuck to its
+/// deadline, then a new producer's registration. Past it, the process is stuck where no
+/// deadline of its own reaches, and its watchdog ends it ([`crate::health::Health::watchdog`]).
+pub fn stuck_bound(txn_timeout: Duration) -> Duration {
+    call_deadline(txn_timeout) + INIT_TIMEOUT + CALL_MARGIN
+}
 
 /// What the caller must do about a transactional error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +159,33 @@ pub enum TxnCause {
     /// A fault a test hook injected (off by default; the hidden `--test-*` options).
     #[error("{0}")]
     Injected(&'static str),
+    /// The call did not return within its deadline (module doc, `# Deadlines`).
+    #[error("{0}")]
+    Stuck(StuckCall),
+    /// The thread that makes the producer's calls is gone (a panic inside librdkafka's call).
+    #[error("the transactional call thread stopped")]
+    CallThreadGone,
+}
+
+/// A transactional call that did not return within its deadline.
+#[derive(Debug, Clone)]
+pub struct StuckCall {
+    pub call: &'static str,
+    pub elapsed: Duration,
+    /// The transaction coordinator as librdkafka's statistics last named it (`host:port`).
+    pub coordinator: Option<String>,
+}
+
+impl std::fmt::Display for StuckCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} did not return within {:.1} s (transaction coordinator last seen: {})",
+            self.call,
+            self.elapsed.as_secs_f64(),
+            self.coordinator.as_deref().unwrap_or("unknown")
+        )
+    }
 }
 
 /// A transactional error with its class and the step that raised it.
@@ -150,6 +221,20 @@ impl TxnError {
         }
     }
 
+    /// Whether a transactional call passed its deadline (here or when the producer was made
+    /// again): the process exits with [`EXIT_STUCK`] when this is fatal.
+    pub fn is_stuck(&self) -> bool {
+        matches!(self.cause, TxnCause::Stuck(_))
+    }
+
+    /// Whether the transaction may have committed although the call failed: `commit_transaction`
+    /// passed its deadline, and its EndTxn may have reached the coordinator. The caller then
+    /// rewinds to the committed offsets (read after the new producer registered), never to the
+    /// batch's own first offsets.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(&self.cause, TxnCause::Stuck(s) if s.call == "commit_transaction")
+    }
+
     /// Whether a newer instance with the same transactional id (or group instance id) took over:
     /// this one must stop, and a restart would only fence the newer one in turn.
     pub fn is_fenced(&self) -> bool {
@@ -171,12 +256,22 @@ impl TxnError {
 /// Counts delivery failures, which in a transaction show up again as an abortable commit error;
 /// the at-least-once mode reads them to decide whether offsets may be committed. Notes the topics
 /// a record was refused for (TOPIC_AUTHORIZATION_FAILED), so the abort that follows can name the
-/// missing right without asking the broker.
+/// missing right without asking the broker, and sums up the other failures per partition, so the
+/// abort says once what failed ([`TxnProducer::report_failures`]) instead of a line per record.
 #[derive(Default)]
 pub struct DeliveryContext {
     failures: AtomicU64,
-    last_error: Mutex<Option<String>>,
     refused: Mutex<BTreeSet<String>>,
+    failed: Mutex<Failed>,
+    /// The transaction coordinator's `host:port`, from librdkafka's statistics.
+    coordinator: Mutex<Option<String>>,
+}
+
+/// Delivery failures since the last report: how many per topic and partition, and the first.
+#[derive(Default)]
+struct Failed {
+    per_partition: BTreeMap<(String, i32), u64>,
+    first: Option<String>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -186,6 +281,20 @@ impl ClientContext for DeliveryContext {
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         crate::kafka::logging::error(&error, reason);
+    }
+
+    /// librdkafka's statistics: the transaction coordinator is its logical broker
+    /// "TxnCoordinator", whose node name is that of the broker it stands for.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let coordinator = statistics
+            .brokers
+            .values()
+            .find(|b| b.source == "logical" && b.name.starts_with("TxnCoordinator"))
+            .map(|b| b.nodename.clone())
+            .filter(|n| !n.is_empty());
+        if let (Some(c), Ok(mut known)) = (coordinator, self.coordinator.lock()) {
+            *known = Some(c);
+        }
     }
 }
 
@@ -204,16 +313,17 @@ impl ProducerContext for DeliveryContext {
             }
             self.failures.fetch_add(1, Ordering::Relaxed);
             crate::metrics::delivery_failed(m.topic());
+            // Per record at debug level only: a batch of thousands fails alike, and the abort
+            // that follows says it once (`report_failures`, or the refused right).
+            debug!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
             if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
-                // Every record of the batch fails alike: the abort that follows names the refused
-                // right once (`Committer::report_refused`), instead of a line per record.
-                debug!(topic = m.topic(), error = %e, "delivery refused");
                 self.note_refused(m.topic());
-            } else {
-                warn!(topic = m.topic(), partition = m.partition(), error = %e, "delivery failed");
-            }
-            if let Ok(mut last) = self.last_error.lock() {
-                *last = Some(e.to_string());
+            } else if let Ok(mut failed) = self.failed.lock() {
+                *failed
+                    .per_partition
+                    .entry((m.topic().to_owned(), m.partition()))
+                    .or_default() += 1;
+                failed.first.get_or_insert_with(|| e.to_string());
             }
         }
     }
@@ -232,55 +342,238 @@ impl DeliveryContext {
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
+
+    fn coordinator(&self) -> Option<String> {
+        self.coordinator.lock().ok().and_then(|c| c.clone())
+    }
 }
 
-/// A producer whose transactional calls retry and classify in one place.
+type Client = ThreadedProducer<DeliveryContext>;
+
+/// A job for a producer's call thread.
+type Job = Box<dyn FnOnce(&Client) + Send>;
+
+/// The thread that makes one librdkafka producer's transactional calls, so that the caller can
+/// stop waiting for one ([`Calls::call`]). It holds the producer until its last call returns:
+/// when a call never does, the thread and the producer are what is left behind, and nothing
+/// else waits on them.
+struct Calls {
+    jobs: mpsc::Sender<Job>,
+}
+
+/// Why a call made through [`Calls`] has no answer.
+enum NoAnswer {
+    Deadline,
+    Gone,
+}
+
+impl Calls {
+    fn spawn(producer: Arc<Client>) -> std::io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("txn-calls".into())
+            .spawn(move || {
+                for job in queue {
+                    job(&producer);
+                }
+            })?;
+        Ok(Calls { jobs })
+    }
+
+    /// Runs `f` on the call thread and waits for its answer until `deadline`.
+    fn call<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        f: impl FnOnce(&Client) -> T + Send + 'static,
+    ) -> Result<T, NoAnswer> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |p| {
+            let _ = tx.send(f(p));
+        });
+        self.jobs.send(job).map_err(|_| NoAnswer::Gone)?;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(answer) => Ok(answer),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(NoAnswer::Deadline),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(NoAnswer::Gone),
+        }
+    }
+}
+
+/// One registered librdkafka producer, its call thread, and whether a call of it got stuck.
+struct Generation {
+    producer: Arc<Client>,
+    calls: Calls,
+    stuck: Mutex<Option<StuckCall>>,
+}
+
+impl Generation {
+    fn new(producer: Client) -> Result<Self, TxnError> {
+        let producer = Arc::new(producer);
+        let calls = Calls::spawn(Arc::clone(&producer)).map_err(|e| {
+            TxnError::with_class(
+                "spawn call thread",
+                TxnErrorClass::Fatal,
+                KafkaError::ClientCreation(e.to_string()),
+            )
+        })?;
+        Ok(Generation {
+            producer,
+            calls,
+            stuck: Mutex::new(None),
+        })
+    }
+
+    fn stuck(&self) -> Option<StuckCall> {
+        self.stuck.lock().ok().and_then(|s| s.clone())
+    }
+
+    /// Calls `call` on the call thread until it succeeds or fails for good, within `bound` for all
+    /// attempts: a retriable error repeats it with a short backoff, at most [`MAX_RETRIES`] times
+    /// (then it is fatal); any other error is returned with its class. A call that does not
+    /// return in time marks this producer stuck (module doc, `# Deadlines`).
+    fn call(
+        &self,
+        step: &'static str,
+        bound: Duration,
+        call: impl Fn(&Client) -> Result<(), KafkaError> + Send + Sync + 'static,
+    ) -> Result<(), TxnError> {
+        if let Some(stuck) = self.stuck() {
+            return Err(TxnError::with_class(
+                step,
+                TxnErrorClass::Abortable,
+                TxnCause::Stuck(stuck),
+            ));
+        }
+        let started = Instant::now();
+        let deadline = started + bound;
+        let call = Arc::new(call);
+        let mut attempt = 0;
+        loop {
+            let c = Arc::clone(&call);
+            let err = match self.calls.call(deadline, move |p| c(p)) {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => TxnError::new(step, e),
+                Err(NoAnswer::Deadline) => return Err(self.mark_stuck(step, started.elapsed())),
+                Err(NoAnswer::Gone) => {
+                    return Err(TxnError::with_class(
+                        step,
+                        TxnErrorClass::Fatal,
+                        TxnCause::CallThreadGone,
+                    ))
+                }
+            };
+            let backoff = Duration::from_millis(100 * u64::from(attempt + 1));
+            if err.class == TxnErrorClass::Retriable
+                && attempt < MAX_RETRIES
+                && Instant::now() + backoff < deadline
+            {
+                attempt += 1;
+                warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
+                std::thread::sleep(backoff);
+                continue;
+            }
+            if err.class == TxnErrorClass::Retriable {
+                return Err(TxnError {
+                    class: TxnErrorClass::Fatal,
+                    ..err
+                });
+            }
+            return Err(err);
+        }
+    }
+
+    fn mark_stuck(&self, step: &'static str, elapsed: Duration) -> TxnError {
+        let stuck = StuckCall {
+            call: step,
+            elapsed,
+            coordinator: self.producer.context().coordinator(),
+        };
+        warn!(
+            call = step,
+            coordinator = stuck.coordinator.as_deref().unwrap_or("unknown"),
+            elapsed_s = format!("{:.1}", elapsed.as_secs_f64()),
+            "transactional call stuck past its deadline; the producer will be made again"
+        );
+        crate::metrics::transactional_call_stuck(step);
+        if let Ok(mut s) = self.stuck.lock() {
+            *s = Some(stuck.clone());
+        }
+        TxnError::with_class(step, TxnErrorClass::Abortable, TxnCause::Stuck(stuck))
+    }
+}
+
+/// A producer whose transactional calls retry, classify and end by a deadline in one place.
 pub struct TxnProducer {
-    /// The librdkafka producer; replaced by [`TxnProducer::restart`], hence the lock (never
-    /// contended: one thread drives the producer).
-    inner: RwLock<ThreadedProducer<DeliveryContext>>,
+    /// The registered librdkafka producer; replaced when it must be made again (a stuck call,
+    /// [`TxnProducer::restart`]), hence the lock (never contended: one thread drives it).
+    current: RwLock<Arc<Generation>>,
     /// What it was made from, to make it again.
     config: rdkafka::ClientConfig,
+    /// [`call_deadline`] of its transaction timeout.
+    deadline: Duration,
 }
 
 impl TxnProducer {
     /// Creates the producer and registers its transactional.id (fencing any predecessor and
     /// aborting what it left open).
     pub fn new(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, TxnError> {
+        let txn_timeout = config
+            .get("transaction.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .map_or(DRAIN_TIMEOUT, Duration::from_millis);
         let p = TxnProducer {
-            inner: RwLock::new(Self::registered(config)?),
+            current: RwLock::new(Arc::new(Self::registered(config)?)),
             config: config.clone(),
+            deadline: call_deadline(txn_timeout),
         };
         Ok(Arc::new(p))
     }
 
-    fn registered(
-        config: &rdkafka::ClientConfig,
-    ) -> Result<ThreadedProducer<DeliveryContext>, TxnError> {
-        let inner: ThreadedProducer<DeliveryContext> = config
+    fn registered(config: &rdkafka::ClientConfig) -> Result<Generation, TxnError> {
+        let inner: Client = config
             .create_with_context(DeliveryContext::default())
             .map_err(|e| TxnError::with_class("create producer", TxnErrorClass::Fatal, e))?;
-        retrying(&inner, "init_transactions", |p| {
-            p.init_transactions(INIT_TIMEOUT)
-        })?;
-        Ok(inner)
+        let generation = Generation::new(inner)?;
+        generation
+            .call("init_transactions", INIT_TIMEOUT, |p| {
+                p.init_transactions(INIT_TIMEOUT)
+            })
+            .map_err(|e| TxnError {
+                // Nothing to abort here: a registration that fails or sticks is the end.
+                class: TxnErrorClass::Fatal,
+                ..e
+            })?;
+        Ok(generation)
     }
 
     /// Replaces the librdkafka producer by a new one with the same transactional id, registered
     /// again: what a restart of the process would do, without losing the consumer's place in the
-    /// group. `init_transactions` aborts whatever this id left open and bumps its epoch, so it is
-    /// as safe for exactly-once as a crash and restart; the caller rewinds input and state as
-    /// after any abort. Used only where librdkafka made an error fatal that leaves nothing open
-    /// on the broker (see `Committer::abort_open`).
+    /// group. `init_transactions` aborts whatever this id left open (or completes a commit that
+    /// reached the coordinator) and bumps its epoch, which fences the old producer, so it is as
+    /// safe for exactly-once as a crash and restart; the caller rewinds input and state as after
+    /// any abort. Used after a stuck call, and where librdkafka made an error fatal that leaves
+    /// nothing open on the broker (see `Committer::abort_open`).
     pub fn restart(&self) -> Result<(), TxnError> {
-        let fresh = Self::registered(&self.config)?;
-        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        let fresh = Arc::new(Self::registered(&self.config)?);
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
+            fresh,
+        );
+        // Destroying a librdkafka producer waits for its threads: never on the caller's thread
+        // (a stuck call's thread holds it anyway, and destroys it when, if ever, the call returns).
+        let _ = std::thread::Builder::new()
+            .name("txn-drop".into())
+            .spawn(move || drop(old));
         Ok(())
     }
 
-    fn producer(&self) -> RwLockReadGuard<'_, ThreadedProducer<DeliveryContext>> {
-        // The guarded value is a client handle, never left half-updated: a poisoned lock is fine.
-        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    fn generation(&self) -> Arc<Generation> {
+        // The guarded value is a handle, never left half-updated: a poisoned lock is fine.
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn producer(&self) -> Arc<Client> {
+        Arc::clone(&self.generation().producer)
     }
 
     /// The topics whose records were refused for lack of Write (TOPIC_AUTHORIZATION_FAILED, in a
@@ -293,6 +586,34 @@ impl TxnProducer {
             .lock()
             .map(|mut r| std::mem::take(&mut *r));
         refused.unwrap_or_default()
+    }
+
+    /// Logs, in one WARN line, the delivery failures since the last report (other than refused
+    /// Writes, which the refusal report names): the number per topic and partition and the first
+    /// error. Every abort reports through here; nothing is logged when nothing failed.
+    pub fn report_failures(&self) {
+        let producer = self.producer();
+        let Ok(mut failed) = producer.context().failed.lock() else {
+            return;
+        };
+        let Failed {
+            per_partition,
+            first,
+        } = std::mem::take(&mut *failed);
+        if per_partition.is_empty() {
+            return;
+        }
+        let total: u64 = per_partition.values().sum();
+        let counts: Vec<String> = per_partition
+            .iter()
+            .map(|((t, p), n)| format!("{t}/{p}: {n}"))
+            .collect();
+        warn!(
+            records = total,
+            per_partition = %counts.join(", "),
+            first_error = first.as_deref().unwrap_or(""),
+            "records of the transaction were not delivered"
+        );
     }
 
     /// Of `topics`, those this producer's principal may not even Describe, hence not Write
@@ -328,24 +649,31 @@ impl TxnProducer {
 
     /// A producer without transactions (at-least-once mode): same send path, no init.
     pub fn non_transactional(config: &rdkafka::ClientConfig) -> Result<Arc<Self>, KafkaError> {
-        let inner: ThreadedProducer<DeliveryContext> =
-            config.create_with_context(DeliveryContext::default())?;
+        let inner: Client = config.create_with_context(DeliveryContext::default())?;
+        let generation =
+            Generation::new(inner).map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
         Ok(Arc::new(TxnProducer {
-            inner: RwLock::new(inner),
+            current: RwLock::new(Arc::new(generation)),
             config: config.clone(),
+            deadline: call_deadline(DRAIN_TIMEOUT),
         }))
     }
 
-    fn retrying(
-        &self,
-        step: &'static str,
-        call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
-    ) -> Result<(), TxnError> {
-        retrying(&self.producer(), step, call)
-    }
-
+    /// Begins a transaction: a local state change in librdkafka, made here, not on the call
+    /// thread. Refused at once while the producer is stuck.
     pub fn begin(&self) -> Result<(), TxnError> {
-        self.retrying("begin_transaction", |p| p.begin_transaction())
+        let generation = self.generation();
+        if let Some(stuck) = generation.stuck() {
+            return Err(TxnError::with_class(
+                "begin_transaction",
+                TxnErrorClass::Abortable,
+                TxnCause::Stuck(stuck),
+            ));
+        }
+        generation
+            .producer
+            .begin_transaction()
+            .map_err(|e| TxnError::new("begin_transaction", e))
     }
 
     /// Adds the consumed offsets (next offset to read, per partition) to the transaction, with the
@@ -353,11 +681,13 @@ impl TxnProducer {
     pub fn send_offsets(
         &self,
         offsets: &TopicPartitionList,
-        group: &ConsumerGroupMetadata,
+        group: ConsumerGroupMetadata,
     ) -> Result<(), TxnError> {
-        self.retrying("send_offsets_to_transaction", |p| {
-            p.send_offsets_to_transaction(offsets, group, Timeout::Never)
-        })
+        let offsets = offsets.clone();
+        self.generation()
+            .call("send_offsets_to_transaction", self.deadline, move |p| {
+                p.send_offsets_to_transaction(&offsets, &group, Timeout::Never)
+            })
     }
 
     /// Commits the transaction (flushing what is still queued).
@@ -366,8 +696,11 @@ impl TxnProducer {
         // steps that the polling thread answers instead, so every commit with records in flight
         // would take at least 100 ms. After a drain its flush returns at once. A drain that does
         // not finish changes nothing: commit_transaction flushes (and fails) on its own.
-        let _ = self.flush(DRAIN_TIMEOUT);
-        self.retrying("commit_transaction", |p| {
+        let generation = self.generation();
+        if generation.stuck().is_none() {
+            let _ = self.flush(DRAIN_TIMEOUT);
+        }
+        generation.call("commit_transaction", self.deadline, |p| {
             p.commit_transaction(Timeout::Never)
         })
     }
@@ -377,20 +710,26 @@ impl TxnProducer {
     /// error, in the pipeline's forced-abort test (the open librdkafka issue #4849 reports the
     /// same); every caller aborts through here, so none can forget the flush. Delivery errors
     /// of that flush are expected and change nothing: the transaction is aborted anyway.
+    ///
+    /// A producer with a stuck call (or whose abort sticks) is made again instead
+    /// ([`TxnProducer::restart`]): the new registration aborts what the old one left open.
     pub fn abort(&self) -> Result<(), TxnError> {
-        if let Err(e) = self.flush(self.abort_drain_timeout()) {
-            debug!(error = %e, "flush before abort did not complete");
+        self.report_failures();
+        let generation = self.generation();
+        if generation.stuck().is_none() {
+            if let Err(e) = self.flush(self.deadline.saturating_sub(CALL_MARGIN)) {
+                debug!(error = %e, "flush before abort did not complete");
+            }
+            match generation.call("abort_transaction", self.deadline, |p| {
+                p.abort_transaction(Timeout::Never)
+            }) {
+                Err(e) if e.is_stuck() => {}
+                done => return done,
+            }
         }
-        self.retrying("abort_transaction", |p| p.abort_transaction(Timeout::Never))
-    }
-
-    /// How long [`TxnProducer::abort`] waits for what is in flight: the transaction timeout,
-    /// past which the coordinator aborts the transaction itself ([`DRAIN_TIMEOUT`] if unset).
-    fn abort_drain_timeout(&self) -> Duration {
-        self.config
-            .get("transaction.timeout.ms")
-            .and_then(|ms| ms.parse().ok())
-            .map_or(DRAIN_TIMEOUT, Duration::from_millis)
+        self.restart().inspect_err(|e| {
+            error!(error = %e, "the transactional producer could not be made again after a stuck call");
+        })
     }
 
     /// Enqueues one record. A full local queue is waited out (the polling thread drains it);
@@ -435,38 +774,6 @@ impl TxnProducer {
     }
 }
 
-/// Calls `call` until it succeeds or fails for good: a retriable error repeats it with a short
-/// backoff, at most [`MAX_RETRIES`] times (then it is fatal); any other error is returned with its
-/// class.
-fn retrying(
-    producer: &ThreadedProducer<DeliveryContext>,
-    step: &'static str,
-    mut call: impl FnMut(&ThreadedProducer<DeliveryContext>) -> Result<(), KafkaError>,
-) -> Result<(), TxnError> {
-    let mut attempt = 0;
-    loop {
-        match call(producer) {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                let err = TxnError::new(step, e);
-                if err.class == TxnErrorClass::Retriable && attempt < MAX_RETRIES {
-                    attempt += 1;
-                    warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
-                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
-                    continue;
-                }
-                if err.class == TxnErrorClass::Retriable {
-                    return Err(TxnError {
-                        class: TxnErrorClass::Fatal,
-                        ..err
-                    });
-                }
-                return Err(err);
-            }
-        }
-    }
-}
-
 /// The missing right behind a transactional error, if it is an authorisation failure:
 /// `Write on TransactionalId <id>` for a refused `init_transactions`, and so on
 /// ([`access::from_kafka_error`]).
@@ -479,4 +786,89 @@ fn authorization_failure(
         return None;
     };
     access::from_kafka_error(kafka, e, transactional_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A producer that is never asked anything of the broker (its bootstrap answers nothing):
+    /// the calls below are closures that stand for librdkafka's, so no broker is needed.
+    fn generation() -> Generation {
+        let producer: Client = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .create_with_context(DeliveryContext::default())
+            .expect("a producer can be made without a broker");
+        Generation::new(producer).expect("call thread")
+    }
+
+    #[test]
+    fn a_call_past_its_deadline_is_abortable_and_marks_the_producer_stuck() {
+        let g = generation();
+        let started = Instant::now();
+        let err = g
+            .call(
+                "send_offsets_to_transaction",
+                Duration::from_millis(200),
+                |_| {
+                    // librdkafka #5456: the call does not come back (for the test: 30 s).
+                    std::thread::sleep(Duration::from_secs(30));
+                    Ok(())
+                },
+            )
+            .expect_err("the call never answers in time");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+            "waited {waited:?}"
+        );
+        assert_eq!(err.class, TxnErrorClass::Abortable);
+        assert!(err.is_stuck(), "{err}");
+        assert!(
+            !err.outcome_unknown(),
+            "send_offsets stuck: nothing can have committed"
+        );
+        assert!(err
+            .to_string()
+            .contains("send_offsets_to_transaction did not return within"));
+        // Every later call but the restart fails at once, without reaching librdkafka.
+        let started = Instant::now();
+        let later = g
+            .call("commit_transaction", Duration::from_secs(60), |_| {
+                panic!("a stuck producer is never called again")
+            })
+            .expect_err("stuck");
+        assert!(later.is_stuck());
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_stuck_commit_leaves_the_outcome_unknown() {
+        let g = generation();
+        let err = g
+            .call("commit_transaction", Duration::from_millis(100), |_| {
+                std::thread::sleep(Duration::from_secs(30));
+                Ok(())
+            })
+            .expect_err("stuck");
+        assert!(err.outcome_unknown());
+    }
+
+    #[test]
+    fn answered_calls_return_their_result() {
+        let g = generation();
+        assert!(g
+            .call("abort_transaction", Duration::from_secs(5), |_| Ok(()))
+            .is_ok());
+        let err = g
+            .call("abort_transaction", Duration::from_secs(5), |_| {
+                Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::UnknownPartition,
+                ))
+            })
+            .expect_err("refused");
+        assert!(!err.is_stuck());
+        assert_eq!(err.class, TxnErrorClass::Abortable);
+        assert!(g.stuck().is_none());
+    }
 }

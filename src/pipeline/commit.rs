@@ -322,7 +322,7 @@ impl Committer {
                     TxnCause::NoGroupMetadata,
                 )
             })?;
-            self.producer.send_offsets(&self.offsets_of(txn)?, &group)?;
+            self.producer.send_offsets(&self.offsets_of(txn)?, group)?;
         }
         txn.staged = true;
         Ok(())
@@ -533,7 +533,10 @@ impl Committer {
                 info!(records = txn.records, "transaction aborted");
             }
             // At least once there is no transaction to abort: what was produced stays, and the
-            // redo may repeat it.
+            // redo may repeat it. What failed to be delivered is said once, as an abort does.
+            if self.settings.guarantee == Guarantee::AtLeastOnce {
+                self.producer.report_failures();
+            }
             session.stats.aborts += 1;
             m::aborted();
             if !refused.is_empty() {

@@ -75,7 +75,11 @@ impl Engine {
     pub fn start(settings: EngineSettings) -> anyhow::Result<Self> {
         let txn_id = settings.transactional_id();
         let instance = settings.static_membership.then_some(txn_id.as_str());
-        let consumer_cfg = settings.kafka.group_consumer(settings.group_id(), instance);
+        let consumer_cfg = settings.kafka.group_consumer(
+            settings.group_id(),
+            instance,
+            settings.transaction_timeout,
+        );
         let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted)
             .context("creating the restore reader")?;
         let committer = Committer::start(settings)?;

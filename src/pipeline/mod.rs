@@ -104,7 +104,12 @@ pub fn run_blocking(
     stop: &AtomicBool,
 ) -> anyhow::Result<Stats> {
     let engine = Engine::start(opts.engine.clone())?;
+    let watchdog = health.watchdog(
+        crate::kafka::txn::stuck_bound(opts.engine.transaction_timeout),
+        crate::kafka::txn::EXIT_STUCK,
+    );
     let result = process_until_stopped(&engine, opts, health, stop);
+    drop(watchdog);
     health.not_ready(match &result {
         Ok(()) => "stopping",
         Err(e)

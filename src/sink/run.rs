@@ -98,9 +98,12 @@ fn run_blocking(
     health: Health,
     stop: &AtomicBool,
 ) -> anyhow::Result<SinkStats> {
-    let mut cfg = opts
-        .kafka
-        .group_consumer(&opts.group_id, opts.group_instance_id.as_deref());
+    let mut cfg = opts.kafka.group_consumer(
+        &opts.group_id,
+        opts.group_instance_id.as_deref(),
+        // No transactions here; the default bounds the loop's longest call all the same.
+        crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT,
+    );
     if cfg.get("fetch.wait.max.ms").is_none() {
         // Notifications become visible in bursts, when a pipeline transaction commits; a fetch
         // that waits for more data delays the burst's delivery by up to this bound (librdkafka's
