@@ -108,6 +108,28 @@ impl Health {
     /// orchestrator; the watchdog does not need one. Arm it when the loop starts (start-up waits
     /// have their own bounds), and drop the guard before shutting down (shutdown has its own).
     pub fn watchdog(&self, bound: Duration, exit_status: u8) -> Watchdog {
+        self.watchdog_with(bound, move |stalled| {
+            tracing::error!(
+                stalled_s = format!("{:.1}", stalled.as_secs_f64()),
+                bound_s = bound.as_secs(),
+                exit_status,
+                "the processing loop made no progress within its bound; exiting for a restart"
+            );
+            crate::errln!(
+                "stuck: no progress for {:.0} s (bound {} s); exiting with status {exit_status}",
+                stalled.as_secs_f64(),
+                bound.as_secs()
+            );
+            std::process::exit(i32::from(exit_status));
+        })
+    }
+
+    /// [`Health::watchdog`] with what it does on a stall given (a test observes it instead).
+    fn watchdog_with(
+        &self,
+        bound: Duration,
+        on_stall: impl FnOnce(Duration) + Send + 'static,
+    ) -> Watchdog {
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
         self.beat();
         let (health, flag) = (self.clone(), Arc::clone(&armed));
@@ -119,18 +141,8 @@ impl Health {
                     std::thread::sleep(check_every);
                     let stalled = health.since_progress();
                     if flag.load(Ordering::Relaxed) && stalled > bound {
-                        tracing::error!(
-                            stalled_s = format!("{:.1}", stalled.as_secs_f64()),
-                            bound_s = bound.as_secs(),
-                            exit_status,
-                            "the processing loop made no progress within its bound; exiting for a restart"
-                        );
-                        crate::errln!(
-                            "stuck: no progress for {:.0} s (bound {} s); exiting with status {exit_status}",
-                            stalled.as_secs_f64(),
-                            bound.as_secs()
-                        );
-                        std::process::exit(i32::from(exit_status));
+                        on_stall(stalled);
+                        return;
                     }
                 }
             });
@@ -241,6 +253,46 @@ async fn readyz(State((health, _)): State<(Health, PrometheusHandle)>) -> Respon
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// When the watchdog fired, if it did within `within` after the beats stopped.
+    fn fired(
+        h: &Health,
+        bound: Duration,
+        beat_for: Duration,
+        within: Duration,
+    ) -> Option<Duration> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        let _guard = h.watchdog_with(bound, move |_| {
+            let _ = tx.send(started.elapsed());
+        });
+        while started.elapsed() < beat_for {
+            h.beat();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        rx.recv_timeout(within).ok()
+    }
+
+    #[test]
+    fn the_watchdog_fires_once_the_loop_stops_beating_for_longer_than_its_bound() {
+        let h = Health::new(Duration::from_secs(60));
+        let bound = Duration::from_millis(200);
+        // Beating for a second keeps it quiet; then it fires about a bound later.
+        let at = fired(&h, bound, Duration::from_secs(1), Duration::from_secs(5))
+            .expect("the watchdog fired");
+        assert!(at >= Duration::from_secs(1) + bound, "fired at {at:?}");
+        assert!(at < Duration::from_secs(3), "fired at {at:?}");
+    }
+
+    #[test]
+    fn a_disarmed_watchdog_never_fires() {
+        let h = Health::new(Duration::from_secs(60));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        drop(h.watchdog_with(Duration::from_millis(50), move |_| {
+            let _ = tx.send(());
+        }));
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());
+    }
 
     #[test]
     fn liveness_follows_the_beats_and_readiness_the_reports() {
