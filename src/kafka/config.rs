@@ -185,7 +185,18 @@ impl KafkaConfig {
         }
         // No bootstrap.servers: the client is created and dropped without connecting.
         if let Err(e) = c.create::<rdkafka::producer::BaseProducer>() {
-            bail!("librdkafka properties refused: {e}");
+            // rust-rdkafka's message repeats the property's value after its name: say the
+            // reason and the name only, and scrub what librdkafka's reason may quote.
+            let reason = match &e {
+                rdkafka::error::KafkaError::ClientConfig(_, reason, key, _) => {
+                    format!("{reason} ({key})")
+                }
+                other => other.to_string(),
+            };
+            bail!(
+                "librdkafka properties refused: {}",
+                super::secrets::scrub(&reason, &self.properties)
+            );
         }
         Ok(())
     }
