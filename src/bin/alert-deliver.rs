@@ -5,6 +5,7 @@ use clap::Parser;
 use price_alerts::cli::deliver::DeliverArgs;
 use price_alerts::cli::{main_of, shutdown_signal_bounded};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
+use price_alerts::kafka::group_lag;
 use price_alerts::{deliver, errln, outln};
 use std::process::ExitCode;
 
@@ -23,6 +24,20 @@ fn run() -> anyhow::Result<()> {
             // Its metrics are registered by deliver::run, once it knows its subscribers and buckets.
             health::serve(addr, health.clone(), || ()).await?;
         }
+        // The group's lag on every partition it consumes, owned or not, where it is scraped.
+        let _lag_watch = match args.metrics_addr {
+            Some(_) => {
+                let mut topics = vec![opts.buckets.topic.clone()];
+                topics.extend(opts.buckets.bucket_topics());
+                Some(group_lag::Watcher::spawn(
+                    &opts.kafka,
+                    &opts.group_id,
+                    &topics,
+                    args.lag_watch_interval,
+                )?)
+            }
+            None => None,
+        };
         let stats = deliver::run(
             opts.clone(),
             health,

@@ -35,7 +35,7 @@ fn run() -> anyhow::Result<()> {
             Some(_) => Some(group_lag::Watcher::spawn(
                 &opts.engine.kafka,
                 opts.engine.group_id(),
-                &opts.engine.topics.input,
+                std::slice::from_ref(&opts.engine.topics.input),
                 args.lag_watch_interval,
             )?),
             None => None,

@@ -78,6 +78,12 @@ pub struct DeliverArgs {
     /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9898).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// With --metrics-addr: how often the group's committed offset, the end and the lag of every
+    /// partition it consumes (the notifications and every retry bucket), owned by this instance
+    /// or not, are read from the broker (alerts_group_*, alerts_partition_end_offset: a partition
+    /// nobody consumes shows there).
+    #[arg(long, default_value = "15s", value_parser = super::interval)]
+    pub lag_watch_interval: Duration,
     /// TEST ONLY: abort once this many hand-off records are written, inside the open transaction.
     #[arg(long, hide = true)]
     pub test_crash_after_handoffs: Option<u64>,

@@ -96,6 +96,9 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
         crate::metrics::FENCED,
         crate::metrics::DELIVERY_FAILURES,
         crate::metrics::TXN_CALLS_STUCK,
+        crate::metrics::GROUP_COMMITTED_OFFSET,
+        crate::metrics::PARTITION_END_OFFSET,
+        crate::metrics::GROUP_LAG,
     ]);
     crate::metrics::txn_calls_at_zero();
     counter!(crate::metrics::FENCED).increment(0);

@@ -90,15 +90,16 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Watches `group` on every partition of `topic` on a thread of its own, setting the gauges
-    /// every `every`.
+    /// Watches `group` on every partition of each of `topics` (all it consumes: alert-deliver's
+    /// group reads the notifications and every retry bucket) on a thread of its own, setting the
+    /// gauges every `every`.
     pub fn spawn(
         kafka: &KafkaConfig,
         group: &str,
-        topic: &str,
+        topics: &[String],
         every: Duration,
     ) -> anyhow::Result<Watcher> {
-        let probe = Probe::new(kafka, group, topic)?;
+        let probe = Probe::new(kafka, group, topics)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         std::thread::Builder::new()
@@ -120,11 +121,11 @@ struct Probe {
     /// Never subscribes, polls or commits: it only asks for the group's offsets and the ends.
     consumer: Reader,
     group: String,
-    topic: String,
+    topics: Vec<String>,
 }
 
 impl Probe {
-    fn new(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<Self> {
+    fn new(kafka: &KafkaConfig, group: &str, topics: &[String]) -> anyhow::Result<Self> {
         // read_uncommitted: the offsets committed now, without waiting for a transaction that
         // holds pending offsets ("require stable" of a read_committed fetch); and the high
         // watermark as the end, as Kafka's tooling shows it.
@@ -137,20 +138,20 @@ impl Probe {
         Ok(Probe {
             consumer,
             group: group.to_owned(),
-            topic: topic.to_owned(),
+            topics: topics.to_vec(),
         })
     }
 
     /// Rounds every `every` until `stop`. Blocking.
     fn run(&self, every: Duration, stop: &AtomicBool) {
-        info!(group = %self.group, topic = %self.topic, every = ?every, "watching the group's lag on every partition");
+        info!(group = %self.group, topics = ?self.topics, every = ?every, "watching the group's lag on every partition");
         let mut failing = false;
         while !stop.load(Ordering::Relaxed) {
             let next = Instant::now() + every;
-            match self.round() {
+            match self.rounds() {
                 Ok(rows) => {
-                    for r in &rows {
-                        crate::metrics::group_partition(&self.group, &self.topic, r);
+                    for (topic, r) in &rows {
+                        crate::metrics::group_partition(&self.group, topic, r);
                     }
                     if failing {
                         info!(group = %self.group, "group lag readable again");
@@ -162,7 +163,7 @@ impl Probe {
                     // Once per failure streak: a broker that is away for a while is not news
                     // every interval.
                     if !failing {
-                        warn!(group = %self.group, topic = %self.topic, error = format!("{e:#}"), "cannot read the group's lag; the gauges keep their last values");
+                        warn!(group = %self.group, error = format!("{e:#}"), "cannot read the group's lag; the gauges keep their last values");
                         failing = true;
                     }
                 }
@@ -173,28 +174,33 @@ impl Probe {
         }
     }
 
-    /// One round: the committed offset and the end of every partition.
-    fn round(&self) -> anyhow::Result<Vec<PartitionLag>> {
-        let Some(n) = partition_count_if_exists(&self.consumer, &self.topic, CALL_TIMEOUT)? else {
+    /// One round over every topic.
+    fn rounds(&self) -> anyhow::Result<Vec<(&str, PartitionLag)>> {
+        let mut rows = Vec::new();
+        for topic in &self.topics {
+            rows.extend(self.round(topic)?.into_iter().map(|r| (topic.as_str(), r)));
+        }
+        Ok(rows)
+    }
+
+    /// One round of `topic`: the committed offset and the end of every partition.
+    fn round(&self, topic: &str) -> anyhow::Result<Vec<PartitionLag>> {
+        let Some(n) = partition_count_if_exists(&self.consumer, topic, CALL_TIMEOUT)? else {
             return Ok(Vec::new());
         };
         // Committed first, ends second: an end read after the offsets is never below them.
-        let committed = fetch_committed(
-            &self.consumer,
-            &partition_list(&self.topic, 0..n),
-            CALL_TIMEOUT,
-        )
-        .with_context(|| format!("fetching the committed offsets of group {}", self.group))?;
+        let committed = fetch_committed(&self.consumer, &partition_list(topic, 0..n), CALL_TIMEOUT)
+            .with_context(|| format!("fetching the committed offsets of group {}", self.group))?;
         (0..n)
             .map(|p| {
-                let offset = match committed.find_partition(&self.topic, p).map(|e| e.offset()) {
+                let offset = match committed.find_partition(topic, p).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => Some(o),
                     _ => None,
                 };
                 let marks = self
                     .consumer
-                    .fetch_watermarks(&self.topic, p, CALL_TIMEOUT)
-                    .with_context(|| format!("fetching the watermarks of {}/{p}", self.topic))?;
+                    .fetch_watermarks(topic, p, CALL_TIMEOUT)
+                    .with_context(|| format!("fetching the watermarks of {topic}/{p}"))?;
                 Ok(partition_lag(p, offset, marks))
             })
             .collect()
