@@ -504,6 +504,30 @@ fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
         !exposed.contains("alerts_ticks_committed_total"),
         "the processor's metrics are not alert-deliver's:\n{exposed}"
     );
+    // The group's lag on every partition it consumes, owned or not: the notifications and each
+    // bucket, 3 partitions each (the watcher's first round may precede the buckets' creation; the
+    // second comes after --lag-watch-interval, 15 s).
+    let consumed = [
+        setup.topic.clone(),
+        setup.bucket("1s"),
+        setup.bucket("2s"),
+        setup.bucket("15s"),
+    ];
+    wait_until(
+        "alerts_group_lag for every partition the group consumes",
+        Duration::from_secs(60),
+        || {
+            let body = http_get(&setup.metrics_addr, "/metrics").1;
+            consumed.iter().all(|t| {
+                body.lines()
+                    .filter(|l| {
+                        l.starts_with("alerts_group_lag{") && l.contains(&format!("topic=\"{t}\""))
+                    })
+                    .count()
+                    == 3
+            })
+        },
+    );
     let feed = Feed::new(&kafka()).expect("feed");
     // A first notification, accepted by both, so the group has its partitions before the hang.
     let mut ids = produce(&feed, &setup.topic, 0..1);
@@ -754,7 +778,16 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
     // No breaker: this test counts every failing subscriber's record through every bucket with
     // four real attempts; an open circuit would hand records on untried. Static membership: each
     // restart (the same instance id) takes the partitions back at once.
-    let no_breaker = ["--breaker-failures", "0", "--static-membership"];
+    // A generous HTTP timeout: on a loaded machine the healthy subscriber may take seconds to
+    // answer, and a timed-out delivery to it would (rightly) go to a retry bucket, which this
+    // test counts for the failing subscriber only.
+    let no_breaker = [
+        "--breaker-failures",
+        "0",
+        "--static-membership",
+        "--http-timeout",
+        "10s",
+    ];
     let feed = Feed::new(&kafka()).expect("feed");
     let ids = produce(&feed, &setup.topic, 0..150);
     // Crashes inside open hand-off transactions, their records already in the log: after 30
@@ -815,8 +848,10 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
         failing.requests().len(),
         ids.len()
     );
+    // Each crash left the hand-offs of its open transaction behind, aborted: how many depends on
+    // where the batches split (the first crash's 30 hand-offs may span two transactions).
     assert!(
-        aborted[0] >= 30 && aborted[1] >= 1,
+        aborted[0] >= 1 && aborted[1] >= 1,
         "the crashes left aborted hand-offs behind: {aborted:?}"
     );
 
