@@ -110,17 +110,46 @@ for f in tests/*.rs bench/tests/*.rs; do
 done
 cluster_args=()
 for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
+# Phase 1 runs in two lanes side by side: its tests mostly wait (for sessions to expire, brokers
+# to answer, children to exit), so two cargo test processes of two threads each keep two cores
+# busy without stalling anyone. Lane A takes these long files; lane B everything else (a new
+# file lands there).
+lane_a_tests=(security failures replay operability topics)
+lane_a=() lane_b=()
+set -- "${single_args[@]}"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --test) if [[ " ${lane_a_tests[*]} " == *" $2 "* ]]; then lane_a+=(--test "$2"); else lane_b+=(--test "$2"); fi; shift 2 ;;
+    *) lane_b+=("$1"); shift ;;
+  esac
+done
+logs=$(mktemp -d)
+# Each lane's output goes to its own file, printed whole when the lane ends (interleaved output
+# would be unreadable), followed by how long each test file took.
+run_lane() { # name args...
+  local name=$1 rc=0; shift
+  run_tests "$@" >"$logs/$name.log" 2>&1 || rc=$?
+  { echo "=== test.sh: lane $name (exit $rc)"; cat "$logs/$name.log"; } >&2
+  return $rc
+}
+timings() {
+  cat "$logs"/*.log 2>/dev/null | awk '/Running /{f=$2} /test result/{print "  " f ": " $NF}' >&2 || true
+}
 
 start_brokers single secure
 eval "$(scripts/kafka.sh env --secure)"
 cargo build --locked --workspace --all-targets
 failed=0
 # Phase 1: the unit tests and every broker test but the cluster's (the bench crate's too).
-run_tests "${single_args[@]}" || failed=1
+run_lane a "${lane_a[@]}" & lane_a_pid=$!
+run_lane b "${lane_b[@]}" || failed=1
+wait "$lane_a_pid" || failed=1
 stop_started single secure
 # Phase 2: the cluster's tests, alone with their three brokers.
 start_brokers cluster
-run_tests "${cluster_args[@]}" || failed=1
+run_lane cluster "${cluster_args[@]}" || failed=1
+echo "test.sh: time per test file:" >&2
+timings
 if [ "$failed" = 1 ]; then
   echo "test.sh: some tests failed (${SECONDS}s)" >&2
   exit 1
