@@ -332,11 +332,31 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     }
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let last = sink.spawn("0", &s(&["--metrics-addr", &addr]));
+    let last = sink.spawn(
+        "0",
+        &s(&["--metrics-addr", &addr, "--lag-watch-interval", "1s"]),
+    );
     let landed = loader.join().expect("loader");
-    sink.wait_stored(&next_offsets(&landed), CAUGHT_UP);
+    let ends = next_offsets(&landed);
+    sink.wait_stored(&ends, CAUGHT_UP);
     let conflicted = scrape(&addr, "alerts_sink_rows_conflicted_total");
     let inserted = scrape(&addr, "alerts_sink_rows_inserted_total");
+    // The group lag of every partition, owned or not (from the offsets the sink commits to its
+    // Kafka group after each database commit): once caught up, committed = end, and no lag.
+    let end_sum = ends.values().sum::<i64>() as f64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape(&addr, "alerts_group_committed_offset") != end_sum
+        || scrape(&addr, "alerts_partition_end_offset") != end_sum
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the group lag gauges never showed the stored offsets: committed {}, end {}, want {end_sum}",
+            scrape(&addr, "alerts_group_committed_offset"),
+            scrape(&addr, "alerts_partition_end_offset")
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(scrape(&addr, "alerts_group_lag"), 0.0);
     last.signal("TERM");
     assert!(last.wait(EXIT).success());
     assert_stored_exactly(&sink.db, &input);

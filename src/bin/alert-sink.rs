@@ -6,6 +6,7 @@ use clap::Parser;
 use price_alerts::cli::sink::{SinkArgs, SinkCommand};
 use price_alerts::cli::{main_of, shutdown_signal_bounded};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
+use price_alerts::kafka::group_lag;
 use price_alerts::{errln, outln, sink};
 use std::process::ExitCode;
 
@@ -30,9 +31,27 @@ fn run() -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
-            // The sink's series (sink::metrics) appear with their first event; not the processor's.
-            health::serve(addr, health.clone(), || ()).await?;
+            // The sink's series (sink::metrics) appear with their first event; not the processor's
+            // but the group lag (described here, set by the lag watcher).
+            health::serve(addr, health.clone(), || {
+                use price_alerts::metrics::{
+                    describe_only, GROUP_COMMITTED_OFFSET, GROUP_LAG, PARTITION_END_OFFSET,
+                };
+                describe_only(&[GROUP_COMMITTED_OFFSET, PARTITION_END_OFFSET, GROUP_LAG]);
+            })
+            .await?;
         }
+        // The sink's lag on every partition, owned or not: from the offsets it commits to its
+        // Kafka group after each database commit (for this; the database's are the truth).
+        let _lag_watch = match args.metrics_addr {
+            Some(_) => Some(group_lag::Watcher::spawn(
+                &opts.kafka,
+                &opts.group_id,
+                std::slice::from_ref(&opts.topic),
+                args.lag_watch_interval,
+            )?),
+            None => None,
+        };
         let stats = sink::run(
             opts.clone(),
             health,

@@ -127,6 +127,11 @@ pub struct SinkArgs {
     /// while the sink is paused.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// With --metrics-addr: how often the sink's stored offset, the end and the lag of every
+    /// partition of --topic, owned by this instance or not, are read (alerts_group_*,
+    /// alerts_partition_end_offset: a partition no sink instance consumes shows there).
+    #[arg(long, default_value = "15s", value_parser = interval)]
+    pub lag_watch_interval: Duration,
     /// TEST ONLY: stop dead at in-db-txn:N or after-db-commit:N (the N-th batch).
     #[arg(long, hide = true)]
     pub test_hold: Option<String>,
