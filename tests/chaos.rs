@@ -105,9 +105,9 @@ fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
 /// SIGKILLed while the instances commit and kept down past the transaction timeout + 30 s, within
 /// which every instance that was running must make progress or exit by itself (and be
 /// restarted). One kill takes the pipeline's group; `CHAOS_COORDINATOR_KILLS=3` takes the sink's
-/// and the deliverer's in turn. Over 150 s instead of 60, so that the input still flows through
-/// each kill's check window; no PostgreSQL shutdowns, so that the run judges the kill (the
-/// all-stage short run has them).
+/// and the deliverer's in turn. Over 150 s per kill instead of 60 s, so that the input still
+/// flows through each kill's check window; no PostgreSQL shutdowns, so that the run judges the
+/// kills (the all-stage short run has them).
 ///
 /// Out of scripts/test.sh until every transactional call has a deadline: today a pipeline
 /// instance stays blocked in `send_offsets_to_transaction` while the broker is down (librdkafka
@@ -138,15 +138,17 @@ fn a_coordinator_kill_leaves_no_instance_stuck() {
         root.join("scripts/postgres.sh"),
         database_url,
     );
-    opts.span = Duration::from_secs(150);
-    opts.ticks = 60_000;
+    // 150 s of input per kill at 400 ticks a second: the kills take turns (one broker down at a
+    // time, 70 s each and the recovery), and each needs input flowing through its check window.
+    opts.span = Duration::from_secs(150) * kills.max(1);
+    opts.ticks = 400 * opts.span.as_secs() as usize;
     opts.faults.database_downs = 0;
     opts.faults.coordinator_kills = kills;
     if let Some(d) = &mut opts.downstream {
         d.subscriber_outage.after = opts.span / 4;
     }
     // Each kill holds the broker down for 70 s, and bounces wait for it.
-    opts.limit = Duration::from_secs(1200);
+    opts.limit = opts.span + Duration::from_secs(900);
     let report = chaos::run(&opts).expect("the chaos run is carried out");
     println!("{report}");
     let stages: Vec<Stage> = report.coordinator_kills.iter().map(|k| k.stage).collect();

@@ -12,9 +12,10 @@
 //! ```text
 //!   thread: every ISR complete ─► locate the group's coordinator ─► SIGKILL it ─► Killed ─►
 //!           down for `coordinator_down` ─► start it ─► every ISR complete ─► CoordinatorKill
-//!   main loop, on Killed: watch every running instance of the stage (Instances::watch): each
-//!           must log its progress line twice, or exit by itself (restarted as any exit), within
-//!           the bound; meanwhile no other instance fault is aimed at it
+//!   main loop, on Killed: watch every running instance of the stage that was busy (its progress
+//!           line in the last 10 s; Instances::watch): each must log its progress line twice, or
+//!           exit by itself (restarted as any exit), within the bound; meanwhile no other
+//!           instance fault is aimed at it. An idle one (no partitions, no input left) is noted
 //!   end:    each watched instance's outcome goes into the report; one stuck fails the run
 //! ```
 //!

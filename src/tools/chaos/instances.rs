@@ -13,10 +13,12 @@
 //! pipeline's commit count of the figures is read from there (the `transaction committed` debug
 //! lines).
 //!
-//! After a coordinator kill ([`super::coordinator`]) the instances that were running are watched
-//! ([`Instances::watch`]) until each shows progress (its stage's progress line, logged twice
-//! after the kill) or exits on its own (the runner restarts it, as it restarts any exit), or the
-//! bound passes: then it is stuck. A watched instance is spared the other instance faults
+//! After a coordinator kill ([`super::coordinator`]) the instances that were running and busy
+//! (their progress line logged shortly before) are watched ([`Instances::watch`]) until each
+//! shows progress (its stage's progress line, logged twice after the kill) or exits on its own
+//! (the runner restarts it, as it restarts any exit), or the bound passes: then it is stuck. An
+//! instance idle at the kill (no partitions, or nothing left to read) is reported as such, not
+//! judged: no progress would be expected of it either way. A watched instance is spared the other instance faults
 //! meanwhile, as a resumed zombie is: what it does is the kill's doing. Exits with status 75
 //! ([`WATCHDOG_EXIT`]) are counted apart in the figures.
 
@@ -67,6 +69,8 @@ pub enum Progress {
     Exited { status: String, after: Duration },
     /// Neither within this long.
     Stuck(Duration),
+    /// No progress line in the [`BUSY_WITHIN`] before the kill: nothing to judge it by.
+    Idle,
 }
 
 impl Progress {
@@ -88,6 +92,11 @@ impl std::fmt::Display for Progress {
                 f,
                 "STUCK: no progress and no exit in {:.1}s",
                 for_.as_secs_f64()
+            ),
+            Progress::Idle => write!(
+                f,
+                "idle at the kill (no progress line in the {}s before): not judged",
+                BUSY_WITHIN.as_secs()
             ),
         }
     }
@@ -179,6 +188,10 @@ const ZOMBIE_WATCH: Duration = Duration::from_secs(60);
 const WATCH_READ_EVERY: Duration = Duration::from_secs(1);
 /// Progress lines after a coordinator kill that prove progress (see [`Progress::Committed`]).
 const PROGRESS_LINES: usize = 2;
+/// An instance whose progress line is younger than this at a coordinator kill is busy, and
+/// judged (a pipeline instance commits every second while it has input; the margin is for a
+/// loaded machine).
+pub const BUSY_WITHIN: Duration = Duration::from_secs(10);
 
 impl Instances {
     /// Starts `n` instances, ids `0..n`.
@@ -381,12 +394,13 @@ impl Instances {
         Ok(())
     }
 
-    /// Watches every running instance from now on, for coordinator kill `kill`: each must show
-    /// progress or exit on its own within `bound`. Returns how many are watched.
+    /// Watches every running instance from now on, for coordinator kill `kill`: each busy one
+    /// must show progress or exit on its own within `bound`; an idle one is noted as such.
+    /// Returns how many are watched (the busy ones).
     pub fn watch(&mut self, kill: usize, bound: Duration) -> usize {
         let now = Instant::now();
-        let running = self.running();
-        for &n in &running {
+        let busy = self.busy(BUSY_WITHIN);
+        for n in self.running() {
             let log_len = std::fs::metadata(self.log(n)).map(|m| m.len()).unwrap_or(0);
             self.watches.push(Watch {
                 kill,
@@ -394,10 +408,23 @@ impl Instances {
                 since: now,
                 bound,
                 log_len,
-                outcome: None,
+                outcome: (!busy.contains(&n)).then_some(Progress::Idle),
             });
         }
-        running.len()
+        busy.len()
+    }
+
+    /// Running instances whose progress line (of any incarnation) is younger than `within`.
+    pub fn busy(&self, within: Duration) -> Vec<usize> {
+        let line = self.launch.progress_line;
+        self.running()
+            .into_iter()
+            .filter(|&n| {
+                tail(&self.log(n))
+                    .and_then(|t| last_commit_age(&t, line))
+                    .is_some_and(|age| age < within)
+            })
+            .collect()
     }
 
     /// Whether an instance is still watched after a coordinator kill (neither progress, exit nor
@@ -776,26 +803,37 @@ mod tests {
     #[test]
     fn a_watched_instance_progresses_exits_or_is_stuck() {
         let dir = temp_dir("watch");
-        // Three instances by their id ($1), once the kill is watched (the file `go`): 0 logs
-        // progress twice, 1 exits 75, 2 says nothing.
+        // Four instances by their id ($1). 0 to 2 are busy (a progress line with a timestamp, as
+        // tracing writes it) before the kill; once it is watched (the file `go`), 0 logs progress
+        // twice, 1 exits 75, 2 says nothing. 3 was idle all along.
         let go = dir.join("go");
         let _ = std::fs::remove_file(&go);
         let script = format!(
-            r#"until [ -e '{}' ]; do sleep 0.05; done
+            r#"stored() {{ echo "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) DEBUG batch stored" >&2; }}
+            [ "$1" = 3 ] || stored
+            until [ -e '{}' ]; do sleep 0.05; done
             case "$1" in
-                0) echo 'batch stored' >&2; echo 'batch stored' >&2; exec sleep 60 ;;
+                0) stored; stored; exec sleep 60 ;;
                 1) exit 75 ;;
                 *) exec sleep 60 ;;
             esac"#,
             go.display()
         );
-        let mut i = Instances::start(shell(&dir, &script), 3).unwrap();
+        let mut i = Instances::start(shell(&dir, &script), 4).unwrap();
+        tick_until(&mut i, "three busy instances", |i| {
+            i.busy(Duration::from_secs(60)).len() == 3
+        });
         assert_eq!(i.watch(7, Duration::from_secs(10)), 3);
         std::fs::write(&go, "").unwrap();
-        assert!(i.targets().is_empty(), "watched instances are spared");
+        assert_eq!(
+            i.targets(),
+            [3],
+            "the watched instances are spared, not the idle one"
+        );
         tick_until(&mut i, "every watch resolved", |i| !i.watching());
         let outcomes = i.progress(7);
-        assert_eq!(outcomes.len(), 3);
+        assert_eq!(outcomes.len(), 4);
+        assert_eq!(outcomes[3].1, Progress::Idle, "{outcomes:?}");
         assert!(
             matches!(outcomes[0].1, Progress::Committed(_)),
             "{outcomes:?}"

@@ -881,9 +881,9 @@ fn fire(
             let Some(instances) = stages.get(stage) else {
                 bail!("a coordinator kill of {stage:?}'s group, which this run does not start");
             };
-            // Every instance of the stage up, and some busy: the kill is watched on all of them,
-            // while they commit.
-            if !instances.all_running() || instances.processing().is_empty() {
+            // Every instance of the stage up, and some committing (progress lately): the kill is
+            // to land while they commit, and is judged on the busy ones.
+            if !instances.all_running() || instances.busy(Duration::from_secs(5)).is_empty() {
                 return Ok(false);
             }
             let group = match stage {
@@ -1056,13 +1056,14 @@ impl fmt::Display for ChaosReport {
         }
         writeln!(
             f,
-            "{:<22} {} ({} instances watched, {} stuck)",
+            "{:<22} {} ({} busy instances watched, {} stuck)",
             "coordinator kills",
             self.coordinator_kills.len(),
             self.coordinator_kills
                 .iter()
-                .map(|k| k.instances.len())
-                .sum::<usize>(),
+                .flat_map(|k| &k.instances)
+                .filter(|(_, p)| *p != instances::Progress::Idle)
+                .count(),
             self.stuck()
         )?;
         for k in &self.coordinator_kills {
