@@ -48,7 +48,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Longest single poll: bounds how late a due record, a stop request or a metrics refresh is noticed.
 const POLL_SLICE: Duration = Duration::from_millis(100);
@@ -559,6 +559,12 @@ impl Deliverer {
         self.stats.records += records.len() as u64;
         self.stats.delivered += outcomes.get("delivered").copied().unwrap_or(0);
         self.stats.transactions += 1;
+        // A line per batch at debug level (the chaos runner counts them: progress after a kill).
+        debug!(
+            records = records.len(),
+            handoffs = handoffs.len(),
+            "hand-off transaction committed"
+        );
         m::committed(
             &outcomes.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
             &by_topic.into_iter().collect::<Vec<_>>(),

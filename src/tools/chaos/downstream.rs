@@ -23,7 +23,7 @@ use super::checks::{self, data_ends, left_behind};
 use super::database::{Database, DatabaseDown};
 use super::instances::Launch;
 use super::plan::Stage;
-use super::stages::membership_args;
+use super::stages;
 use super::subscribers::{Outage, Subscribers};
 use super::ChaosOptions;
 use crate::deliver::Buckets;
@@ -125,39 +125,27 @@ impl Downstream {
         format!("{}-{instance}", self.deliver_group)
     }
 
-    /// How the sink and deliver instances are started: the cluster's full bootstrap list, the
-    /// run's timeouts, group and membership given explicitly.
+    /// How the sink and deliver instances are started ([`stages::launch`]): their group and
+    /// input, and the deliverer's subscribers, buckets and timeouts.
     pub fn launches(
         &self,
         opts: &ChaosOptions,
         down: &DownstreamOptions,
     ) -> anyhow::Result<Vec<(Launch, usize)>> {
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let common = |binary: &PathBuf| -> anyhow::Result<Vec<String>> {
-            let mut args = [
-                "--bootstrap",
-                &opts.cluster.kafka.bootstrap,
+        let sink = stages::launch(
+            opts,
+            Stage::Sink,
+            &down.sink,
+            &["--topic", &self.notifications, "--group", &self.sink_group],
+            vec![("DATABASE_URL".to_owned(), self.db.url())],
+        )?;
+        let deliver = stages::launch(
+            opts,
+            Stage::Deliver,
+            &down.deliver,
+            &[
                 "--topic",
                 &self.notifications,
-                "--shutdown-timeout",
-                &ms(opts.shutdown_timeout),
-                "-X",
-                &format!("session.timeout.ms={}", opts.session_timeout.as_millis()),
-                // As the pipeline's (see its launch): a client call blocked on a killed
-                // coordinator gives the partitions up after a minute, not five.
-                "-X",
-                "max.poll.interval.ms=60000",
-            ]
-            .map(str::to_owned)
-            .to_vec();
-            args.extend(membership_args(binary, opts.static_membership)?);
-            Ok(args)
-        };
-        let mut sink = common(&down.sink)?;
-        sink.extend(["--group".to_owned(), self.sink_group.clone()]);
-        let mut deliver = common(&down.deliver)?;
-        deliver.extend(
-            [
                 "--group",
                 &self.deliver_group,
                 "--subscriptions",
@@ -165,40 +153,28 @@ impl Downstream {
                 "--buckets",
                 &down.buckets,
                 "--transaction-timeout",
-                &ms(opts.transaction_timeout),
+                &stages::ms(opts.transaction_timeout),
                 // A local subscriber answers in milliseconds; a loaded machine gets seconds.
                 "--http-connect-timeout",
                 "1s",
                 "--http-timeout",
                 "5s",
-            ]
-            .map(str::to_owned),
-        );
-        let launch = |stage: Stage, binary: &PathBuf, args: Vec<String>, env| Launch {
-            stage,
-            binary: binary.clone(),
-            args,
-            env,
-            log_filter: "warn,price_alerts=info".to_owned(),
-            commit_line: None,
-            log_dir: opts.work_dir.clone(),
-            shutdown_timeout: opts.shutdown_timeout,
-        };
+            ],
+            Vec::new(),
+        )?;
         Ok(vec![
-            (
-                launch(
-                    Stage::Sink,
-                    &down.sink,
-                    sink,
-                    vec![("DATABASE_URL".to_owned(), self.db.url())],
-                ),
-                down.sink_instances,
-            ),
-            (
-                launch(Stage::Deliver, &down.deliver, deliver, Vec::new()),
-                down.deliver_instances,
-            ),
+            (sink, down.sink_instances),
+            (deliver, down.deliver_instances),
         ])
+    }
+
+    /// The group of `stage`'s instances.
+    pub fn group(&self, stage: Stage) -> Option<&str> {
+        match stage {
+            Stage::Sink => Some(&self.sink_group),
+            Stage::Deliver => Some(&self.deliver_group),
+            Stage::Pipeline => None,
+        }
     }
 
     /// The partitions the sink or the deliverer has not consumed to their data end yet (empty:

@@ -12,6 +12,15 @@
 //! Each instance's stderr is appended to `<log_dir>/<stage>-<id>.log` across its restarts; the
 //! pipeline's commit count of the figures is read from there (the `transaction committed` debug
 //! lines).
+//!
+//! After a coordinator kill ([`super::coordinator`]) the instances that were running and busy
+//! (their progress line logged shortly before) are watched ([`Instances::watch`]) until each
+//! shows progress (its stage's progress line, logged twice after the kill) or exits on its own
+//! (the runner restarts it, as it restarts any exit), or the bound passes: then it is stuck. An
+//! instance idle at the kill (no partitions, or nothing left to read) is reported as such, not
+//! judged: no progress would be expected of it either way. A watched instance is spared the other instance faults
+//! meanwhile, as a resumed zombie is: what it does is the kill's doing. Exits with status 75
+//! ([`WATCHDOG_EXIT`]) are counted apart in the figures.
 
 use super::plan::Stage;
 use anyhow::Context as _;
@@ -46,6 +55,69 @@ struct Instance {
     since: Instant,
 }
 
+/// The exit status of a process that gave up on a call stuck past its bound (EX_TEMPFAIL, the
+/// process watchdog of issue 20): an orchestrator restarts it, and so does the runner.
+pub const WATCHDOG_EXIT: i32 = 75;
+
+/// How a watched instance came out of a coordinator kill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// It logged its progress line twice after the kill, this long after it: the second needed
+    /// the group coordinator after the kill (the first may have been past it already).
+    Committed(Duration),
+    /// Its process exited on its own (and was restarted), with this status, this long after.
+    Exited { status: String, after: Duration },
+    /// Neither within this long.
+    Stuck(Duration),
+    /// No progress line in the [`BUSY_WITHIN`] before the kill: nothing to judge it by.
+    Idle,
+}
+
+impl Progress {
+    pub fn stuck(&self) -> bool {
+        matches!(self, Progress::Stuck(_))
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Progress::Committed(after) => {
+                write!(f, "progressed {:.1}s after", after.as_secs_f64())
+            }
+            Progress::Exited { status, after } => {
+                write!(f, "exited ({status}) {:.1}s after", after.as_secs_f64())
+            }
+            Progress::Stuck(for_) => write!(
+                f,
+                "STUCK: no progress and no exit in {:.1}s",
+                for_.as_secs_f64()
+            ),
+            Progress::Idle => write!(
+                f,
+                "idle at the kill (no progress line in the {}s before): not judged",
+                BUSY_WITHIN.as_secs()
+            ),
+        }
+    }
+}
+
+/// An instance watched since a coordinator kill.
+#[derive(Debug)]
+struct Watch {
+    /// Which kill of the run (its number).
+    kill: usize,
+    /// The instance.
+    n: usize,
+    /// When the kill was seen.
+    since: Instant,
+    /// Past this, no progress means stuck.
+    bound: Duration,
+    /// Length of the instance's log at the kill: what follows was written after it.
+    log_len: u64,
+    outcome: Option<Progress>,
+}
+
 /// Counters of what happened to the instances.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstanceFigures {
@@ -63,6 +135,8 @@ pub struct InstanceFigures {
     pub zombies_fenced: u64,
     /// How each zombie ended: fenced, or went on running.
     pub zombie_outcomes: Vec<String>,
+    /// Exits with [`WATCHDOG_EXIT`] (each restarted, as every exit is).
+    pub watchdog_exits: u64,
 }
 
 /// How to start an instance.
@@ -82,6 +156,9 @@ pub struct Launch {
     /// the instances that committed lately (so it is paused with work in hand); without it,
     /// among those up for a few seconds.
     pub commit_line: Option<&'static str>,
+    /// The log line of one unit of progress at `log_filter` (a committed transaction, a stored
+    /// batch): a coordinator kill's check counts them.
+    pub progress_line: &'static str,
     /// Folder of the instances' logs.
     pub log_dir: PathBuf,
     /// The instances' --shutdown-timeout: a SIGTERM not honoured within it (plus a grace) is
@@ -96,6 +173,10 @@ pub struct Instances {
     /// Zombies resumed and not yet seen to end, with when and how long their log was then: their
     /// fate is watched, and no fault is aimed at them meanwhile, so it is their own.
     resumed: Vec<(usize, Instant, u64)>,
+    /// Instances watched since a coordinator kill.
+    watches: Vec<Watch>,
+    /// When the watched instances' logs were last read.
+    watches_read: Instant,
     pub figures: InstanceFigures,
 }
 
@@ -103,6 +184,14 @@ pub struct Instances {
 const TERM_GRACE: Duration = Duration::from_secs(10);
 /// How long after SIGCONT an exit is put down to the zombie's fencing (and the zombie is spared).
 const ZOMBIE_WATCH: Duration = Duration::from_secs(60);
+/// How often the logs of instances watched after a coordinator kill are read.
+const WATCH_READ_EVERY: Duration = Duration::from_secs(1);
+/// Progress lines after a coordinator kill that prove progress (see [`Progress::Committed`]).
+const PROGRESS_LINES: usize = 2;
+/// An instance whose progress line is younger than this at a coordinator kill is busy, and
+/// judged (a pipeline instance commits every second while it has input; the margin is for a
+/// loaded machine).
+pub const BUSY_WITHIN: Duration = Duration::from_secs(10);
 
 impl Instances {
     /// Starts `n` instances, ids `0..n`.
@@ -111,6 +200,8 @@ impl Instances {
             launch,
             all: Vec::new(),
             resumed: Vec::new(),
+            watches: Vec::new(),
+            watches_read: Instant::now(),
             figures: InstanceFigures::default(),
         };
         for i in 0..n {
@@ -186,13 +277,14 @@ impl Instances {
     }
 
     /// The instances a fault may hit now: running ones, but not a zombie whose fate after SIGCONT
-    /// is still being watched.
+    /// is still being watched, nor one watched after a coordinator kill.
     pub fn targets(&self) -> Vec<usize> {
         let now = Instant::now();
         let watched = |n: usize| {
             self.resumed
                 .iter()
                 .any(|(z, at, _)| *z == n && now.duration_since(*at) < ZOMBIE_WATCH)
+                || self.watches.iter().any(|w| w.n == n && w.outcome.is_none())
         };
         self.running()
             .into_iter()
@@ -295,7 +387,90 @@ impl Instances {
                 self.exited(n, status, now);
             }
         }
+        if now.duration_since(self.watches_read) >= WATCH_READ_EVERY {
+            self.watches_read = now;
+            self.read_watches(now);
+        }
         Ok(())
+    }
+
+    /// Watches every running instance from now on, for coordinator kill `kill`: each busy one
+    /// must show progress or exit on its own within `bound`; an idle one is noted as such.
+    /// Returns how many are watched (the busy ones).
+    pub fn watch(&mut self, kill: usize, bound: Duration) -> usize {
+        let now = Instant::now();
+        let busy = self.busy(BUSY_WITHIN);
+        for n in self.running() {
+            let log_len = std::fs::metadata(self.log(n)).map(|m| m.len()).unwrap_or(0);
+            self.watches.push(Watch {
+                kill,
+                n,
+                since: now,
+                bound,
+                log_len,
+                outcome: (!busy.contains(&n)).then_some(Progress::Idle),
+            });
+        }
+        busy.len()
+    }
+
+    /// Running instances whose progress line (of any incarnation) is younger than `within`.
+    pub fn busy(&self, within: Duration) -> Vec<usize> {
+        let line = self.launch.progress_line;
+        self.running()
+            .into_iter()
+            .filter(|&n| {
+                tail(&self.log(n))
+                    .and_then(|t| last_commit_age(&t, line))
+                    .is_some_and(|age| age < within)
+            })
+            .collect()
+    }
+
+    /// Whether an instance is still watched after a coordinator kill (neither progress, exit nor
+    /// bound seen yet).
+    pub fn watching(&self) -> bool {
+        self.watches.iter().any(|w| w.outcome.is_none())
+    }
+
+    /// Resolves the watches whose instance logged enough progress lines since its kill, or whose
+    /// bound has passed.
+    fn read_watches(&mut self, now: Instant) {
+        let line = self.launch.progress_line;
+        for i in 0..self.watches.len() {
+            let w = &self.watches[i];
+            if w.outcome.is_some() {
+                continue;
+            }
+            let after = now.duration_since(w.since);
+            let lines =
+                read_from(&self.log(w.n), w.log_len).map_or(0, |t| plain(&t).matches(line).count());
+            let outcome = if lines >= PROGRESS_LINES {
+                Some(Progress::Committed(after))
+            } else if after > w.bound {
+                Some(Progress::Stuck(after))
+            } else {
+                None
+            };
+            self.watches[i].outcome = outcome;
+        }
+    }
+
+    /// How each instance watched for coordinator kill `kill` came out of it, by instance id. A
+    /// watch still open (the run ended within its bound) is resolved now: progress if its
+    /// lines are there, else stuck.
+    pub fn progress(&mut self, kill: usize) -> Vec<(String, Progress)> {
+        let now = Instant::now();
+        self.read_watches(now);
+        self.watches
+            .iter()
+            .filter(|w| w.kill == kill)
+            .map(|w| {
+                let outcome = (w.outcome.clone())
+                    .unwrap_or_else(|| Progress::Stuck(now.duration_since(w.since)));
+                (self.all[w.n].id.clone(), outcome)
+            })
+            .collect()
     }
 
     fn try_reap(&mut self, n: usize) -> anyhow::Result<Option<ExitStatus>> {
@@ -310,6 +485,21 @@ impl Instances {
     }
 
     fn exited(&mut self, n: usize, status: ExitStatus, now: Instant) {
+        if status.code() == Some(WATCHDOG_EXIT) {
+            self.figures.watchdog_exits += 1;
+        }
+        // Progress lines logged before the exit count; else the exit is the outcome.
+        self.read_watches(now);
+        for w in self
+            .watches
+            .iter_mut()
+            .filter(|w| w.n == n && w.outcome.is_none())
+        {
+            w.outcome = Some(Progress::Exited {
+                status: status.to_string(),
+                after: now.duration_since(w.since),
+            });
+        }
         let inst = &mut self.all[n];
         let planned_term = matches!(inst.phase, Phase::Terminating(_));
         if planned_term && status.success() {
@@ -476,6 +666,16 @@ fn tail(log: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&tail).into_owned())
 }
 
+/// What `log` holds from byte `offset` on.
+fn read_from(log: &Path, offset: u64) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(log).ok()?;
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    let mut text = Vec::new();
+    f.read_to_end(&mut text).ok()?;
+    Some(String::from_utf8_lossy(&text).into_owned())
+}
+
 /// How long ago the last line of `log` containing `commit_line` was written, by its timestamp
 /// (the first word of a line, RFC 3339).
 fn last_commit_age(log: &str, commit_line: &str) -> Option<Duration> {
@@ -550,5 +750,99 @@ mod tests {
     fn colour_codes_are_stripped_from_log_fields() {
         let logged = "partitions revoked \u{1b}[3mlost\u{1b}[0m\u{1b}[2m=\u{1b}[0mtrue";
         assert_eq!(super::plain(logged), "partitions revoked lost=true");
+    }
+
+    use super::{Instances, Launch, Progress, WATCHDOG_EXIT};
+    use crate::tools::chaos::plan::Stage;
+    use std::time::{Duration, Instant};
+
+    /// Instances of `sh -c <script>` (the runner appends `--instance-id <id>`: `$0` and `$1`).
+    fn shell(dir: &std::path::Path, script: &str) -> Launch {
+        Launch {
+            stage: Stage::Sink,
+            binary: "/bin/sh".into(),
+            args: vec!["-c".to_owned(), script.to_owned()],
+            env: Vec::new(),
+            log_filter: "info".to_owned(),
+            commit_line: None,
+            progress_line: "batch stored",
+            log_dir: dir.to_owned(),
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("chaos-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Ticks `i` until `done` holds, or fails after a deadline that a loaded machine meets.
+    fn tick_until(i: &mut Instances, what: &str, done: impl Fn(&Instances) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done(i) {
+            assert!(Instant::now() < deadline, "not within 60 s: {what}");
+            i.tick(true).unwrap();
+            std::thread::sleep(Duration::from_millis(50)); // the runner's loop period, shorter
+        }
+    }
+
+    #[test]
+    fn an_instance_exiting_with_the_watchdog_status_is_counted_apart_and_restarted() {
+        let dir = temp_dir("watchdog");
+        let mut i = Instances::start(shell(&dir, &format!("exit {WATCHDOG_EXIT}")), 1).unwrap();
+        tick_until(&mut i, "two restarts", |i| i.figures.starts >= 3);
+        assert!(i.figures.watchdog_exits >= 2, "{:?}", i.figures);
+        assert!(
+            i.figures.unplanned_exits[0].contains("exit status: 75"),
+            "{:?}",
+            i.figures.unplanned_exits
+        );
+    }
+
+    #[test]
+    fn a_watched_instance_progresses_exits_or_is_stuck() {
+        let dir = temp_dir("watch");
+        // Four instances by their id ($1). 0 to 2 are busy (a progress line with a timestamp, as
+        // tracing writes it) before the kill; once it is watched (the file `go`), 0 logs progress
+        // twice, 1 exits 75, 2 says nothing. 3 was idle all along.
+        let go = dir.join("go");
+        let _ = std::fs::remove_file(&go);
+        let script = format!(
+            r#"stored() {{ echo "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) DEBUG batch stored" >&2; }}
+            [ "$1" = 3 ] || stored
+            until [ -e '{}' ]; do sleep 0.05; done
+            case "$1" in
+                0) stored; stored; exec sleep 60 ;;
+                1) exit 75 ;;
+                *) exec sleep 60 ;;
+            esac"#,
+            go.display()
+        );
+        let mut i = Instances::start(shell(&dir, &script), 4).unwrap();
+        tick_until(&mut i, "three busy instances", |i| {
+            i.busy(Duration::from_secs(60)).len() == 3
+        });
+        assert_eq!(i.watch(7, Duration::from_secs(10)), 3);
+        std::fs::write(&go, "").unwrap();
+        assert_eq!(
+            i.targets(),
+            [3],
+            "the watched instances are spared, not the idle one"
+        );
+        tick_until(&mut i, "every watch resolved", |i| !i.watching());
+        let outcomes = i.progress(7);
+        assert_eq!(outcomes.len(), 4);
+        assert_eq!(outcomes[3].1, Progress::Idle, "{outcomes:?}");
+        assert!(
+            matches!(outcomes[0].1, Progress::Committed(_)),
+            "{outcomes:?}"
+        );
+        assert!(
+            matches!(&outcomes[1].1, Progress::Exited { status, .. } if status.contains("75")),
+            "{outcomes:?}"
+        );
+        assert!(outcomes[2].1.stuck(), "{outcomes:?}");
+        assert!(i.progress(8).is_empty(), "another kill watched nobody");
     }
 }

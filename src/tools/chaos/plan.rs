@@ -11,6 +11,12 @@
 //! Instance faults are aimed at a [`Stage`]: in an all-stage run every stage gets the counts of
 //! instance faults (so `kills: 15` is 15 SIGKILLs of pipeline instances, 15 of sink instances and
 //! 15 of deliver instances), and the database gets its immediate shutdowns.
+//!
+//! Coordinator kills ([`Fault::CoordinatorKill`]) are counted for the run, not per stage: they
+//! take the stages' groups in turn, in data-flow order (pipeline, sink, deliver, pipeline, …).
+//! Each is followed by a check window in which every instance of its stage must make progress
+//! while the broker is still down, and that needs input: so they are due within `kill_span`, the
+//! part of the span that leaves the window before the feed ends.
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -67,6 +73,12 @@ pub enum Fault {
     /// Shut PostgreSQL down at once (`pg_ctl -m immediate`: no checkpoint, clients cut) and start
     /// it again a few seconds later.
     DatabaseDown,
+    /// SIGKILL the broker that coordinates the stage's consumer group while its instances commit,
+    /// keep it down for longer than a call blocked on it would take to be given up (librdkafka
+    /// #5456/#5511: `send_offsets_to_transaction` waits for ever for a dead group coordinator),
+    /// start it again, and check that no instance of the stage was left stuck
+    /// ([`super::coordinator`]).
+    CoordinatorKill(Stage),
 }
 
 /// How many faults of each kind. The instance faults are per stage.
@@ -79,6 +91,8 @@ pub struct FaultCounts {
     pub clean_bounces: u32,
     /// Immediate PostgreSQL shutdowns (all-stage runs only).
     pub database_downs: u32,
+    /// Kills of a group coordinator's broker, for the run (the stages' groups in turn).
+    pub coordinator_kills: u32,
 }
 
 impl FaultCounts {
@@ -90,7 +104,11 @@ impl FaultCounts {
         } else {
             0
         };
-        per_stage * stages.len() as u32 + self.hard_bounces + self.clean_bounces + db
+        per_stage * stages.len() as u32
+            + self.hard_bounces
+            + self.clean_bounces
+            + db
+            + self.coordinator_kills
     }
 }
 
@@ -101,11 +119,13 @@ pub struct Planned {
     pub fault: Fault,
 }
 
-/// The schedule: `counts` faults of `stages` in random order over `span`.
+/// The schedule: `counts` faults of `stages` in random order over `span`, the coordinator kills
+/// over its first `kill_span` (all of it if longer), the stages' groups in turn.
 pub fn plan(
     counts: &FaultCounts,
     stages: &[Stage],
     span: Duration,
+    kill_span: Duration,
     rng: &mut ChaCha8Rng,
 ) -> Vec<Planned> {
     let mut faults = Vec::new();
@@ -138,6 +158,19 @@ pub fn plan(
             bounces += 1;
         }
     }
+    let mut planned = spread(faults, span, rng);
+    let kills = (stages.iter().cycle())
+        .take(counts.coordinator_kills as usize)
+        .map(|&s| Fault::CoordinatorKill(s))
+        .collect();
+    planned.extend(spread(kills, kill_span.min(span), rng));
+    // Stable: two faults due at the same moment keep their order.
+    planned.sort_by_key(|p| p.at);
+    planned
+}
+
+/// `faults` in their order, one per equal slot of `span`, each jittered within its slot.
+fn spread(faults: Vec<Fault>, span: Duration, rng: &mut ChaCha8Rng) -> Vec<Planned> {
     let n = faults.len().max(1) as f64;
     faults
         .into_iter()
@@ -147,6 +180,29 @@ pub fn plan(
             fault,
         })
         .collect()
+}
+
+/// One line of what the schedule holds, by kind (the runner logs it when the chaos starts).
+pub fn summary(planned: &[Planned]) -> String {
+    let mut kinds: Vec<(String, u32)> = Vec::new();
+    for p in planned {
+        let kind = match p.fault {
+            Fault::Kill(s) => format!("{} SIGKILL", s.name()),
+            Fault::Term(s) => format!("{} SIGTERM", s.name()),
+            Fault::Zombie(s) => format!("{} zombie", s.name()),
+            Fault::Bounce { hard: true, .. } => "hard bounce".to_owned(),
+            Fault::Bounce { hard: false, .. } => "clean bounce".to_owned(),
+            Fault::DatabaseDown => "PostgreSQL shutdown".to_owned(),
+            Fault::CoordinatorKill(s) => format!("coordinator kill ({} group)", s.name()),
+        };
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
+    }
+    kinds.sort();
+    let parts: Vec<String> = kinds.iter().map(|(k, n)| format!("{n}× {k}")).collect();
+    parts.join(", ")
 }
 
 #[cfg(test)]
@@ -163,13 +219,26 @@ mod tests {
             hard_bounces: 3,
             clean_bounces: 2,
             database_downs: 3,
+            coordinator_kills: 0,
         };
         let span = Duration::from_secs(600);
         let pipeline = [Stage::Pipeline];
-        let p = plan(&counts, &pipeline, span, &mut ChaCha8Rng::seed_from_u64(9));
+        let p = plan(
+            &counts,
+            &pipeline,
+            span,
+            span,
+            &mut ChaCha8Rng::seed_from_u64(9),
+        );
         assert_eq!(
             p,
-            plan(&counts, &pipeline, span, &mut ChaCha8Rng::seed_from_u64(9))
+            plan(
+                &counts,
+                &pipeline,
+                span,
+                span,
+                &mut ChaCha8Rng::seed_from_u64(9)
+            )
         );
         assert_eq!(p.len() as u32, counts.total(&pipeline));
         assert!(p.windows(2).all(|w| w[0].at < w[1].at) && p.iter().all(|e| e.at < span));
@@ -207,10 +276,12 @@ mod tests {
             hard_bounces: 2,
             clean_bounces: 2,
             database_downs: 3,
+            coordinator_kills: 0,
         };
         let p = plan(
             &counts,
             &Stage::ALL,
+            Duration::from_secs(900),
             Duration::from_secs(900),
             &mut ChaCha8Rng::seed_from_u64(3),
         );
@@ -229,5 +300,63 @@ mod tests {
         }
         let downs = p.iter().filter(|e| e.fault == Fault::DatabaseDown).count();
         assert_eq!(downs, 3);
+    }
+
+    #[test]
+    fn coordinator_kills_take_the_stages_groups_in_turn_within_the_kill_span() {
+        let counts = FaultCounts {
+            kills: 3,
+            terms: 3,
+            zombies: 1,
+            hard_bounces: 1,
+            clean_bounces: 1,
+            database_downs: 2,
+            coordinator_kills: 4,
+        };
+        let (span, kill_span) = (Duration::from_secs(600), Duration::from_secs(400));
+        let p = plan(
+            &counts,
+            &Stage::ALL,
+            span,
+            kill_span,
+            &mut ChaCha8Rng::seed_from_u64(5),
+        );
+        assert_eq!(p.len() as u32, counts.total(&Stage::ALL));
+        assert!(p.windows(2).all(|w| w[0].at <= w[1].at) && p.iter().all(|e| e.at < span));
+        let kills: Vec<(Duration, Stage)> = p
+            .iter()
+            .filter_map(|e| match e.fault {
+                Fault::CoordinatorKill(s) => Some((e.at, s)),
+                _ => None,
+            })
+            .collect();
+        let stages: Vec<Stage> = kills.iter().map(|(_, s)| *s).collect();
+        assert_eq!(
+            stages,
+            [
+                Stage::Pipeline,
+                Stage::Sink,
+                Stage::Deliver,
+                Stage::Pipeline
+            ]
+        );
+        assert!(kills.iter().all(|(at, _)| *at < kill_span), "{kills:?}");
+        let pipeline_only = plan(
+            &counts,
+            &[Stage::Pipeline],
+            span,
+            kill_span,
+            &mut ChaCha8Rng::seed_from_u64(5),
+        );
+        let on_pipeline = pipeline_only
+            .iter()
+            .filter(|e| e.fault == Fault::CoordinatorKill(Stage::Pipeline))
+            .count();
+        assert_eq!(on_pipeline, 4);
+        assert!(
+            summary(&p).contains("2× coordinator kill (pipeline group)"),
+            "{}",
+            summary(&p)
+        );
     }
 }

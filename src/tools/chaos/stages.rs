@@ -10,9 +10,12 @@
 //!
 //! Instance ids and group membership are always given on the command line (never left to a
 //! binary's defaults, which may change): [`membership_args`] asks each binary which flag it has.
+//! Every stage's instances are started the one way [`launch`] builds: the arguments all stages
+//! share, then the stage's own.
 
 use super::instances::{InstanceFigures, Instances, Launch};
 use super::plan::Stage;
+use super::ChaosOptions;
 use anyhow::Context as _;
 use std::path::Path;
 use std::time::Duration;
@@ -89,6 +92,72 @@ impl Stages {
     pub fn finish_zombies(&mut self) {
         self.all.iter_mut().for_each(Instances::finish_zombies);
     }
+}
+
+/// A duration as the stages' command lines take it.
+pub fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+/// How the instances of `stage` are started: `binary` with the arguments every stage shares
+/// (the cluster's full bootstrap list, the run's shutdown and session timeouts, the poll
+/// interval, explicit membership), then `own`, with `env`. The log level keeps each stage's
+/// progress line (a committed transaction, a stored batch), which the figures and the
+/// coordinator kill's check count.
+pub fn launch(
+    opts: &ChaosOptions,
+    stage: Stage,
+    binary: &Path,
+    own: &[&str],
+    env: Vec<(String, String)>,
+) -> anyhow::Result<Launch> {
+    let mut args = [
+        "--bootstrap",
+        &opts.cluster.kafka.bootstrap,
+        "--shutdown-timeout",
+        &ms(opts.shutdown_timeout),
+        "-X",
+        &format!("session.timeout.ms={}", opts.session_timeout.as_millis()),
+        // An instance blocked inside a client call (librdkafka #5456/#5511: a transactional call
+        // that waits forever for a group coordinator that was killed) stops polling; a minute
+        // later its group gives its partitions to the others instead of after the default 5.
+        "-X",
+        "max.poll.interval.ms=60000",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(membership_args(binary, opts.static_membership)?);
+    args.extend(own.iter().map(|a| (*a).to_owned()));
+    let (log_filter, commit_line, progress_line) = match stage {
+        // A zombie is taken among the pipeline instances that committed lately (its commits are
+        // logged at debug level; the figures count them too).
+        Stage::Pipeline => (
+            "warn,price_alerts=info,price_alerts::pipeline::commit=debug",
+            Some("transaction committed"),
+            "transaction committed",
+        ),
+        Stage::Sink => (
+            "warn,price_alerts=info,price_alerts::sink::partitions=debug",
+            None,
+            "batch stored",
+        ),
+        Stage::Deliver => (
+            "warn,price_alerts=info,price_alerts::deliver::run=debug",
+            None,
+            "hand-off transaction committed",
+        ),
+    };
+    Ok(Launch {
+        stage,
+        binary: binary.to_owned(),
+        args,
+        env,
+        log_filter: log_filter.to_owned(),
+        commit_line,
+        progress_line,
+        log_dir: opts.work_dir.clone(),
+        shutdown_timeout: opts.shutdown_timeout,
+    })
 }
 
 /// The arguments that give `binary`'s instances static (`want_static`) or dynamic group
