@@ -59,7 +59,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -235,6 +235,22 @@ impl TxnError {
         matches!(&self.cause, TxnCause::Stuck(s) if s.call == "commit_transaction")
     }
 
+    /// Whether the producer was refused as fenced (a newer epoch of its transactional id exists:
+    /// another producer registered it, or its coordinator aborted a timed-out transaction).
+    pub fn is_producer_fenced(&self) -> bool {
+        let TxnCause::Kafka(e) = &self.cause else {
+            return false;
+        };
+        matches!(
+            e.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Fenced
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+            )
+        )
+    }
+
     /// Whether a newer instance with the same transactional id (or group instance id) took over:
     /// this one must stop, and a restart would only fence the newer one in turn.
     pub fn is_fenced(&self) -> bool {
@@ -404,6 +420,8 @@ struct Generation {
     producer: Arc<Client>,
     calls: Calls,
     stuck: Mutex<Option<StuckCall>>,
+    /// A call of it was refused as fenced, and it is to be made again ([`TxnProducer::fenced`]).
+    fenced: AtomicBool,
 }
 
 impl Generation {
@@ -420,6 +438,7 @@ impl Generation {
             producer,
             calls,
             stuck: Mutex::new(None),
+            fenced: AtomicBool::new(false),
         })
     }
 
@@ -511,6 +530,8 @@ pub struct TxnProducer {
     config: rdkafka::ClientConfig,
     /// [`call_deadline`] of its transaction timeout.
     deadline: Duration,
+    /// Producers made again because one was fenced, since the last commit.
+    fences_in_a_row: AtomicU32,
 }
 
 impl TxnProducer {
@@ -525,6 +546,7 @@ impl TxnProducer {
             current: RwLock::new(Arc::new(Self::registered(config)?)),
             config: config.clone(),
             deadline: call_deadline(txn_timeout),
+            fences_in_a_row: AtomicU32::new(0),
         };
         Ok(Arc::new(p))
     }
@@ -656,6 +678,7 @@ impl TxnProducer {
             current: RwLock::new(Arc::new(generation)),
             config: config.clone(),
             deadline: call_deadline(DRAIN_TIMEOUT),
+            fences_in_a_row: AtomicU32::new(0),
         }))
     }
 
@@ -684,10 +707,11 @@ impl TxnProducer {
         group: ConsumerGroupMetadata,
     ) -> Result<(), TxnError> {
         let offsets = offsets.clone();
-        self.generation()
-            .call("send_offsets_to_transaction", self.deadline, move |p| {
-                p.send_offsets_to_transaction(&offsets, &group, Timeout::Never)
-            })
+        let generation = self.generation();
+        let sent = generation.call("send_offsets_to_transaction", self.deadline, move |p| {
+            p.send_offsets_to_transaction(&offsets, &group, Timeout::Never)
+        });
+        self.fenced(&generation, sent)
     }
 
     /// Commits the transaction (flushing what is still queued).
@@ -700,9 +724,41 @@ impl TxnProducer {
         if generation.stuck().is_none() {
             let _ = self.flush(DRAIN_TIMEOUT);
         }
-        generation.call("commit_transaction", self.deadline, |p| {
+        let committed = generation.call("commit_transaction", self.deadline, |p| {
             p.commit_transaction(Timeout::Never)
-        })
+        });
+        if committed.is_ok() {
+            self.fences_in_a_row.store(0, Ordering::Relaxed);
+        }
+        self.fenced(&generation, committed)
+    }
+
+    /// A call refused because this producer is fenced is abortable once since the last commit:
+    /// the producer is made again at the abort. librdkafka says "fenced" (or "old epoch") also when
+    /// the coordinator aborted a transaction of ours that outlived its timeout, e.g. while the
+    /// group coordinator's broker was frozen or gone (tests/coordinator.rs): the instance still
+    /// owns its partitions, and a restart would register the same transactional id anyway. A
+    /// second fence before a commit means another live producer holds the id: that stays fatal,
+    /// so two instances given the same id do not take it from each other for ever.
+    fn fenced(
+        &self,
+        generation: &Generation,
+        result: Result<(), TxnError>,
+    ) -> Result<(), TxnError> {
+        match result {
+            Err(e) if e.is_producer_fenced() && e.class == TxnErrorClass::Fatal => {
+                if self.fences_in_a_row.fetch_add(1, Ordering::Relaxed) > 0 {
+                    return Err(e);
+                }
+                warn!(call = e.step, error = %e.cause, "transactional producer fenced; registering the transactional id again, once (a coordinator fences a transaction that outlived its timeout)");
+                generation.fenced.store(true, Ordering::Relaxed);
+                Err(TxnError {
+                    class: TxnErrorClass::Abortable,
+                    ..e
+                })
+            }
+            other => other,
+        }
     }
 
     /// Aborts the transaction, once what is in flight has been answered. With records still in
@@ -711,19 +767,21 @@ impl TxnProducer {
     /// same); every caller aborts through here, so none can forget the flush. Delivery errors
     /// of that flush are expected and change nothing: the transaction is aborted anyway.
     ///
-    /// A producer with a stuck call (or whose abort sticks) is made again instead
-    /// ([`TxnProducer::restart`]): the new registration aborts what the old one left open.
+    /// A producer with a stuck call (or whose abort sticks), or fenced once since the last commit,
+    /// is made again instead ([`TxnProducer::restart`]): the new registration aborts what the old
+    /// one left open.
     pub fn abort(&self) -> Result<(), TxnError> {
         self.report_failures();
         let generation = self.generation();
-        if generation.stuck().is_none() {
+        if generation.stuck().is_none() && !generation.fenced.load(Ordering::Relaxed) {
             if let Err(e) = self.flush(self.deadline.saturating_sub(CALL_MARGIN)) {
                 debug!(error = %e, "flush before abort did not complete");
             }
-            match generation.call("abort_transaction", self.deadline, |p| {
+            let aborted = generation.call("abort_transaction", self.deadline, |p| {
                 p.abort_transaction(Timeout::Never)
-            }) {
-                Err(e) if e.is_stuck() => {}
+            });
+            match self.fenced(&generation, aborted) {
+                Err(e) if e.is_stuck() || e.class == TxnErrorClass::Abortable => {}
                 done => return done,
             }
         }
@@ -840,6 +898,52 @@ mod tests {
             .expect_err("stuck");
         assert!(later.is_stuck());
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_fence_is_abortable_once_between_commits_then_fatal() {
+        let config = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .clone();
+        let p = TxnProducer::non_transactional(&config).expect("producer");
+        let fenced = || {
+            Err(TxnError::with_class(
+                "commit_transaction",
+                TxnErrorClass::Fatal,
+                KafkaError::MessageProduction(RDKafkaErrorCode::Fenced),
+            ))
+        };
+        let g = p.generation();
+        let first = p.fenced(&g, fenced()).expect_err("fenced");
+        assert_eq!(
+            first.class,
+            TxnErrorClass::Abortable,
+            "the first fence is mended"
+        );
+        assert!(
+            g.fenced.load(Ordering::Relaxed),
+            "the producer is made again at the abort"
+        );
+        let second = p.fenced(&g, fenced()).expect_err("fenced");
+        assert_eq!(second.class, TxnErrorClass::Fatal, "another holds the id");
+        // A commit in between starts the count again.
+        p.fences_in_a_row.store(0, Ordering::Relaxed);
+        assert_eq!(
+            p.fenced(&g, fenced()).expect_err("fenced").class,
+            TxnErrorClass::Abortable
+        );
+        // Other fatal errors are left as they are.
+        let other = p
+            .fenced(
+                &g,
+                Err(TxnError::with_class(
+                    "commit_transaction",
+                    TxnErrorClass::Fatal,
+                    TxnCause::LockPoisoned,
+                )),
+            )
+            .expect_err("fatal");
+        assert_eq!(other.class, TxnErrorClass::Fatal);
     }
 
     #[test]
