@@ -275,6 +275,63 @@ fn every_third_transaction_aborted_still_exactly_once() {
     assert_eq!(committed_state(&run, 6), report.final_state);
 }
 
+/// Every transaction aborted (the test hook, standing in for any error that comes back on every
+/// attempt): each abort drops and restores the state of every owned partition, so aborts in a row
+/// back off (100 ms doubling to 5 s, reset by a commit). Measured from the metrics over a window:
+/// a bounded abort and restore rate, where a pipeline without the back-off aborts and restores
+/// every commit interval.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn aborts_in_a_row_back_off_bounding_the_restore_rate() {
+    const WINDOW: Duration = Duration::from_secs(15);
+    // About 8 aborts fit in 15 s of back-off; without it, one per commit interval (100 ms).
+    const MAX_ABORTS: f64 = 12.0;
+    let partitions = 2;
+    let (rules, ticks) = stream(20, 2_000, 7);
+    let mut run = Run::new("abort-rate", rules);
+    let addr = common::free_addr();
+    run.extra = ["--test-abort-every", "1", "--metrics-addr", &addr]
+        .map(String::from)
+        .to_vec();
+    run.create_topics(partitions);
+    produce_ticks(&kafka(), &run.input, &ticks).unwrap();
+    let mut p = run.spawn("0");
+    let scrape = |name: &str| price_alerts::metrics::scrape(&addr, name);
+    let aborted = price_alerts::metrics::TRANSACTIONS_ABORTED;
+    let restored = price_alerts::metrics::PARTITIONS_RESTORED;
+    let deadline = Instant::now() + CAUGHT_UP;
+    while scrape(aborted) < 1.0 {
+        assert!(Instant::now() < deadline, "no transaction was aborted");
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "the pipeline stopped"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let (a0, r0) = (scrape(aborted), scrape(restored));
+    let started = Instant::now();
+    while started.elapsed() < WINDOW {
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "the pipeline stopped"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    let (aborts, restores) = (scrape(aborted) - a0, scrape(restored) - r0);
+    println!("every transaction aborted, over {WINDOW:?}: {aborts} aborts, {restores} partition restores");
+    assert_eq!(run.committed(), 0, "nothing committed");
+    assert!(
+        aborts <= MAX_ABORTS,
+        "{aborts} aborts in {WINDOW:?} (at most {MAX_ABORTS}): no back-off between aborts in a row"
+    );
+    assert!(
+        restores <= (MAX_ABORTS + 1.0) * f64::from(partitions),
+        "{restores} partition restores in {WINDOW:?}: restores repeat faster than the back-off"
+    );
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "stopped cleanly during a back-off");
+}
+
 /// Runs the pipeline binary with `args` and returns (exit code, stderr).
 fn refused(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_alert-pipeline"))

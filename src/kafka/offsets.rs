@@ -60,7 +60,9 @@ fn coordinator_moving(e: &KafkaError) -> bool {
 }
 
 /// Where the consumer's group resumes on `partitions` of `topic`: the committed offset, or the
-/// beginning where nothing is committed.
+/// beginning where nothing is committed. A partition the broker answered with an error (e.g.
+/// TOPIC_AUTHORIZATION_FAILED when Read on the topic is refused) fails the whole call: its offset
+/// is unknown, and taking it for "nothing committed" would rewind to the beginning.
 pub fn committed_positions<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -72,6 +74,9 @@ pub fn committed_positions<C: ConsumerContext>(
         &partition_list(topic, partitions.iter().copied()),
         timeout,
     )?;
+    for e in committed.elements() {
+        e.error()?;
+    }
     position_list(
         topic,
         committed.elements().iter().map(|e| {

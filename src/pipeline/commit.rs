@@ -19,6 +19,21 @@
 //! librdkafka's `transactions.c` does; the callback gets the consumer, so it sends fresh group
 //! metadata. On assign, the new partitions are marked for restore.
 //!
+//! # Back-off
+//! Every abort drops the state of every owned partition, which is restored before the next
+//! record: an error that comes back on every attempt would abort, rewind and restore on every
+//! poll. So every setback (an abort, whatever its cause, or a right refused outside a
+//! transaction: a fetch or an offset lookup) sets a back-off that the loop waits before it polls
+//! again: 100 ms after the first since the last commit, doubling per setback in a row, at most
+//! 5 s; a commit resets it. That bounds how often a restore can repeat while nothing commits.
+//!
+//! A setback caused by a refused right (Write on an output, Read on the group or the input; the
+//! right is told by the error's code and step) is also said: one WARN line per right and setback,
+//! naming the principal and the right, and `alerts_not_authorised_total{right}`. The first commit
+//! afterwards logs `authorised again`. A rewind refused for lack of a right is not fatal: the
+//! partitions stay unrestored and unpositioned ([`super::state::StateStore`]), their records are
+//! dropped, and their restore, once the right is back, seeks them to the committed offsets first.
+//!
 //! # Counting
 //! The batch's counts become [`Stats`] and metrics only when its transaction commits, so a redo
 //! after an abort is never counted twice.
@@ -32,6 +47,7 @@ use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::metrics as m;
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,10 +58,19 @@ use tracing::{debug, error, info, warn};
 /// Bound on broker round trips of the rewind (committed offsets, seek).
 const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Back-off after the first transaction aborted for a missing Write; it doubles per abort in a
-/// row up to [`DENIED_BACKOFF_MAX`], far below `max.poll.interval.ms`.
-const DENIED_BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Back-off after the first setback (an abort, a refused right) since the last commit; it doubles
+/// per setback in a row up to [`BACKOFF_MAX`], far below `max.poll.interval.ms`.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The back-off after the `n`-th setback in a row (`n` >= 1): 100 ms, 200 ms, 400 ms, … 5 s. An
+/// abort drops the state of every owned partition, which is restored before the next record, so
+/// this is also the bound on how often a restore repeats while no transaction commits.
+fn backoff_after(n: u32) -> Duration {
+    BACKOFF_FIRST
+        .saturating_mul(1 << n.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX)
+}
 
 /// Bound on each metadata round trip that asks whether a Write is refused, after a failed abort:
 /// short, so an instance that is stopping for another reason is not held up.
@@ -159,13 +184,22 @@ pub(super) struct Session {
     pub state: StateStore,
     fatal: Option<TxnError>,
     stats: Stats,
-    /// Transactions aborted in a row because a Write was refused; reset by a commit.
-    denied_in_a_row: u32,
-    /// How long the loop waits before the next attempt, set by such an abort (taken once).
+    /// Setbacks since the last commit: aborts, and refusals of a right seen outside an abort
+    /// (a fetch or an offset lookup refused). The back-off before the next attempt grows with
+    /// them ([`backoff_after`]); a commit resets them.
+    setbacks_in_a_row: u32,
+    /// The rights refused since the last commit, named again when a transaction commits.
+    refused: BTreeSet<String>,
+    /// How long the loop waits before the next attempt, set by a setback (taken once).
     backoff: Option<Duration>,
     /// When the last commit began, unless an abort came after it: where the next batch's commit
     /// interval may start counting (see [`super::batch`]).
     previous_commit: Option<Instant>,
+    /// A fetch of the input was refused (Read on the input), and no record of it arrived since.
+    /// librdkafka reports such a refusal once per partition, then waits silently: while this is
+    /// set, the engine asks the broker once per back-off step whether it still refuses, so the
+    /// refusal is named as long as it lasts (`Engine::recheck_input_read`).
+    pub input_refused: bool,
 }
 
 impl Session {
@@ -189,10 +223,18 @@ impl Session {
         self.fatal.take()
     }
 
-    /// How long to wait before the next attempt, once, after a transaction aborted because a
-    /// right was missing.
+    /// How long to wait before the next attempt, once, after a setback (an abort, a refused
+    /// right).
     pub fn take_backoff(&mut self) -> Option<Duration> {
         self.backoff.take()
+    }
+
+    /// One more setback in a row: sets and returns the back-off before the next attempt.
+    fn next_backoff(&mut self) -> Duration {
+        self.setbacks_in_a_row = self.setbacks_in_a_row.saturating_add(1);
+        let backoff = backoff_after(self.setbacks_in_a_row);
+        self.backoff = Some(self.backoff.map_or(backoff, |b| b.max(backoff)));
+        backoff
     }
 
     pub fn stats(&self) -> &Stats {
@@ -275,7 +317,7 @@ impl Committer {
             Ok(()) => Ok(true),
             Err(e) if e.class == TxnErrorClass::Abortable => {
                 warn!(error = %e, "commit failed; aborting and rewinding");
-                self.abort_and_rewind(session, consumer, rewind)?;
+                self.abort_and_rewind(session, consumer, rewind, Some(&e))?;
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -422,13 +464,21 @@ impl Committer {
         let Some(txn) = session.txn.take() else {
             return Ok(());
         };
-        if session.denied_in_a_row > 0 {
+        if !session.refused.is_empty() {
+            let rights: Vec<&String> = session.refused.iter().collect();
             info!(
-                after_aborts = session.denied_in_a_row,
+                rights = ?rights,
+                after_setbacks = session.setbacks_in_a_row,
                 "authorised again: transactions commit"
             );
-            session.denied_in_a_row = 0;
+        } else if session.setbacks_in_a_row > 1 {
+            info!(
+                after_setbacks = session.setbacks_in_a_row,
+                "transactions commit again"
+            );
         }
+        session.refused.clear();
+        session.setbacks_in_a_row = 0;
         let (c, s) = (&txn.counts, &mut session.stats);
         s.commits += 1;
         s.committed_records += txn.records;
@@ -455,27 +505,78 @@ impl Committer {
         Ok(())
     }
 
-    /// After an abort because Write was refused on `topics`: says so (log and metric, per right)
-    /// and sets a growing back-off, so the loop retries the same input now and then instead of
-    /// spinning, until the right is granted again.
-    fn report_refused(&self, session: &mut Session, topics: &BTreeSet<String>) {
-        session.denied_in_a_row += 1;
-        let backoff = DENIED_BACKOFF_FIRST
-            .saturating_mul(1 << session.denied_in_a_row.min(6))
-            .min(DENIED_BACKOFF_MAX);
-        session.backoff = Some(backoff);
+    /// The right of the pipeline that an authorisation error `code` means, if it is one, for the
+    /// steps that read: the consumer's fetch, the group's offsets (OffsetFetch at a rewind or a
+    /// restore), and the offsets put into a transaction (AddOffsetsToTxn and TxnOffsetCommit, which
+    /// Kafka authorises as Read on the group and on the input). Those touch no topic but the
+    /// input. A refused Write is named by the producer instead, per topic
+    /// ([`TxnProducer::take_refused`]).
+    pub fn read_refused(&self, code: Option<RDKafkaErrorCode>) -> Option<String> {
+        match code? {
+            RDKafkaErrorCode::GroupAuthorizationFailed => {
+                Some(format!("Read on Group {}", self.settings.group_id()))
+            }
+            RDKafkaErrorCode::TopicAuthorizationFailed => {
+                Some(format!("Read on Topic {}", self.settings.topics.input))
+            }
+            _ => None,
+        }
+    }
+
+    /// The right whose refusal made transactional step `e` fail, if it failed for one: a group's
+    /// refusal at any step, a topic's only where the step reads (the offsets step) and no Write
+    /// was refused in the transaction (`write_refused`): librdkafka then fails every later step
+    /// with the refused record's code, and the producer names that topic itself.
+    fn refused_by(&self, e: &TxnError, write_refused: bool) -> Option<String> {
+        let TxnCause::Kafka(k) = &e.cause else {
+            return None;
+        };
+        let code = k.rdkafka_error_code();
+        match code {
+            Some(RDKafkaErrorCode::GroupAuthorizationFailed) => self.read_refused(code),
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed)
+                if e.step == "send_offsets_to_transaction" && !write_refused =>
+            {
+                self.read_refused(code)
+            }
+            _ => None,
+        }
+    }
+
+    /// A setback: sets the growing back-off, so the loop retries the same input now and then
+    /// instead of spinning, and says which `rights` were refused, if any (one WARN line and one
+    /// count of `alerts_not_authorised_total` per right and setback), until a commit succeeds.
+    /// `aborted`: the setback aborted a transaction (otherwise a read was refused outside one).
+    pub fn set_back(&self, session: &mut Session, rights: &BTreeSet<String>, aborted: bool) {
+        let backoff = session.next_backoff();
+        if rights.is_empty() {
+            if session.setbacks_in_a_row > 1 {
+                debug!(setbacks = session.setbacks_in_a_row, retry_in = ?backoff, "setback in a row; backing off");
+            }
+            return;
+        }
         let principal = crate::kafka::access::principal(&self.settings.kafka)
             .unwrap_or_else(|| "this client".to_owned());
-        for topic in topics {
-            let right = format!("Write on Topic {topic}");
-            m::not_authorised(&right);
-            warn!(
-                principal = %principal,
-                right = %right,
-                attempts = session.denied_in_a_row,
-                retry_in = ?backoff,
-                "not authorised: transaction aborted and input rewound; retrying until the right is granted"
-            );
+        for right in rights {
+            session.refused.insert(right.clone());
+            m::not_authorised(right);
+            if aborted {
+                warn!(
+                    principal = %principal,
+                    right = %right,
+                    attempts = session.setbacks_in_a_row,
+                    retry_in = ?backoff,
+                    "not authorised: transaction aborted and input rewound; retrying until the right is granted"
+                );
+            } else {
+                warn!(
+                    principal = %principal,
+                    right = %right,
+                    attempts = session.setbacks_in_a_row,
+                    retry_in = ?backoff,
+                    "not authorised: input not read; retrying until the right is granted"
+                );
+            }
         }
     }
 
@@ -517,19 +618,28 @@ impl Committer {
     }
 
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
-    /// commit.
+    /// commit; `cause` is the error that made the batch abort, if any. Every abort is a setback
+    /// (back-off, and the refused rights named: see [`Committer::set_back`]). A rewind refused for
+    /// lack of a right leaves the partitions unpositioned: their restore seeks them later, and
+    /// nothing of them is processed before.
     pub fn abort_and_rewind<C: ConsumerContext>(
         &self,
         session: &mut Session,
         consumer: &BaseConsumer<C>,
         partitions: &[i32],
+        cause: Option<&TxnError>,
     ) -> Result<(), TxnError> {
         // The redo reads old records again: its first batch counts from its open.
         session.previous_commit = None;
+        let mut refused = BTreeSet::new();
+        let aborted = session.txn.is_some();
         if let Some(txn) = session.txn.take() {
-            let mut refused = BTreeSet::new();
             if self.settings.guarantee == Guarantee::ExactlyOnce {
-                refused = self.abort_open()?;
+                refused.extend(
+                    self.abort_open()?
+                        .into_iter()
+                        .map(|topic| format!("Write on Topic {topic}")),
+                );
                 info!(records = txn.records, "transaction aborted");
             }
             // At least once there is no transaction to abort: what was produced stays, and the
@@ -539,19 +649,27 @@ impl Committer {
             }
             session.stats.aborts += 1;
             m::aborted();
-            if !refused.is_empty() {
-                self.report_refused(session, &refused);
-            }
         }
+        let write_refused = !refused.is_empty();
+        refused.extend(cause.and_then(|e| self.refused_by(e, write_refused)));
         session.state.invalidate_all();
-        // Without a rewind the redo would skip records: stop rather than lose them.
-        seek_to_committed(
+        if let Err(e) = seek_to_committed(
             consumer,
             &self.settings.topics.input,
             partitions,
             REWIND_TIMEOUT,
-        )
-        .map_err(|e| TxnError::with_class("rewind", TxnErrorClass::Fatal, e))
+        ) {
+            // Without a rewind the redo would skip records: unless a right is refused (then the
+            // restore seeks once it is granted), stop rather than lose them.
+            let Some(right) = self.read_refused(e.rdkafka_error_code()) else {
+                return Err(TxnError::with_class("rewind", TxnErrorClass::Fatal, e));
+            };
+            debug!(error = %e, "rewind refused; the restore seeks instead");
+            partitions.iter().for_each(|&p| session.state.unposition(p));
+            refused.insert(right);
+        }
+        self.set_back(session, &refused, aborted);
+        Ok(())
     }
 }
 
@@ -610,7 +728,7 @@ impl ConsumerContext for RebalanceHandler {
                 .collect();
             let result = if lost {
                 // Another member may own these partitions already: our outputs must not commit.
-                c.abort_and_rewind(&mut session, consumer, &remaining)
+                c.abort_and_rewind(&mut session, consumer, &remaining, None)
             } else {
                 c.commit_or_abort(&mut session, consumer, &remaining)
                     .map(|_| ())
@@ -658,4 +776,27 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
         .filter(|e| e.topic() == topic)
         .map(|e| e.partition())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{backoff_after, Session};
+    use std::time::Duration;
+
+    #[test]
+    fn the_backoff_doubles_per_setback_in_a_row_up_to_five_seconds() {
+        let ms: Vec<u128> = (1..=9).map(|n| backoff_after(n).as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert_eq!(backoff_after(u32::MAX), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn setbacks_grow_the_backoff_and_it_is_taken_once() {
+        let mut s = Session::default();
+        assert_eq!(s.next_backoff(), Duration::from_millis(100));
+        assert_eq!(s.next_backoff(), Duration::from_millis(200));
+        // Two setbacks before the loop waited: it waits the longer one, once.
+        assert_eq!(s.take_backoff(), Some(Duration::from_millis(200)));
+        assert_eq!(s.take_backoff(), None);
+    }
 }

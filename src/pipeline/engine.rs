@@ -33,7 +33,8 @@ use super::settings::EngineSettings;
 use super::state::{self, PartitionState};
 use crate::alert::{apply_rules, Notification, Outcome, Source};
 use crate::dlq;
-use crate::kafka::offsets::fetch_committed;
+use crate::kafka::access;
+use crate::kafka::offsets::{fetch_committed, seek_to_committed};
 use crate::kafka::read::{reader, Reader};
 use crate::kafka::tpl::partition_list;
 use crate::kafka::txn::{TxnError, TxnErrorClass};
@@ -41,16 +42,20 @@ use crate::kafka::Isolation;
 use crate::trace;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tracing::{debug, info, warn};
+
+/// Bound on the metadata round trip that asks whether Read on the input is still refused: short,
+/// since the loop waits for it.
+const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What one [`Engine::poll_once`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,6 +64,16 @@ pub struct Polled {
     pub record: bool,
     /// Partitions whose state was restored from the changelog.
     pub restored: usize,
+}
+
+/// What one restore of pending partitions did.
+#[derive(Debug, Default)]
+struct Restore {
+    /// Partitions restored.
+    restored: usize,
+    /// Partitions sought back to their committed offsets first: a record of them polled before
+    /// is dropped (it is read again).
+    sought: Vec<i32>,
 }
 
 /// One processor instance: consumer, transactional producer, state.
@@ -111,14 +126,18 @@ impl Engine {
         if let Some(e) = self.committer.lock()?.take_fatal() {
             return Err(e.into());
         }
-        let restored = self.restore_pending()?;
+        let restore = self.restore_pending()?;
+        let polled_nothing = polled.is_none();
         let record = match polled {
             None => false,
+            // Polled before its partition was sought back to the committed offset: it is read
+            // again from there.
+            Some(Ok(m)) if restore.sought.contains(&m.partition()) => false,
             Some(Ok(m)) => match self.process(&m) {
                 Ok(()) => true,
                 Err(e) if e.class == TxnErrorClass::Abortable => {
                     warn!(error = %e, "abortable transactional error; aborting and rewinding");
-                    self.abort()?;
+                    self.abort_after(Some(&e))?;
                     false
                 }
                 Err(e) => return Err(e.into()),
@@ -127,12 +146,66 @@ impl Engine {
                 return Err(anyhow!("fatal consumer error: {code}"))
             }
             Some(Err(e)) => {
-                // Broker transport errors and the like: librdkafka recovers by itself.
-                warn!(error = %e, "consumer error");
+                match self.committer.read_refused(e.rdkafka_error_code()) {
+                    // A right taken away while running: said once per back-off step, which the
+                    // loop waits before polling again (the consumer reports it per partition and
+                    // fetch).
+                    Some(right) => {
+                        debug!(error = %e, "consumer error: not authorised");
+                        let mut session = self.committer.lock()?;
+                        session.input_refused |= e.rdkafka_error_code()
+                            == Some(RDKafkaErrorCode::TopicAuthorizationFailed);
+                        self.committer
+                            .set_back(&mut session, &BTreeSet::from([right]), false);
+                    }
+                    // Broker transport errors and the like: librdkafka recovers by itself.
+                    None => warn!(error = %e, "consumer error"),
+                }
                 false
             }
         };
-        Ok(Polled { record, restored })
+        if record {
+            self.committer.lock()?.input_refused = false;
+        } else if polled_nothing {
+            self.recheck_input_read()?;
+        }
+        Ok(Polled {
+            record,
+            restored: restore.restored,
+        })
+    }
+
+    /// While Read on the input is refused (`Session::input_refused`) and the poll brought nothing,
+    /// asks the broker whether it still refuses: if so, that is a setback like the first refusal
+    /// (named, counted, the back-off grows), which the loop waits out before the next poll, so
+    /// this asks once per back-off step. Once granted, librdkafka fetches again by itself.
+    fn recheck_input_read(&self) -> anyhow::Result<()> {
+        if !self.committer.lock()?.input_refused {
+            return Ok(());
+        }
+        let input = &self.committer.settings().topics.input;
+        let refused = access::refused(self.consumer.client(), input, REFUSAL_PROBE_TIMEOUT);
+        let mut session = self.committer.lock()?;
+        match refused {
+            Ok(true) => {
+                let right = self
+                    .committer
+                    .read_refused(Some(RDKafkaErrorCode::TopicAuthorizationFailed));
+                self.committer
+                    .set_back(&mut session, &right.into_iter().collect(), false);
+            }
+            Ok(false) => {
+                info!(input = %input, "the input may be read again");
+                session.input_refused = false;
+            }
+            Err(e) => {
+                // Unknown (the broker did not answer in time): ask again after a back-off.
+                debug!(error = %e, "could not ask whether the input is refused");
+                self.committer
+                    .set_back(&mut session, &BTreeSet::new(), false);
+            }
+        }
+        Ok(())
     }
 
     /// Why the engine cannot process whatever arrives yet (`None` once it owns partitions and
@@ -164,11 +237,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Restores the state of owned partitions that have none loaded; returns how many.
-    fn restore_pending(&self) -> anyhow::Result<usize> {
-        let pending = self.committer.lock()?.state.pending();
+    /// Restores the state of owned partitions that have none loaded, seeking those that are
+    /// unpositioned to their committed offsets first. A refused right (Read on the group or the
+    /// input, for the committed offsets) is a setback, not an error: the partitions stay pending
+    /// (and unpositioned, since their records are dropped meanwhile) until a later attempt, after
+    /// the back-off, succeeds.
+    fn restore_pending(&self) -> anyhow::Result<Restore> {
+        let (pending, unpositioned) = {
+            let session = self.committer.lock()?;
+            let pending = session.state.pending();
+            let unpositioned = session.state.unpositioned(&pending);
+            (pending, unpositioned)
+        };
         if pending.is_empty() {
-            return Ok(0);
+            return Ok(Restore::default());
         }
         let topics = &self.committer.settings().topics;
         // Fetching the committed offsets of a read_committed consumer waits until no transaction
@@ -176,12 +258,34 @@ impl Engine {
         // last transaction is resolved before its changelog is read.
         // Both waits are for a transaction to be decided: one bound.
         let timeout = state::restore_timeout(self.committer.settings().transaction_timeout);
-        let committed = fetch_committed(
-            &self.consumer,
-            &partition_list(&topics.input, pending.iter().copied()),
-            timeout,
-        )
-        .context("fetching committed offsets")?;
+        let positioned = seek_to_committed(&self.consumer, &topics.input, &unpositioned, timeout)
+            .and_then(|()| {
+                let committed = fetch_committed(
+                    &self.consumer,
+                    &partition_list(&topics.input, pending.iter().copied()),
+                    timeout,
+                )?;
+                // A partition the broker answered with an error has no offset to trust.
+                for e in committed.elements() {
+                    e.error()?;
+                }
+                Ok(committed)
+            });
+        let committed = match positioned {
+            Ok(committed) => committed,
+            Err(e) => {
+                let Some(right) = self.committer.read_refused(e.rdkafka_error_code()) else {
+                    return Err(e).context("fetching committed offsets");
+                };
+                debug!(error = %e, "committed offsets refused; restoring later");
+                let mut session = self.committer.lock()?;
+                pending.iter().for_each(|&p| session.state.unposition(p));
+                self.committer
+                    .set_back(&mut session, &BTreeSet::from([right]), false);
+                return Ok(Restore::default());
+            }
+        };
+        self.committer.lock()?.state.positioned(&unpositioned);
         let started = Instant::now();
         // The committed offsets being stable does not mean the changelog has its marker: the
         // restore waits for it itself (see `state`).
@@ -192,7 +296,10 @@ impl Engine {
         }
         session.restored(pending.len(), started.elapsed());
         debug!(committed = ?committed.to_topic_map(), "restore done");
-        Ok(pending.len())
+        Ok(Restore {
+            restored: pending.len(),
+            sought: unpositioned,
+        })
     }
 
     /// Applies one input record inside the open transaction (beginning one if none is open).
@@ -201,6 +308,20 @@ impl Engine {
         let settings = c.settings();
         let p = m.partition();
         let mut session = c.lock()?;
+        if m.topic() == settings.topics.input
+            && session.state.is_owned(p)
+            && session.state.get(p).is_none()
+        {
+            // Owned, its state not restored (a right needed for that is refused): dropped, and
+            // read again once the restore has sought the partition back to its committed offset.
+            debug!(
+                partition = p,
+                offset = m.offset(),
+                "record of a partition awaiting its restore; dropped"
+            );
+            session.state.unposition(p);
+            return Ok(());
+        }
         if m.topic() != settings.topics.input || session.state.get(p).is_none() {
             // Not ours (any more): librdkafka drops fetched records of revoked partitions, so this
             // is a safety net, and the record is not acknowledged.
@@ -317,11 +438,16 @@ impl Engine {
     /// Aborts the open transaction (if any), rewinds every owned partition to its committed offset
     /// and drops the state, which is restored before the next record.
     pub fn abort(&self) -> anyhow::Result<()> {
+        self.abort_after(None)
+    }
+
+    /// [`Engine::abort`] because of `cause`, which may name a refused right.
+    fn abort_after(&self, cause: Option<&TxnError>) -> anyhow::Result<()> {
         let mut session = self.committer.lock()?;
         let owned: Vec<i32> = session.state.owned().collect();
         Ok(self
             .committer
-            .abort_and_rewind(&mut session, &self.consumer, &owned)?)
+            .abort_and_rewind(&mut session, &self.consumer, &owned, cause)?)
     }
 
     /// Counters so far.

@@ -149,8 +149,8 @@ pub fn run_blocking(
     }
 }
 
-/// Waits out the back-off the engine asks for after a transaction aborted for a missing right, in
-/// poll-slice steps so that a stop request is seen at once.
+/// Waits out the back-off the engine asks for after a setback (an abort, a refused right; see
+/// [`commit`]'s `# Back-off`), in poll-slice steps so that a stop request is seen at once.
 fn back_off(engine: &Engine, stop: &AtomicBool) -> anyhow::Result<()> {
     let Some(backoff) = engine.take_backoff()? else {
         return Ok(());

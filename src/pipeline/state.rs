@@ -20,7 +20,7 @@ use crate::alert::SymbolState;
 use crate::kafka::read::{read_partitions_to_end, End, Reader};
 use anyhow::Context as _;
 use rdkafka::Message;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -45,20 +45,58 @@ pub fn restore_timeout(transaction_timeout: Duration) -> Duration {
 pub type PartitionState = HashMap<String, SymbolState>;
 
 /// State of every owned partition; `None` until restored.
+///
+/// | event                    | state        | unpositioned                                  |
+/// |--------------------------|--------------|-----------------------------------------------|
+/// | assign                   | `None`       | no: the consumer starts at the committed offset|
+/// | abort                    | `None` (all) | if the rewind was refused                      |
+/// | record dropped (pending) | `None`       | yes: the consumer has moved past it            |
+/// | restore                  | loaded       | no: sought to the committed offset first       |
+/// | revoke                   | gone         | gone                                           |
 #[derive(Debug, Default)]
 pub struct StateStore {
     partitions: BTreeMap<i32, Option<PartitionState>>,
+    /// Owned partitions whose consumer position may be past their committed offset: a rewind was
+    /// refused (a right is missing), or records of them were dropped while their state was not
+    /// loaded. Their restore seeks them to the committed offset first.
+    unpositioned: BTreeSet<i32>,
 }
 
 impl StateStore {
     /// Takes ownership of `p`; its state must be restored before use.
     pub fn assign(&mut self, p: i32) {
         self.partitions.insert(p, None);
+        self.unpositioned.remove(&p);
     }
 
     /// Gives `p` up.
     pub fn revoke(&mut self, p: i32) {
         self.partitions.remove(&p);
+        self.unpositioned.remove(&p);
+    }
+
+    /// The consumer's position on owned partition `p` is not known to be its committed offset:
+    /// seek there before its records are processed again.
+    pub fn unposition(&mut self, p: i32) {
+        if self.is_owned(p) {
+            self.unpositioned.insert(p);
+        }
+    }
+
+    /// Of `partitions`, those that must be sought to their committed offsets before use.
+    pub fn unpositioned(&self, partitions: &[i32]) -> Vec<i32> {
+        partitions
+            .iter()
+            .copied()
+            .filter(|p| self.unpositioned.contains(p))
+            .collect()
+    }
+
+    /// `partitions` were sought to their committed offsets.
+    pub fn positioned(&mut self, partitions: &[i32]) {
+        for p in partitions {
+            self.unpositioned.remove(p);
+        }
     }
 
     /// Forgets the in-memory state of every owned partition (after an abort).
@@ -167,4 +205,31 @@ pub fn restore(
         "state restored"
     );
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StateStore;
+
+    /// The rows of the table on [`StateStore`] about positions.
+    #[test]
+    fn unpositioned_partitions_until_sought_reassigned_or_revoked() {
+        let mut s = StateStore::default();
+        s.assign(0);
+        s.assign(1);
+        assert_eq!(s.unpositioned(&[0, 1]), Vec::<i32>::new(), "assign");
+        s.unposition(0);
+        s.unposition(1);
+        s.unposition(7);
+        assert_eq!(s.unpositioned(&[0, 1, 7]), [0, 1], "only owned ones");
+        s.positioned(&[0]);
+        assert_eq!(s.unpositioned(&[0, 1]), [1], "sought");
+        s.revoke(1);
+        s.assign(1);
+        assert_eq!(
+            s.unpositioned(&[0, 1]),
+            Vec::<i32>::new(),
+            "revoked, assigned again"
+        );
+    }
 }
