@@ -128,7 +128,7 @@ pub async fn run(
     let worker = {
         let stop = Arc::clone(&stop);
         let rt = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || run_blocking(opts, rt, client, health, &stop))
+        tokio::task::spawn_blocking(move || run_blocking(opts, rt, client, health, stop))
     };
     tokio::pin!(worker);
     tokio::select! {
@@ -195,7 +195,7 @@ fn run_blocking(
     rt: tokio::runtime::Handle,
     client: reqwest::Client,
     health: Health,
-    stop: &AtomicBool,
+    stop: Arc<AtomicBool>,
 ) -> anyhow::Result<DeliverStats> {
     let mut cfg = opts
         .kafka
@@ -227,6 +227,8 @@ fn run_blocking(
     let hook = TestHooks {
         crash_after: opts.test_crash_after_handoffs,
         abort_txn: opts.test_abort_handoff_txn,
+        hold_send_offsets: opts.test_hold_send_offsets.clone(),
+        stop: Arc::clone(&stop),
         ..TestHooks::default()
     };
     let mut d = Deliverer {
@@ -241,7 +243,7 @@ fn run_blocking(
         hook,
     };
     health.ready();
-    let result = d.consume_until_stopped(&health, stop);
+    let result = d.consume_until_stopped(&health, &stop);
     health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
     match result {
         Ok(()) => {
