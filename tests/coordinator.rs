@@ -304,12 +304,34 @@ fn group_coordinator(cluster: &Cluster, group: &str) -> i32 {
 // alert-pipeline
 
 /// How the group coordinator's broker is taken down.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Loss {
-    /// SIGKILL; started again once the instance has healed.
+    /// SIGKILL, the call let go at once; started again once the instance has healed.
     Kill,
+    /// SIGKILL, the call let go only once the broker has left the cluster's metadata (the
+    /// controller fenced it, `broker.session.timeout.ms` later) and the instance's clients have
+    /// had time to see that: the broker is gone, as in librdkafka #5511, not just down. The
+    /// transaction timeout is longer so that the coordinator does not abort the held transaction.
+    KillAndForget,
     /// SIGSTOP for [`FROZEN_FOR`], then SIGCONT.
     Freeze,
+    /// SIGKILL, the call let go at once, and the broker started again at once: the hard bounce
+    /// of alert-chaos, after which its all-stage run found alert-deliver's group stuck.
+    Bounce,
+}
+
+/// Transaction timeout of the [`Loss::KillAndForget`] run: the hold lasts about 25 s.
+const LONG_TXN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the instance stays held after the killed broker left the metadata: its clients
+/// refresh their metadata and drop the broker's thread meanwhile.
+const FORGET: Duration = Duration::from_secs(5);
+
+/// Whether the cluster's metadata lists broker `id` (None while it cannot be asked).
+fn listed(cluster: &Cluster, id: i32) -> Option<bool> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let probe: BaseConsumer = cluster.kafka.admin().create().ok()?;
+    let md = probe.fetch_metadata(None, OFFSETS_READ).ok()?;
+    Some(md.brokers().iter().any(|b| b.id() == id))
 }
 
 fn ticks_stream(
@@ -380,7 +402,13 @@ fn pipeline_survives(test: &str, loss: Loss) {
     let (rules, ticks) = ticks_stream(30, 6_000, 20);
     let n = ticks.len();
     let mut run = Run::on(cluster.kafka.clone(), test, rules);
-    run.transaction_timeout = "10s";
+    let txn_timeout = if loss == Loss::KillAndForget {
+        run.transaction_timeout = "60s";
+        LONG_TXN_TIMEOUT
+    } else {
+        run.transaction_timeout = "10s";
+        TXN_TIMEOUT
+    };
     let hold = HoldFile::new(&run.prefix);
     run.extra = vec!["--test-hold-send-offsets".into(), hold.arg()];
     run.create_topics(6);
@@ -430,8 +458,73 @@ fn pipeline_survives(test: &str, loss: Loss) {
         "held with {before} committed (first seen {first}); group coordinator: broker {coordinator}, transaction coordinator: broker {txn_coordinator}"
     );
     let lost_at = Instant::now();
-    let heal_bound = TXN_TIMEOUT + HEAL_MARGIN;
+    let heal_bound = txn_timeout + HEAL_MARGIN;
     match loss {
+        Loss::KillAndForget => {
+            let mut down = Restart {
+                cluster: &cluster,
+                id: coordinator,
+                down: true,
+            };
+            cluster
+                .stop_broker(coordinator, Stop::Hard)
+                .expect("SIGKILL of the group coordinator's broker");
+            instance.wait_for(
+                &format!("broker {coordinator} has left the cluster's metadata"),
+                Duration::from_secs(45),
+                || (listed(&cluster, coordinator) == Some(false)).then_some(()),
+            );
+            thread::sleep(FORGET); // the instance's clients see it gone: a time, not a condition
+            let released_at = Instant::now();
+            eprintln!(
+                "broker {coordinator} gone from the metadata; released {:?} after the SIGKILL",
+                lost_at.elapsed()
+            );
+            hold.release();
+            let after = instance.wait_for(
+                &format!(
+                    "the instance commits again within {heal_bound:?} of calling send_offsets_to_transaction with broker {coordinator} (the group coordinator) gone (committed {before} before)"
+                ),
+                heal_bound,
+                || committed_sum(&run).filter(|&c| c > before),
+            );
+            eprintln!(
+                "committed again ({after}) {:?} after the release",
+                released_at.elapsed()
+            );
+            down.start();
+        }
+        Loss::Bounce => {
+            let mut down = Restart {
+                cluster: &cluster,
+                id: coordinator,
+                down: true,
+            };
+            cluster
+                .stop_broker(coordinator, Stop::Hard)
+                .expect("SIGKILL of the group coordinator's broker");
+            hold.release();
+            cluster
+                .start_broker(coordinator)
+                .expect("starting the broker again");
+            down.down = false;
+            eprintln!(
+                "broker {coordinator} started again {:?} after the SIGKILL",
+                lost_at.elapsed()
+            );
+            let after = instance.wait_for(
+                &format!(
+                    "the instance commits again within {heal_bound:?} of the hard bounce of broker {coordinator} (the group coordinator) during send_offsets_to_transaction (committed {before} before)"
+                ),
+                heal_bound.saturating_sub(lost_at.elapsed()),
+                || committed_sum(&run).filter(|&c| c > before),
+            );
+            eprintln!(
+                "committed again ({after}) {:?} after the SIGKILL",
+                lost_at.elapsed()
+            );
+            down.start();
+        }
         Loss::Kill => {
             let mut down = Restart {
                 cluster: &cluster,
@@ -522,6 +615,18 @@ fn pipeline_heals_after_a_sigkill_of_the_group_coordinator_inside_send_offsets()
 
 #[test]
 #[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
+fn pipeline_heals_when_send_offsets_starts_after_the_group_coordinator_is_gone() {
+    pipeline_survives("coord-gone", Loss::KillAndForget);
+}
+
+#[test]
+#[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
+fn pipeline_heals_after_a_hard_bounce_of_the_group_coordinator_inside_send_offsets() {
+    pipeline_survives("coord-bounce", Loss::Bounce);
+}
+
+#[test]
+#[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
 fn pipeline_heals_while_the_group_coordinator_is_frozen_inside_send_offsets() {
     pipeline_survives("coord-stop", Loss::Freeze);
 }
@@ -534,6 +639,17 @@ fn notification(symbol: &str, seq: u64) -> (String, Vec<u8>) {
     let id = format!("{symbol}:{seq}:100:up");
     let v = serde_json::json!({"id": id, "symbol": symbol, "seq": seq, "threshold": "100", "direction": "up"});
     (id, serde_json::to_vec(&v).expect("json"))
+}
+
+/// Hand-off transactions the deliverer serving metrics on `addr` has committed (None while it
+/// does not answer).
+fn committed_txns(addr: &str) -> Option<u64> {
+    let series = "alerts_deliver_transactions_total{result=\"committed\"} ";
+    http_get(addr, "/metrics")
+        .1
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 /// Committed records of `topic`, or None while they cannot be counted.
@@ -602,8 +718,8 @@ fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_o
     }
     std::fs::write(&subscriptions, toml).expect("writing subscriptions");
     // Two buckets: the first due at once, the last far beyond the test, so each failing delivery
-    // is handed on exactly twice (notifications -> 1s -> 600s) and then stays.
-    let (first, last) = (format!("{topic}.retry.1s"), format!("{topic}.retry.600s"));
+    // is handed on exactly twice (notifications -> 1s -> 10m) and then stays.
+    let (first, last) = (format!("{topic}.retry.1s"), format!("{topic}.retry.10m"));
     let group = format!("{prefix}app-deliver");
     let hold = HoldFile::new(&prefix);
     let metrics_addr = free_addr();
@@ -611,7 +727,7 @@ fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_o
     command
         .args(["--bootstrap", &kafka.bootstrap])
         .args(["--subscriptions", subscriptions.to_str().expect("utf-8")])
-        .args(["--topic", &topic, "--buckets", "1s,600s"])
+        .args(["--topic", &topic, "--buckets", "1s,10m"])
         .args(["--app-id", &format!("{prefix}app"), "--instance-id", "0"])
         .args(["--transaction-timeout", "10s"])
         .args(["--http-connect-timeout", "1s", "--http-timeout", "2s"])
@@ -666,11 +782,14 @@ fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_o
         HOLD_BOUND,
         || hold.held().then_some(()),
     );
-    let before = instance.wait_for("the first bucket is counted", HOLD_BOUND, || {
-        committed_count(&kafka, &first)
+    // Its own count of committed hand-off transactions: read in milliseconds (counting a topic
+    // takes seconds, and the held transaction must stay far below its timeout). Held, it cannot
+    // commit; the records in the buckets are checked at the end.
+    let before = instance.wait_for("the committed transactions are read", HOLD_BOUND, || {
+        committed_txns(&metrics_addr)
     });
     eprintln!(
-        "held with {before} hand-offs committed; group coordinator: broker {coordinator}, transaction coordinator: broker {txn_coordinator}"
+        "held with {before} hand-off transactions committed; group coordinator: broker {coordinator}, transaction coordinator: broker {txn_coordinator}"
     );
     let mut down = Restart {
         cluster: &cluster,
@@ -688,10 +807,10 @@ fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_o
             "hand-offs go on within {heal_bound:?} of the SIGKILL of broker {coordinator} (the group coordinator) during send_offsets_to_transaction ({before} committed before)"
         ),
         heal_bound,
-        || committed_count(&kafka, &first).filter(|&c| c > before),
+        || committed_txns(&metrics_addr).filter(|&c| c > before),
     );
     eprintln!(
-        "hand-offs committed again ({after}) {:?} after the SIGKILL",
+        "hand-off transactions committed again ({after}) {:?} after the SIGKILL",
         lost_at.elapsed()
     );
     down.start();
