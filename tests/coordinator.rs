@@ -690,6 +690,17 @@ fn assert_exactly_once(kafka: &KafkaConfig, topic: &str, ids: &[String], subscri
 #[test]
 #[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
 fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_offsets() {
+    deliver_survives("coord-deliver", Loss::Kill);
+}
+
+/// As the SIGKILL test, with the group coordinator's broker frozen (SIGSTOP) for 60 s instead.
+#[test]
+#[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
+fn deliver_hand_offs_heal_while_the_group_coordinator_is_frozen_inside_send_offsets() {
+    deliver_survives("coord-deliver-stop", Loss::Freeze);
+}
+
+fn deliver_survives(test: &str, loss: Loss) {
     let cluster = cluster();
     let kafka = cluster.kafka.clone();
     cluster
@@ -697,7 +708,7 @@ fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_o
         .expect("the cluster is fully replicated before the test");
     let failing = Webhook::up(Behaviour::Status(503));
     let healthy = Webhook::up(Behaviour::Ok);
-    let prefix = common::prefix("coord-deliver");
+    let prefix = common::prefix(test);
     let _topics = DropTopics::with_prefix(&kafka, &prefix);
     let topic = format!("{prefix}notifications");
     let spec = TopicSpec {
@@ -791,29 +802,48 @@ fn deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_o
     eprintln!(
         "held with {before} hand-off transactions committed; group coordinator: broker {coordinator}, transaction coordinator: broker {txn_coordinator}"
     );
+    let lost_at = Instant::now();
+    let heal_bound = TXN_TIMEOUT + HEAL_MARGIN;
+    let how = if loss == Loss::Freeze {
+        "SIGSTOP"
+    } else {
+        "SIGKILL"
+    };
     let mut down = Restart {
         cluster: &cluster,
         id: coordinator,
-        down: true,
+        down: false,
     };
-    let lost_at = Instant::now();
-    cluster
-        .stop_broker(coordinator, Stop::Hard)
-        .expect("SIGKILL of the group coordinator's broker");
+    let mut frozen = None;
+    if loss == Loss::Freeze {
+        frozen = Some(Frozen::freeze(&cluster, coordinator));
+    } else {
+        down.down = true;
+        cluster
+            .stop_broker(coordinator, Stop::Hard)
+            .expect("SIGKILL of the group coordinator's broker");
+    }
     hold.release();
-    let heal_bound = TXN_TIMEOUT + HEAL_MARGIN;
     let after = instance.wait_for(
         &format!(
-            "hand-offs go on within {heal_bound:?} of the SIGKILL of broker {coordinator} (the group coordinator) during send_offsets_to_transaction ({before} committed before)"
+            "hand-offs go on within {heal_bound:?} of the {how} of broker {coordinator} (the group coordinator) during send_offsets_to_transaction ({before} committed before)"
         ),
-        heal_bound,
+        heal_bound.saturating_sub(lost_at.elapsed()),
         || committed_txns(&metrics_addr).filter(|&c| c > before),
     );
     eprintln!(
-        "hand-off transactions committed again ({after}) {:?} after the SIGKILL",
+        "hand-off transactions committed again ({after}) {:?} after the {how}",
         lost_at.elapsed()
     );
-    down.start();
+    if let Some(mut frozen) = frozen {
+        while lost_at.elapsed() < FROZEN_FOR {
+            instance.assert_running("while the broker was frozen");
+            thread::sleep(Duration::from_millis(200));
+        }
+        frozen.thaw();
+    } else {
+        down.start();
+    }
 
     let ids: Vec<String> = producer.join().expect("the producer finished");
     let n = ids.len() as u64;
