@@ -90,6 +90,10 @@ pub struct DeliverArgs {
     /// TEST ONLY: abort the N-th hand-off transaction (1-based) instead of committing it.
     #[arg(long, hide = true)]
     pub test_abort_handoff_txn: Option<u64>,
+    /// TEST ONLY: while this file exists, hold right before each hand-off's
+    /// send_offsets_to_transaction (writing <FILE>.held with the pid) until it is removed.
+    #[arg(long, hide = true)]
+    pub test_hold_send_offsets: Option<std::path::PathBuf>,
 }
 
 impl DeliverArgs {
@@ -146,6 +150,7 @@ impl DeliverArgs {
             shutdown_timeout: self.shutdown_timeout,
             test_crash_after_handoffs: self.test_crash_after_handoffs,
             test_abort_handoff_txn: self.test_abort_handoff_txn,
+            test_hold_send_offsets: self.test_hold_send_offsets.clone(),
         })
     }
 }

@@ -108,6 +108,10 @@ pub struct PipelineArgs {
     /// before the consumer rejoins the group.
     #[arg(long, hide = true)]
     pub test_abort_after_revoke: bool,
+    /// TEST ONLY: while this file exists, hold right before each send_offsets_to_transaction
+    /// (writing <FILE>.held with the pid) until it is removed.
+    #[arg(long, hide = true)]
+    pub test_hold_send_offsets: Option<std::path::PathBuf>,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -187,6 +191,7 @@ impl PipelineArgs {
                     abort_every: self.test_abort_every,
                     stall_on_shutdown: self.test_stall_on_shutdown,
                     abort_after_revoke: self.test_abort_after_revoke,
+                    hold_send_offsets: self.test_hold_send_offsets.clone(),
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,

@@ -115,6 +115,11 @@ pub struct TestHooks {
     pub abort_txn: Option<u64>,
     /// Hand-off transactions ended so far.
     pub txns: u64,
+    /// While this file exists, hold right before each `send_offsets_to_transaction`
+    /// ([`crate::kafka::hold`]).
+    pub hold_send_offsets: Option<std::path::PathBuf>,
+    /// The process's stop flag: a held hand-off lets go when the process is asked to stop.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl TestHooks {
@@ -242,6 +247,14 @@ fn send_all(
     }
     let offsets =
         positions_list(&positions(batch.records)).map_err(|e| TxnError::new("offsets", e))?;
+    crate::kafka::hold::hold_before(
+        hook.hold_send_offsets.as_deref(),
+        "send_offsets_to_transaction",
+        Some(&hook.stop),
+        || {
+            let _ = producer.flush(Duration::from_secs(30));
+        },
+    );
     producer.send_offsets(&offsets, group)
 }
 

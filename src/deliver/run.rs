@@ -130,7 +130,7 @@ pub async fn run(
     let worker = {
         let stop = Arc::clone(&stop);
         let rt = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || run_blocking(opts, rt, client, health, &stop))
+        tokio::task::spawn_blocking(move || run_blocking(opts, rt, client, health, stop))
     };
     tokio::pin!(worker);
     tokio::select! {
@@ -197,7 +197,7 @@ fn run_blocking(
     rt: tokio::runtime::Handle,
     client: reqwest::Client,
     health: Health,
-    stop: &AtomicBool,
+    stop: Arc<AtomicBool>,
 ) -> anyhow::Result<DeliverStats> {
     let mut cfg = opts.kafka.group_consumer(
         &opts.group_id,
@@ -231,6 +231,8 @@ fn run_blocking(
     let hook = TestHooks {
         crash_after: opts.test_crash_after_handoffs,
         abort_txn: opts.test_abort_handoff_txn,
+        hold_send_offsets: opts.test_hold_send_offsets.clone(),
+        stop: Arc::clone(&stop),
         ..TestHooks::default()
     };
     let mut d = Deliverer {
@@ -249,7 +251,7 @@ fn run_blocking(
         crate::kafka::txn::stuck_bound(d.opts.transaction_timeout),
         crate::kafka::txn::EXIT_STUCK,
     );
-    let result = d.consume_until_stopped(&health, stop);
+    let result = d.consume_until_stopped(&health, &stop);
     drop(watchdog);
     health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
     match result {

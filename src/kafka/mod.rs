@@ -25,6 +25,8 @@
 //!   subtracting offsets: transaction markers occupy offsets).
 //! - [`feed`]: the upstream tick feed: an idempotent producer that loads input and says where
 //!   each record landed.
+//! - [`hold`]: TEST ONLY: holds a process before a transactional call while a test breaks the
+//!   cluster (`--test-hold-send-offsets`).
 
 pub mod access;
 pub mod changelog;
@@ -33,6 +35,7 @@ pub mod config;
 pub mod connect;
 pub mod feed;
 pub mod group_lag;
+pub mod hold;
 pub mod logging;
 pub mod offsets;
 pub mod pause;

@@ -364,6 +364,16 @@ impl Committer {
                     TxnCause::NoGroupMetadata,
                 )
             })?;
+            // Off unless a test names the file. No stop flag here: a held engine is stopped by
+            // the shutdown bound of the process.
+            crate::kafka::hold::hold_before(
+                self.settings.hooks.hold_send_offsets.as_deref(),
+                "send_offsets_to_transaction",
+                None,
+                || {
+                    let _ = self.producer.flush(Duration::from_secs(30));
+                },
+            );
             self.producer.send_offsets(&self.offsets_of(txn)?, group)?;
         }
         txn.staged = true;

@@ -29,7 +29,7 @@ pub enum Guarantee {
 }
 
 /// Switches that only tests use to put a failure exactly where they want it. All off by default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TestHooks {
     /// Exit abruptly at the n-th commit, after the batch's outputs are in the log and before its
     /// offsets are committed: a crash placed between produce and commit.
@@ -44,6 +44,9 @@ pub struct TestHooks {
     /// transaction closed, the partitions unassigned) and before the consumer rejoins: a crash
     /// between the two rounds of a cooperative rebalance.
     pub abort_after_revoke: bool,
+    /// While this file exists, hold right before each `send_offsets_to_transaction` (see
+    /// [`crate::kafka::hold`]): the test breaks the group coordinator meanwhile.
+    pub hold_send_offsets: Option<std::path::PathBuf>,
 }
 
 /// What one processor instance is.

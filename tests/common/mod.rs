@@ -58,8 +58,19 @@ pub fn load_slowly(
     chunks: usize,
     spread: Duration,
 ) -> std::thread::JoinHandle<Vec<price_alerts::kafka::feed::Landed>> {
+    load_slowly_on(kafka(), topic, records, chunks, spread)
+}
+
+/// As [`load_slowly`], into the cluster of `kafka`.
+pub fn load_slowly_on(
+    kafka: KafkaConfig,
+    topic: String,
+    records: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    chunks: usize,
+    spread: Duration,
+) -> std::thread::JoinHandle<Vec<price_alerts::kafka::feed::Landed>> {
     std::thread::spawn(move || {
-        let feed = price_alerts::kafka::feed::Feed::new(&kafka()).expect("tick feed");
+        let feed = price_alerts::kafka::feed::Feed::new(&kafka).expect("tick feed");
         let size = records.len().div_ceil(chunks);
         let pause = spread / chunks as u32;
         let mut landed = Vec::new();
@@ -96,6 +107,8 @@ pub struct Run {
     /// open transaction for its timeout and fenced the instance, which stops by design. The tests
     /// restart after SIGKILL with the same id, so the timeout never delays them otherwise.
     pub transaction_timeout: &'static str,
+    /// The cluster the run reads and writes: [`kafka`] unless made with [`Run::on`].
+    pub kafka: KafkaConfig,
     /// The run's topics go when the run does (see [`drop_topics`]); last, so dropped last.
     _topics: DropTopics,
 }
@@ -103,13 +116,18 @@ pub struct Run {
 impl Run {
     /// A fresh run of `test` with `rules` written to a temp file.
     pub fn new(test: &str, rules: Rules) -> Self {
+        Self::on(kafka(), test, rules)
+    }
+
+    /// As [`Run::new`], on the cluster of `kafka` (the 3-broker one, say).
+    pub fn on(kafka: KafkaConfig, test: &str, rules: Rules) -> Self {
         let prefix = prefix(test);
         let dir = std::env::temp_dir().join(format!("{prefix}rules"));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let rules_path = dir.join("rules.toml");
         std::fs::write(&rules_path, rules.to_toml()).expect("writing rules");
         Run {
-            _topics: drop_topics(&prefix),
+            _topics: DropTopics::with_prefix(&kafka, &prefix),
             app_id: format!("{prefix}app"),
             input: format!("{prefix}market-updates"),
             output: format!("{prefix}notifications"),
@@ -120,6 +138,7 @@ impl Run {
             faults: Default::default(),
             max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
             transaction_timeout: "30s",
+            kafka,
         }
     }
 
@@ -129,8 +148,12 @@ impl Run {
 
     /// Creates the input topic and the processor's topics.
     pub fn create_topics(&self, partitions: i32) {
-        futures::executor::block_on(topics::ensure(&kafka(), &self.topics(), Some(partitions)))
-            .expect("topics");
+        futures::executor::block_on(topics::ensure(
+            &self.kafka,
+            &self.topics(),
+            Some(partitions),
+        ))
+        .expect("topics");
     }
 
     /// Starts instance `instance` of the pipeline as a child process.
@@ -153,7 +176,7 @@ impl Run {
             .args(["--rules", self.rules_path.to_str().expect("utf-8 path")])
             .args(["--app-id", &self.app_id, "--instance-id", instance])
             .args(["--input", &self.input, "--output", &self.output])
-            .args(["--bootstrap", &kafka().bootstrap])
+            .args(["--bootstrap", &self.kafka.bootstrap])
             .args(&self.extra)
             .args(self.faults.enabled.then_some("--inject-faults"))
             .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
@@ -168,7 +191,7 @@ impl Run {
 
     /// The group's committed offset on each input partition (0 where none).
     pub fn committed_per_partition(&self) -> Vec<i64> {
-        price_alerts::kafka::offsets::committed_offsets(&kafka(), &self.app_id, &self.input)
+        price_alerts::kafka::offsets::committed_offsets(&self.kafka, &self.app_id, &self.input)
             .expect("committed offsets")
             .into_iter()
             .map(|o| o.unwrap_or(0))
@@ -186,7 +209,7 @@ impl Run {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let committed = price_alerts::kafka::offsets::committed_offsets(
-                &kafka(),
+                &self.kafka,
                 &self.app_id,
                 &self.input,
             )
@@ -208,7 +231,7 @@ impl Run {
     /// The verifier's report for this run.
     pub fn verify(&self) -> price_alerts::tools::verify::VerifyReport {
         price_alerts::tools::verify::verify(
-            &kafka(),
+            &self.kafka,
             &self.input,
             &self.output,
             &self.rules,
@@ -343,12 +366,17 @@ pub struct ReadRecord {
 
 /// Every record of `topic` (read_committed).
 pub fn records_with_headers(topic: &str) -> Vec<ReadRecord> {
+    records_with_headers_on(&kafka(), topic)
+}
+
+/// As [`records_with_headers`], from the cluster of `kafka`.
+pub fn records_with_headers_on(kafka: &KafkaConfig, topic: &str) -> Vec<ReadRecord> {
     use price_alerts::kafka::read::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
     use rdkafka::message::Headers;
     use rdkafka::Message;
     let mut out = Vec::new();
     read_topic_to_end(
-        &kafka(),
+        kafka,
         topic,
         price_alerts::kafka::Isolation::ReadCommitted,
         DEFAULT_READ_TIMEOUT,
