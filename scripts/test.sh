@@ -6,7 +6,8 @@
 #      security tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM
 #      users, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and KAFKA_SECURE_CA tell the tests
 #      where it is);
-#   2. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore.
+#   2. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore,
+#      coordinator.
 # A broker that is not running is started for its phase and stopped again after it; one that was
 # already running is reused and left alone. With arguments (a selection such as --test pipeline)
 # every broker is started and the selection runs once.
@@ -102,7 +103,7 @@ if [ $# -gt 0 ]; then
 fi
 # The tests that need the 3-broker cluster; every other test file runs on the single broker (the
 # security tests on the secured one).
-cluster_tests=(chaos restore)
+cluster_tests=(chaos restore coordinator)
 single_args=(--lib --bins)
 for f in tests/*.rs bench/tests/*.rs; do
   name=$(basename "$f" .rs)

@@ -394,7 +394,14 @@ fn committed_reached(run: &Run, target: &BTreeMap<i32, i64>) -> bool {
 /// One pipeline instance on a live stream; its send_offsets is held while the group coordinator's
 /// broker is lost, then let go. It must commit again within the transaction timeout + 30 s, and
 /// the whole stream must come out exactly once.
+/// One test at a time takes a broker of the shared cluster down.
+fn cluster_to_myself() -> std::sync::MutexGuard<'static, ()> {
+    static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn pipeline_survives(test: &str, loss: Loss) {
+    let _cluster = cluster_to_myself();
     let cluster = cluster();
     cluster
         .wait_fully_replicated(REPLICATED)
@@ -701,6 +708,7 @@ fn deliver_hand_offs_heal_while_the_group_coordinator_is_frozen_inside_send_offs
 }
 
 fn deliver_survives(test: &str, loss: Loss) {
+    let _cluster = cluster_to_myself();
     let cluster = cluster();
     let kafka = cluster.kafka.clone();
     cluster
