@@ -228,15 +228,17 @@ fn two_instances_share_the_work_and_one_is_replaced() {
     let b = run.spawn("1");
     let committed = wait_progress(&run, 0, 2_500);
     b.signal("TERM");
-    assert!(b.wait(EXIT).success(), "the stopped instance exits 0");
+    let status = b.wait(EXIT);
+    assert!(status.success(), "the stopped instance exits 0: {status}");
     println!("instance 1 stopped at committed position {committed}");
     let c = run.spawn("2");
     let landed = loader.join().expect("loader");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
     a.signal("TERM");
     c.signal("TERM");
-    assert!(a.wait(EXIT).success());
-    assert!(c.wait(EXIT).success());
+    let (a, c) = (a.wait(EXIT), c.wait(EXIT));
+    assert!(a.success(), "instance 0 exits 0 after SIGTERM: {a}");
+    assert!(c.success(), "instance 2 exits 0 after SIGTERM: {c}");
     assert_exactly_once(&run, 10_000);
 }
 

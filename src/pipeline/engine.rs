@@ -470,20 +470,44 @@ impl Engine {
         self.committer.settings()
     }
 
-    /// Commits what is open, then leaves the group (which revokes every partition).
+    /// Commits what is open, then leaves the group (which revokes every partition). Each step
+    /// logs how long it took, so that a slow shutdown shows where its time went.
     pub fn close(self) -> anyhow::Result<Stats> {
+        let started = Instant::now();
         let committed = self.commit();
+        info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            committed = committed.is_ok(),
+            "closing: open transaction ended"
+        );
+        let step = Instant::now();
         self.consumer.unsubscribe();
         // Serve the revoke triggered by unsubscribe, so the group sees us go now.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline && self.committer.lock()?.state.owned().next().is_some() {
             let _ = self.consumer.poll(Duration::from_millis(100));
         }
+        info!(
+            took_ms = step.elapsed().as_millis() as u64,
+            still_owned = self.committer.lock()?.state.owned().count(),
+            "closing: unsubscribed; closing the consumer"
+        );
+        // The consumer's drop closes it (leaves the group, waits for what librdkafka still has
+        // in flight, serving callbacks); timed here, since nothing else would say that the time
+        // went there.
+        let step = Instant::now();
+        drop(self.consumer);
+        info!(
+            took_ms = step.elapsed().as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "closing: consumer closed"
+        );
         committed?;
-        if let Some(e) = self.committer.lock()?.take_fatal() {
+        let mut session = self.committer.lock()?;
+        if let Some(e) = session.take_fatal() {
             return Err(e.into());
         }
-        self.stats()
+        Ok(session.stats().clone())
     }
 }
 

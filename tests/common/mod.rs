@@ -156,16 +156,15 @@ impl Run {
         .expect("topics");
     }
 
-    /// Starts instance `instance` of the pipeline as a child process.
+    /// Starts instance `instance` of the pipeline as a child process. Its log lines reach the
+    /// test's stderr prefixed with `[instance]` (see [`Pipeline::prefixed`]).
     pub fn spawn(&self, instance: &str) -> Pipeline {
         let child = self
             .command(instance)
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("starting alert-pipeline");
-        Pipeline {
-            child,
-            instance: instance.to_owned(),
-        }
+        Pipeline::prefixed(child, instance)
     }
 
     /// The command line of instance `instance`, for a test that wants to change how it runs
@@ -249,6 +248,26 @@ impl Pipeline {
             child,
             instance: instance.to_owned(),
         }
+    }
+
+    /// A pipeline whose stderr was piped: a thread copies its lines to the test's stderr, each
+    /// prefixed with `[instance]`, so that the logs of several instances can be told apart. The
+    /// thread inherits the test's output capture: a failing test shows them, a passing one does
+    /// not (unless run with `--nocapture`). It ends when the child's stderr closes.
+    pub fn prefixed(mut child: std::process::Child, instance: &str) -> Self {
+        if let Some(stderr) = child.stderr.take() {
+            let tag = instance.to_owned();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stderr).lines() {
+                    match line {
+                        Ok(line) => eprintln!("[{tag}] {line}"),
+                        Err(_) => break,
+                    }
+                }
+            });
+        }
+        Pipeline::from(child, instance)
     }
 
     /// Sends a signal (SIGKILL, SIGTERM) to the child.
