@@ -17,10 +17,12 @@
 //! (or thawed) again by guards, however the test ends, and the test waits until the cluster is
 //! fully replicated before it returns.
 //!
-//! Run them one at a time under the cluster lock (they take a broker down), with `flock -o`: a
-//! broker the test starts again inherits the test's open files, and without `-o` the lock's with
-//! them, held for as long as that broker runs:
-//! `flock -o /work/wt/cluster.lock cargo test --test coordinator -- --include-ignored --test-threads=1`.
+//! They take turns (a lock in this file: each takes a broker down). `scripts/test.sh` runs three
+//! of them in its cluster phase (the pipeline's kill and freeze, alert-deliver's freeze) and
+//! skips the other three by name to keep the suite's time; by hand, all six:
+//! `cargo test --test coordinator -- --include-ignored --test-threads=1`. Whatever else shares
+//! the cluster must wait meanwhile; a lock held with `flock` must be taken with `-o`, or a broker
+//! that a test starts again inherits it and holds it for as long as it runs.
 //! `KAFKA_SH` names the `scripts/kafka.sh` that started the cluster when it is another checkout's
 //! (the script controls only brokers started from its own checkout).
 
