@@ -402,7 +402,9 @@ fn committed_reached(run: &Run, target: &BTreeMap<i32, i64>) -> bool {
 /// One test at a time takes a broker of the shared cluster down.
 fn cluster_to_myself() -> std::sync::MutexGuard<'static, ()> {
     static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn pipeline_survives(test: &str, loss: Loss) {

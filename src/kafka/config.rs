@@ -283,7 +283,20 @@ impl KafkaConfig {
         c.set("statistics.interval.ms", "5000");
         // A bounded prefetch: librdkafka's defaults held the whole backlog in memory.
         Self::bounded_fetch(&mut c);
-        self.finish(c)
+        let mut c = self.finish(c);
+        // librdkafka refuses a max.poll.interval.ms below session.timeout.ms: a longer session
+        // given with -X (and no poll interval) raises the poll interval with it.
+        if !self.properties.contains_key("max.poll.interval.ms") {
+            let session = c
+                .get("session.timeout.ms")
+                .and_then(|s| s.parse::<u64>().ok());
+            if let Some(session) =
+                session.filter(|&s| s > max_poll_interval(txn_timeout).as_millis() as u64)
+            {
+                c.set("max.poll.interval.ms", session.to_string());
+            }
+        }
+        c
     }
 
     /// A standalone reader (no group, nothing committed) that reports the end of each partition.
@@ -431,6 +444,14 @@ mod tests {
         assert!(poll < crate::kafka::txn::stuck_bound(DEFAULT_TRANSACTION_TIMEOUT));
         let long = Duration::from_secs(120);
         assert!(max_poll_interval(long) > crate::kafka::txn::call_deadline(long));
+        // A longer session given by the user raises it (librdkafka refuses it below the session).
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["session.timeout.ms=180000"])
+            .unwrap();
+        let c = k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT);
+        assert_eq!(c.get("max.poll.interval.ms"), Some("180000"));
+        c.create::<rdkafka::consumer::BaseConsumer>()
+            .expect("librdkafka accepts it");
     }
 
     #[test]

@@ -532,6 +532,8 @@ pub struct TxnProducer {
     deadline: Duration,
     /// Producers made again because one was fenced, since the last commit.
     fences_in_a_row: AtomicU32,
+    /// When the open transaction began (the last `begin`).
+    began: Mutex<Option<Instant>>,
 }
 
 impl TxnProducer {
@@ -547,6 +549,7 @@ impl TxnProducer {
             config: config.clone(),
             deadline: call_deadline(txn_timeout),
             fences_in_a_row: AtomicU32::new(0),
+            began: Mutex::new(None),
         };
         Ok(Arc::new(p))
     }
@@ -679,6 +682,7 @@ impl TxnProducer {
             config: config.clone(),
             deadline: call_deadline(DRAIN_TIMEOUT),
             fences_in_a_row: AtomicU32::new(0),
+            began: Mutex::new(None),
         }))
     }
 
@@ -692,6 +696,9 @@ impl TxnProducer {
                 TxnErrorClass::Abortable,
                 TxnCause::Stuck(stuck),
             ));
+        }
+        if let Ok(mut began) = self.began.lock() {
+            *began = Some(Instant::now());
         }
         generation
             .producer
@@ -733,13 +740,15 @@ impl TxnProducer {
         self.fenced(&generation, committed)
     }
 
-    /// A call refused because this producer is fenced is abortable once since the last commit:
-    /// the producer is made again at the abort. librdkafka says "fenced" (or "old epoch") also when
-    /// the coordinator aborted a transaction of ours that outlived its timeout, e.g. while the
-    /// group coordinator's broker was frozen or gone (tests/coordinator.rs): the instance still
-    /// owns its partitions, and a restart would register the same transactional id anyway. A
-    /// second fence before a commit means another live producer holds the id: that stays fatal,
-    /// so two instances given the same id do not take it from each other for ever.
+    /// A call refused because this producer is fenced is abortable once since the last commit,
+    /// when the open transaction is older than the transaction timeout: the producer is made
+    /// again at the abort. librdkafka says "fenced" (or "old epoch") also when the coordinator
+    /// aborted a transaction of ours that outlived its timeout, e.g. while the group coordinator's
+    /// broker was frozen or gone (tests/coordinator.rs): the instance still owns its partitions,
+    /// and a restart would register the same transactional id anyway. A fence of a younger
+    /// transaction, or a second one before a commit, means another live producer holds the id (a
+    /// second dlq-replay of the same DLQ, a replacement of this instance): that stays fatal, so
+    /// two holders of one id do not take it from each other.
     fn fenced(
         &self,
         generation: &Generation,
@@ -747,7 +756,13 @@ impl TxnProducer {
     ) -> Result<(), TxnError> {
         match result {
             Err(e) if e.is_producer_fenced() && e.class == TxnErrorClass::Fatal => {
-                if self.fences_in_a_row.fetch_add(1, Ordering::Relaxed) > 0 {
+                let timed_out = self
+                    .began
+                    .lock()
+                    .ok()
+                    .and_then(|b| *b)
+                    .is_some_and(|b| b.elapsed() > self.deadline.saturating_sub(CALL_MARGIN));
+                if !timed_out || self.fences_in_a_row.fetch_add(1, Ordering::Relaxed) > 0 {
                     return Err(e);
                 }
                 warn!(call = e.step, error = %e.cause, "transactional producer fenced; registering the transactional id again, once (a coordinator fences a transaction that outlived its timeout)");
@@ -901,7 +916,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fence_is_abortable_once_between_commits_then_fatal() {
+    fn a_fence_of_a_timed_out_transaction_is_abortable_once_between_commits_then_fatal() {
         let config = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", "127.0.0.1:1")
             .clone();
@@ -914,6 +929,14 @@ mod tests {
             ))
         };
         let g = p.generation();
+        // A young transaction fenced: another producer holds the id.
+        *p.began.lock().unwrap() = Some(Instant::now());
+        assert_eq!(
+            p.fenced(&g, fenced()).expect_err("fenced").class,
+            TxnErrorClass::Fatal
+        );
+        // One older than its timeout: the coordinator aborted it; made again once.
+        *p.began.lock().unwrap() = Some(Instant::now() - p.deadline);
         let first = p.fenced(&g, fenced()).expect_err("fenced");
         assert_eq!(
             first.class,
