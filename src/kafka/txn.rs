@@ -254,18 +254,9 @@ impl TxnError {
     /// Whether a newer instance with the same transactional id (or group instance id) took over:
     /// this one must stop, and a restart would only fence the newer one in turn.
     pub fn is_fenced(&self) -> bool {
-        let TxnCause::Kafka(e) = &self.cause else {
-            return false;
-        };
-        matches!(
-            e.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::Fenced
-                    | RDKafkaErrorCode::ProducerFenced
-                    | RDKafkaErrorCode::InvalidProducerEpoch
-                    | RDKafkaErrorCode::FencedInstanceId
-            )
-        )
+        self.is_producer_fenced()
+            || matches!(&self.cause, TxnCause::Kafka(e)
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::FencedInstanceId))
     }
 }
 

@@ -570,23 +570,18 @@ impl Committer {
         for right in rights {
             session.refused.insert(right.clone());
             m::not_authorised(right);
-            if aborted {
-                warn!(
-                    principal = %principal,
-                    right = %right,
-                    attempts = session.setbacks_in_a_row,
-                    retry_in = ?backoff,
-                    "not authorised: transaction aborted and input rewound; retrying until the right is granted"
-                );
+            let what = if aborted {
+                "transaction aborted and input rewound"
             } else {
-                warn!(
-                    principal = %principal,
-                    right = %right,
-                    attempts = session.setbacks_in_a_row,
-                    retry_in = ?backoff,
-                    "not authorised: input not read; retrying until the right is granted"
-                );
-            }
+                "input not read"
+            };
+            warn!(
+                principal = %principal,
+                right = %right,
+                attempts = session.setbacks_in_a_row,
+                retry_in = ?backoff,
+                "not authorised: {what}; retrying until the right is granted"
+            );
         }
     }
 
