@@ -2,11 +2,13 @@
 //! pipeline, SIGKILLs at the two points that matter (inside the database transaction; between the
 //! database commit and the Kafka commit), a PostgreSQL crash mid-run, two instances with one
 //! replaced, and malformed records. Every test has a database of its own; the outage test stops
-//! the whole cluster, so it runs alone (`CLUSTER` lock).
+//! the whole cluster, so it runs alone (`ClusterUse::alone`, which the other lane sees too).
 
 mod common;
 
-use common::postgres::{admin_url, free_port, options, state_dir, Relay, SinkRun, TestDb};
+use common::postgres::{
+    admin_url, free_port, options, state_dir, ClusterUse, Relay, SinkRun, TestDb,
+};
 use common::{kafka, load_slowly, Run};
 use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
@@ -21,19 +23,11 @@ use price_alerts::sink::store::{Batch, Store};
 use price_alerts::tools::generate::{generate, GenOptions};
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::RwLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
 const CAUGHT_UP: Duration = Duration::from_secs(120);
 const EXIT: Duration = Duration::from_secs(40);
-
-/// Tests share the cluster (read); the outage test stops it (write).
-static CLUSTER: RwLock<()> = RwLock::new(());
-
-fn shared_cluster() -> std::sync::RwLockReadGuard<'static, ()> {
-    CLUSTER.read().unwrap_or_else(|e| e.into_inner())
-}
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
@@ -151,7 +145,7 @@ fn kafka_committed(group: &str, topic: &str) -> Vec<i64> {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn end_to_end_the_table_equals_the_verifiers_expected_set() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let (rules, ticks) = generate(&GenOptions {
         symbols: 50,
         ticks: 10_000,
@@ -257,7 +251,7 @@ fn end_to_end_the_table_equals_the_verifiers_expected_set() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_doubles_nothing() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let input = notifications(50, 40_000, 21);
     let prefix = common::prefix("sink-kill");
     let _topics = common::drop_topics(&prefix);
@@ -368,6 +362,19 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     );
 }
 
+/// Starts the cluster again when the outage test ends, by a panic too: every later test needs it.
+struct UpAgain;
+
+impl Drop for UpAgain {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let script =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
+            let _ = std::process::Command::new(script).arg("up").output();
+        }
+    }
+}
+
 /// Runs scripts/postgres.sh with `args`.
 fn postgres_sh(args: &[&str]) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
@@ -385,7 +392,6 @@ fn postgres_sh(args: &[&str]) {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
-    let _cluster = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
     let url = std::fs::read_to_string(state_dir().join("url")).unwrap_or_default();
     assert_eq!(
         url.trim(),
@@ -398,6 +404,9 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_outage", &topic);
+    // Every other test, in this process or the other lane's, waits meanwhile.
+    let alone = sink.db.cluster.alone();
+    let _up_again = UpAgain;
     sink.extra = s(&[
         "--commit-interval",
         "50ms",
@@ -436,6 +445,7 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
     );
     let committed_during = kafka_committed(&sink.group, &topic);
     postgres_sh(&["up"]);
+    drop(alone);
     println!(
         "PostgreSQL down for {:.1}s; {paused} partitions paused",
         down_at.elapsed().as_secs_f64()
@@ -463,7 +473,7 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn two_instances_share_the_partitions_and_one_is_replaced() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let input = notifications(50, 40_000, 41);
     let prefix = common::prefix("sink-group");
     let _topics = common::drop_topics(&prefix);
@@ -517,7 +527,7 @@ fn wait_metrics(what: &str, done: impl Fn() -> bool) {
 fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
     // The outage is a cut relay in front of the database, not a stopped server: only this test's
     // sinks lose the database, so the shared cluster lock is enough.
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let input = notifications(50, 30_000, 71);
     let prefix = common::prefix("sink-repause");
     let _topics = common::drop_topics(&prefix);
@@ -615,7 +625,7 @@ fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
 fn malformed_records_are_dead_lettered_once_each_with_their_class() {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let good = notifications(3, 400, 51);
     assert!(good.len() >= 2);
     let prefix = common::prefix("sink-dlq");
@@ -756,7 +766,7 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn stored_offsets_never_move_backwards_and_a_stale_batch_doubles_nothing() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let db = TestDb::create("sink_monotonic");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -820,7 +830,7 @@ fn stored_offsets_never_move_backwards_and_a_stale_batch_doubles_nothing() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn the_password_never_reaches_the_logs_or_the_help() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let prefix = common::prefix("sink-secret");
     let _topics = common::drop_topics(&prefix);
     let topic = format!("{prefix}notifications");
@@ -871,7 +881,7 @@ fn the_password_never_reaches_the_logs_or_the_help() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn tls_options_reach_the_connection() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let cert = state_dir().join("server.crt");
     assert!(
         cert.exists(),
@@ -922,7 +932,7 @@ fn tls_options_reach_the_connection() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn migrations_apply_once_even_when_two_instances_start_together() {
-    let _cluster = shared_cluster();
+    let _cluster = ClusterUse::shared();
     let sink = SinkRun::new("sink_migrate", "unused");
     let a = sink
         .command("0", &s(&["migrate"]))

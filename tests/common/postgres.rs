@@ -68,6 +68,46 @@ fn admin(sql: &str) {
     })
 }
 
+/// The cluster is shared by test processes running side by side (scripts/test.sh runs its test
+/// files in two lanes), and one test stops it. An in-process lock cannot see the other lane, so
+/// every use holds a shared `flock` on one file for as long as it talks to the server, and the
+/// test that stops it trades its share for the exclusive lock for the time of the outage.
+pub struct ClusterUse(std::fs::File);
+
+impl ClusterUse {
+    /// Waits while another test has the cluster stopped, then shares it until dropped.
+    pub fn shared() -> Self {
+        let dir = state_dir();
+        std::fs::create_dir_all(&dir).expect("creating .postgres");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("tests.lock"))
+            .expect("opening .postgres/tests.lock");
+        file.lock_shared().expect("sharing .postgres/tests.lock");
+        ClusterUse(file)
+    }
+
+    /// Waits until no other test in any process uses the cluster and keeps it alone until the
+    /// guard is dropped; the share is taken again then.
+    pub fn alone(&self) -> Alone<'_> {
+        self.0.unlock().expect("unlocking .postgres/tests.lock");
+        self.0.lock().expect("locking .postgres/tests.lock");
+        Alone(&self.0)
+    }
+}
+
+/// The cluster used by this test alone (see [`ClusterUse::alone`]).
+pub struct Alone<'a>(&'a std::fs::File);
+
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+        let _ = self.0.lock_shared();
+    }
+}
+
 /// A dead letter as stored.
 #[derive(Debug, Clone)]
 pub struct StoredDeadLetter {
@@ -87,10 +127,13 @@ pub struct TestDb {
     /// after an error; its runtime drives it between queries.
     conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
     rt: tokio::runtime::Runtime,
+    /// Dropped after the database is: the cluster stays up while this test uses it.
+    pub cluster: ClusterUse,
 }
 
 impl TestDb {
     pub fn create(test: &str) -> Self {
+        let cluster = ClusterUse::shared();
         let name = format!("t_{test}_{}", price_alerts::kafka::topics::unique_suffix());
         admin(&format!("CREATE DATABASE {name}"));
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -103,6 +146,7 @@ impl TestDb {
             name,
             conn: std::sync::Mutex::new(None),
             rt,
+            cluster,
         }
     }
 
