@@ -17,12 +17,12 @@
 //! Transient failures are retried inline with exponential backoff and full jitter
 //! (`base * 2^(n-1)`, capped, times a random factor in [0.5, 1]), at most `max_attempts` attempts and
 //! at most `budget` of total backoff per tick. The budget is kept far below `max.poll.interval.ms`
-//! (default 300 s) and below the transaction timeout, so a bad tick can neither get the consumer
+//! (the transaction timeout + 50 s: `kafka::config::max_poll_interval`) and below the transaction timeout, so a bad tick can neither get the consumer
 //! evicted nor time out the transaction it sits in; the partition never stalls behind it.
 //!
 //! # Dead-letter records
 //! The record keeps the original key and value bytes and the original headers, and adds the
-//! `dlq.*` headers of DESIGN.md (`dlq.origin`, `dlq.original.{topic,partition,offset,timestamp}`,
+//! `dlq.*` headers of docs/design.md (`dlq.origin`, `dlq.original.{topic,partition,offset,timestamp}`,
 //! `dlq.consumer.group`, `dlq.error.class`, `dlq.error.message`, `dlq.attempts`, `dlq.failed.at`,
 //! `dlq.service`, `dlq.service.version`). The error message is sanitized and never holds the
 //! payload. The replay tool ([`crate::tools::replay`]) copies headers back with [`copy_headers`].

@@ -223,7 +223,7 @@ pub fn parse_decimal(text: &str) -> Option<Decimal> {
         .ok()
 }
 
-/// Encodes a tick as the JSON of DESIGN.md (used by the generator and the demos).
+/// Encodes a tick as the JSON of docs/design.md (used by the generator and the demos).
 pub fn encode(tick: &Tick) -> Vec<u8> {
     let mut obj = serde_json::Map::new();
     obj.insert("symbol".into(), Value::String(tick.symbol.clone()));

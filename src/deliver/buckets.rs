@@ -51,7 +51,7 @@ pub const HEADERS: &[&str] = &[
     UNTRIED_PASSES,
 ];
 
-/// The default bucket delays, as DESIGN.md draws them.
+/// The default bucket delays, as docs/design.md draws them.
 pub const DEFAULT_BUCKETS: &[Duration] = &[
     Duration::from_secs(5),
     Duration::from_secs(60),

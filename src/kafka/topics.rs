@@ -51,7 +51,7 @@ pub struct Topics {
 pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 
 impl Topics {
-    /// The names of DESIGN.md: `market-updates`, `notifications`, `<app>-state`, `<input>.dlq`.
+    /// The names of docs/design.md: `market-updates`, `notifications`, `<app>-state`, `<input>.dlq`.
     pub fn standard(app_id: &str) -> Self {
         Self::with("market-updates".into(), "notifications".into(), app_id)
     }
