@@ -60,6 +60,7 @@ impl DbArgs {
                 "a client certificate needs its key and the other way round (sslcert with sslkey)"
             );
         }
+        tls.check_files()?;
         Ok(DbOptions {
             url,
             tls,
@@ -232,18 +233,23 @@ mod tests {
 
     #[test]
     fn tls_flags_win_over_the_url() {
+        // Files that exist: the options refuse a certificate path that cannot be read.
+        let (a, b) = (
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
+        );
         let args = SinkArgs::try_parse_from([
             "alert-sink",
             "--database-url",
-            "postgres://u@h/d?sslmode=require&sslrootcert=/a.pem",
+            &format!("postgres://u@h/d?sslmode=require&sslrootcert={a}"),
             "--db-ssl-root-cert",
-            "/b.pem",
+            b,
         ])
         .unwrap();
         let db = args.options().unwrap().db;
         assert_eq!(
             (db.tls.mode, db.tls.root_cert),
-            (Some(SslMode::Require), Some(PathBuf::from("/b.pem")))
+            (Some(SslMode::Require), Some(PathBuf::from(b)))
         );
     }
 

@@ -14,7 +14,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use crate::kafka::KafkaConfig;
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -118,6 +118,26 @@ pub struct TlsOptions {
     /// Client certificate (PEM) and its key, for servers that ask for one.
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+}
+
+impl TlsOptions {
+    /// Checks that every file named can be opened, so a mistyped path stops the start naming the
+    /// file and the system's reason ("No such file or directory"), before anything is connected
+    /// to; OpenSSL, reading it later, says only `BIO_new_file:reason(2)`.
+    pub fn check_files(&self) -> anyhow::Result<()> {
+        let files = [
+            ("root certificate", &self.root_cert),
+            ("client certificate", &self.cert),
+            ("client key", &self.key),
+        ];
+        for (what, path) in files {
+            if let Some(path) = path {
+                std::fs::File::open(path)
+                    .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How to reach the database.
