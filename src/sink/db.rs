@@ -225,24 +225,52 @@ pub async fn connect(opts: &DbOptions) -> Result<Client, DbError> {
     Ok(client)
 }
 
-/// Connects, waiting out an unavailable database with `backoff` until `give_up` resolves; fatal
-/// errors return at once.
+/// The first connection of a sink: waits out an unavailable database with `backoff` until
+/// `give_up` resolves, for at most `bound` (None: for ever). A database that has not answered
+/// within the bound is an error naming it and the last cause: at start, before it ever answered, a
+/// wrong host or port looks exactly like an outage, and waiting for ever would hide the typo.
+/// Fatal errors (authentication, TLS, configuration) return at once.
 pub async fn connect_waiting(
     opts: &DbOptions,
     backoff: super::options::Backoff,
+    bound: Option<Duration>,
     give_up: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Option<Client>> {
     tokio::pin!(give_up);
+    let deadline = bound.map(|b| tokio::time::Instant::now() + b);
+    let never_answered = |cause: &str| {
+        anyhow::anyhow!(
+            "the database at {} did not answer within {} (--db-start-timeout; 0s waits for ever): {cause}",
+            describe(opts),
+            humantime::format_duration(bound.unwrap_or_default()),
+        )
+    };
     let mut attempt = 0;
     loop {
-        match connect(opts).await {
+        // An attempt ends at the deadline too: one slow connect must not stretch the bound.
+        let connected = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, connect(opts)).await {
+                Ok(c) => c,
+                Err(_) => Err(DbError::Unavailable(format!(
+                    "no connection within {:?}",
+                    opts.connect_timeout
+                ))),
+            },
+            None => connect(opts).await,
+        };
+        match connected {
             Ok(c) => return Ok(Some(c)),
             Err(DbError::Unavailable(e)) => {
                 attempt += 1;
+                let now = tokio::time::Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(never_answered(&e));
+                }
                 let wait = backoff.delay(attempt, rand::random_range(0.5..=1.0));
-                warn!(db = %describe(opts), attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "database unavailable; waiting for it");
+                let wake = deadline.map_or(now + wait, |d| d.min(now + wait));
+                warn!(db = %describe(opts), attempt, error = %e, retry_in_ms = (wake - now).as_millis() as u64, "database unavailable at start; waiting for it");
                 tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
+                    () = tokio::time::sleep_until(wake) => {}
                     () = &mut give_up => return Ok(None),
                 }
             }

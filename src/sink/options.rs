@@ -27,6 +27,8 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// Default quiet time after which a batch is written: once the consumer has caught up, waiting
 /// longer only adds latency.
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(5);
+/// Default bound on the database's first answer at start.
+pub const DEFAULT_DB_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A PostgreSQL connection string that never shows its password.
 #[derive(Clone, PartialEq, Eq)]
@@ -204,6 +206,10 @@ pub struct SinkOptions {
     pub linger: Duration,
     /// Bound on writing one batch; past it the database counts as unavailable.
     pub write_timeout: Duration,
+    /// How long the database has to answer at start: past it, with no connection ever made, the
+    /// start fails (a wrong host or port looks like nothing else). None: wait for ever. An outage
+    /// after the first connection pauses instead, for as long as it lasts.
+    pub db_start_timeout: Option<Duration>,
     /// Reconnection pacing during an outage.
     pub backoff: Backoff,
     /// Larger records are dead-lettered as oversize.
