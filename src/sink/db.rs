@@ -323,3 +323,45 @@ pub fn known_migrations() -> Vec<String> {
         .map(|m| format!("V{}__{}", m.version(), m.name()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::options::{Backoff, TlsOptions};
+
+    /// Nothing listens on port 1: no database server is needed to see the start bound.
+    #[test]
+    fn a_database_that_never_answers_fails_the_start_within_the_bound() {
+        let opts = DbOptions {
+            url: "postgres://sink:s3cr3t@127.0.0.1:1/alerts".parse().unwrap(),
+            tls: TlsOptions::default(),
+            connect_timeout: Duration::from_secs(1),
+        };
+        let backoff = Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(200),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let bound = Some(Duration::from_millis(600));
+        let err = rt
+            .block_on(connect_waiting(
+                &opts,
+                backoff,
+                bound,
+                std::future::pending(),
+            ))
+            .unwrap_err();
+        let took = started.elapsed();
+        let text = format!("{err:#}");
+        assert!(took >= Duration::from_millis(600), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+        assert!(text.contains("Connection refused"), "{text}");
+        assert!(!text.contains("s3cr3t"), "{text}");
+        println!("{text}");
+    }
+}
