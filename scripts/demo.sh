@@ -7,10 +7,16 @@
 #   3. alert-sink stores the pipeline's notifications in PostgreSQL (a database of this run's own);
 #      the row count, a sample query, and the verifier comparing the table with the expected
 #      notifications.
+#   4. alert-deliver sends the notifications to three local subscribers (test-subscriber): one
+#      accepts, one answers 503 for its first few seconds (the retry buckets, then delivery), one
+#      answers 410 Gone (the parking lot); what each received, by Idempotency-Key, and what the
+#      buckets and the parking lot hold (dlq-replay inspect).
 # Starts the broker (scripts/kafka.sh up) and PostgreSQL (scripts/postgres.sh up) if needed;
 # leaves them running.
 # Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), TICKS (10000), SYMBOLS (50), DATABASE_URL
-# (default the cluster of scripts/postgres.sh).
+# (default the cluster of scripts/postgres.sh), KAFKA_SH (default scripts/kafka.sh: the script
+# whose broker is checked and started, e.g. another checkout's), FAIL_FOR (8s: how long the
+# failing subscriber answers 503).
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -18,8 +24,10 @@ cd "$ROOT"
 export KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:9092}
 TICKS=${TICKS:-10000}
 SYMBOLS=${SYMBOLS:-50}
+FAIL_FOR=${FAIL_FOR:-8s}
+KAFKA_SH=${KAFKA_SH:-scripts/kafka.sh}
 
-scripts/kafka.sh status >/dev/null 2>&1 || scripts/kafka.sh up
+"$KAFKA_SH" status >/dev/null 2>&1 || "$KAFKA_SH" up
 cargo build --locked --release --bins
 BIN="$ROOT/target/release"
 export RUST_LOG=${RUST_LOG:-warn}
@@ -31,7 +39,8 @@ echo
 echo "== 2. The exactly-once pipeline over $TICKS ticks of $SYMBOLS symbols =="
 run="demo-$(date +%s)-$$"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+subscribers_pid=
+trap '[ -n "$subscribers_pid" ] && kill "$subscribers_pid" 2>/dev/null; rm -rf "$work"' EXIT
 "$BIN/tick-gen" --topic "$run-market-updates" --partitions 6 --symbols "$SYMBOLS" --ticks "$TICKS" \
   --stale-every 97 --rules-out "$work/rules.toml"
 "$BIN/alert-pipeline" --rules "$work/rules.toml" --app-id "$run" --input "$run-market-updates" \
@@ -54,6 +63,32 @@ echo "Which alerts fired for $top today?"
 psql "$db_url" -c "SELECT tick_ts, direction, threshold, previous_price, price, seq FROM alerts
                     WHERE symbol = '$top' AND tick_ts >= date_trunc('day', now()) ORDER BY seq, threshold LIMIT 10"
 DATABASE_URL="$db_url" "$BIN/alert-verify" --rules "$work/rules.toml" --input "$run-market-updates" --table
+
+echo
+echo "== 4. To the subscribers' webhooks (alert-deliver): retry buckets, parking lot =="
+# Three local subscribers in one process: steady accepts, flaky answers 503 for its first
+# $FAIL_FOR (so its notifications go round the retry buckets, then are delivered), gone answers
+# 410 (so its notifications are parked). It writes the subscriptions file once listening.
+"$BIN/test-subscriber" --subscriber steady=accept --subscriber "flaky=fail-for:$FAIL_FOR" \
+  --subscriber gone=status:410 --subscriptions-out "$work/subscriptions.toml" >"$work/received.txt" &
+subscribers_pid=$!
+for _ in $(seq 100); do [ -s "$work/subscriptions.toml" ] && break; sleep 0.1; done
+[ -s "$work/subscriptions.toml" ] || { echo "demo.sh: test-subscriber did not start" >&2; exit 1; }
+# Short buckets, so the retries fit the demo: 1 s, then 5 s, then 30 s (the sum well above the
+# outage: nothing runs out of buckets into the DLQ). It stops once nothing is left to retry.
+"$BIN/alert-deliver" --subscriptions "$work/subscriptions.toml" --app-id "$run" \
+  --topic "$run-notifications" --buckets 1s,5s,30s --exit-when-idle 3s
+kill -TERM "$subscribers_pid"
+wait "$subscribers_pid"
+subscribers_pid=
+echo "What each subscriber received (keys are <notification id>/<subscriber>):"
+cat "$work/received.txt"
+for bucket in retry.1s retry.5s retry.30s parking-lot dlq; do
+  echo
+  echo "-- $run-notifications.$bucket (dlq-replay inspect)"
+  "$BIN/dlq-replay" inspect --dlq "$run-notifications.$bucket" --show 1
+done
+
 echo
 echo "demo.sh: done; topics of this run start with $run-, its database is $db. The broker and"
 echo "PostgreSQL keep running: scripts/kafka.sh down, scripts/postgres.sh down"

@@ -977,3 +977,119 @@ fn a_missing_database_url_is_refused_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url or set DATABASE_URL"));
 }
+
+/// The error line of a finished alert-sink (the one that starts with its name).
+fn error_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("alert-sink: "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_database_that_never_answered_at_start_fails_the_start_naming_it() {
+    let _cluster = ClusterUse::shared();
+    let prefix = common::prefix("sink-start");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 1);
+    let sink = SinkRun::new("sink_start", &topic);
+    let password = sink
+        .db
+        .url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('@').next())
+        .and_then(|u| u.split(':').nth(1))
+        .unwrap()
+        .to_owned();
+    // The test cluster's URL with the port a user might have mistyped: nothing listens there.
+    let host_port = sink
+        .db
+        .url
+        .rsplit_once('@')
+        .unwrap()
+        .1
+        .split('/')
+        .next()
+        .unwrap();
+    let wrong = sink.db.url.replacen(host_port, "127.0.0.1:1", 1);
+    let bound = Duration::from_secs(3);
+    let started = Instant::now();
+    let out = sink
+        .command("0", &s(&["--db-start-timeout", "3s"]))
+        .env("DATABASE_URL", &wrong)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = error_line(&stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(took >= bound, "it waited its bound first ({took:?})");
+    // The broker check and a debug build's start come on top of the bound, never a wait for ever.
+    assert!(took < bound + Duration::from_secs(30), "{took:?}");
+    assert_eq!(line.lines().count(), 1, "one error line\n{stderr}");
+    assert!(line.contains("127.0.0.1:1"), "names host:port: {line}");
+    assert!(
+        line.contains("Connection refused"),
+        "names the cause: {line}"
+    );
+    assert!(
+        line.contains("--db-start-timeout"),
+        "names the bound: {line}"
+    );
+    assert!(
+        !stderr.contains(&password),
+        "the password is printed\n{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_database_that_comes_up_within_the_start_bound_is_waited_for() {
+    let _cluster = ClusterUse::shared();
+    let input = notifications(10, 2_000, 61);
+    let prefix = common::prefix("sink-late-db");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 2);
+    let sink = SinkRun::new("sink_late_db", &topic);
+    let landed = price_alerts::kafka::feed::produce_raw(
+        &kafka(),
+        &topic,
+        &input.iter().map(record).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    // The database is down, as the sink sees it, when the sink starts (the cluster itself, shared
+    // with other tests, keeps running behind the relay).
+    let relay = Relay::start(&sink.db.url);
+    relay.cut();
+    let mut p = sink
+        .command(
+            "0",
+            &s(&["--db-start-timeout", "2m", "--exit-when-idle", "2s"]),
+        )
+        .env("DATABASE_URL", relay.url(&sink.db.url))
+        .spawn()
+        .unwrap();
+    // The outage at start: long enough for several connection attempts to be refused.
+    thread::sleep(Duration::from_secs(5));
+    assert!(
+        matches!(p.try_wait(), Ok(None)),
+        "the sink waits for a database within its start bound"
+    );
+    relay.restore();
+    sink.wait_stored(&next_offsets(&landed), CAUGHT_UP);
+    let deadline = Instant::now() + EXIT;
+    let status = loop {
+        if let Some(status) = p.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the sink never idled out");
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert_stored_exactly(&sink.db, &input);
+}

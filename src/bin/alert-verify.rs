@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            price_alerts::errln!("alert-verify: {e:#}");
+            price_alerts::errln!("alert-verify: {}", price_alerts::cli::report(&e));
             ExitCode::from(2)
         }
     }
@@ -52,6 +52,13 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<bool> {
     let cli = Cli::parse();
+    // The files first: a mistyped path is named before any broker or database is needed.
+    let rules = Rules::load(&cli.rules)?;
+    let db = if cli.table {
+        Some(cli.db.options()?)
+    } else {
+        None
+    };
     let kafka = cli.kafka.connect()?;
     let mut read = vec![cli.input.clone()];
     if !cli.table {
@@ -64,12 +71,10 @@ fn run() -> anyhow::Result<bool> {
             ..Default::default()
         },
     )?;
-    let rules = Rules::load(&cli.rules)?;
     let faults = price_alerts::dlq::FaultInjection {
         enabled: cli.inject_faults,
     };
-    let report = if cli.table {
-        let db = cli.db.options()?;
+    let report = if let Some(db) = db {
         price_alerts::sink::check::verify_table(
             &kafka,
             &cli.input,

@@ -75,6 +75,10 @@ pub struct DeliverArgs {
     /// How long a graceful shutdown may take before exiting non-zero.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub shutdown_timeout: Duration,
+    /// Stop once idle this long: nothing polled, and no retry waiting in a bucket for its due
+    /// time (demos, benchmarks).
+    #[arg(long, value_parser = duration)]
+    pub exit_when_idle: Option<Duration>,
     /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9898).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -148,6 +152,7 @@ impl DeliverArgs {
             transaction_timeout: self.transaction_timeout,
             retention: self.retention,
             shutdown_timeout: self.shutdown_timeout,
+            exit_when_idle: self.exit_when_idle,
             test_crash_after_handoffs: self.test_crash_after_handoffs,
             test_abort_handoff_txn: self.test_abort_handoff_txn,
             test_hold_send_offsets: self.test_hold_send_offsets.clone(),

@@ -140,7 +140,7 @@ macro_rules! errln {
 }
 
 /// A binary's `main`: logging, then `run`; an error is printed with its whole cause chain
-/// (`{:#}`) and exits 1 ([`exit_code_of`]: 75 when a transactional call stayed stuck).
+/// ([`report`]) and exits 1 ([`exit_code_of`]: 75 when a transactional call stayed stuck).
 pub fn main_of(
     name: &str,
     run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>,
@@ -149,10 +149,34 @@ pub fn main_of(
     match run() {
         Ok(code) => code,
         Err(e) => {
-            crate::errln!("{name}: {e:#}");
+            crate::errln!("{name}: {}", report(&e));
             exit_code_of(&e)
         }
     }
+}
+
+/// The one line an error is printed as when a binary stops on it: each message of its cause
+/// chain, outermost first, separated by `: ` (as anyhow's `{:#}`), leaving out a cause whose text
+/// the line already holds.
+///
+/// Why not `{:#}` itself: an error type may both return its cause from `source()` and write it in
+/// its own message (thiserror's `#[error("cannot read {path}: {source}")]` does both), and `{:#}`
+/// then prints the cause twice ("No such file or directory (os error 2): No such file or directory
+/// (os error 2)"). Deciding it here, where errors are printed, covers every such type, the
+/// dependencies' included, and leaves their `Display` whole for the logs that print one alone.
+pub fn report(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// The exit status of a run that failed with `e`: [`crate::kafka::txn::EXIT_STUCK`] when a
@@ -207,5 +231,46 @@ pub async fn shutdown_signal_bounded(bound: Duration) {
     });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the shutdown watchdog; the shutdown bound is not enforced");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read {path}: {source}")]
+    struct Both {
+        path: String,
+        source: std::io::Error,
+    }
+
+    fn enoent() -> std::io::Error {
+        std::io::Error::from_raw_os_error(2)
+    }
+
+    #[test]
+    fn a_cause_shows_once_even_when_its_parent_writes_it_too() {
+        let e = anyhow::Error::new(Both {
+            path: "/x.toml".into(),
+            source: enoent(),
+        });
+        assert_eq!(format!("{e:#}").matches("os error 2").count(), 2, "{e:#}");
+        assert_eq!(
+            report(&e),
+            "cannot read /x.toml: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn every_distinct_cause_shows_in_order() {
+        let e = anyhow::Error::new(enoent())
+            .context("reading /x.toml")
+            .context("loading the rules");
+        assert_eq!(
+            report(&e),
+            "loading the rules: reading /x.toml: No such file or directory (os error 2)"
+        );
+        assert_eq!(report(&anyhow::anyhow!("plain")), "plain");
     }
 }

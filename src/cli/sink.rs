@@ -60,6 +60,7 @@ impl DbArgs {
                 "a client certificate needs its key and the other way round (sslcert with sslkey)"
             );
         }
+        tls.check_files()?;
         Ok(DbOptions {
             url,
             tls,
@@ -94,6 +95,11 @@ pub struct SinkArgs {
     /// The notifications topic.
     #[arg(long, default_value = "notifications")]
     pub topic: String,
+    /// How long the database has to answer at start before the sink gives up, naming host:port
+    /// and the cause (a wrong URL, say, instead of waiting for it as for an outage). 0s: wait for
+    /// ever. Once it has answered, an outage pauses the sink instead, however long it lasts.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub db_start_timeout: Duration,
     /// Write a batch when it holds this many records.
     #[arg(long, default_value_t = crate::sink::options::DEFAULT_MAX_BATCH)]
     pub max_batch: usize,
@@ -196,6 +202,7 @@ impl SinkArgs {
             commit_interval: self.commit_interval,
             linger: self.linger,
             write_timeout: self.write_timeout,
+            db_start_timeout: (!self.db_start_timeout.is_zero()).then_some(self.db_start_timeout),
             backoff: Backoff {
                 initial: self.reconnect_initial,
                 max: self.reconnect_max,
@@ -212,7 +219,9 @@ impl SinkArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::options::{DEFAULT_COMMIT_INTERVAL, DEFAULT_LINGER, DEFAULT_MAX_BATCH};
+    use crate::sink::options::{
+        DEFAULT_COMMIT_INTERVAL, DEFAULT_DB_START_TIMEOUT, DEFAULT_LINGER, DEFAULT_MAX_BATCH,
+    };
     use clap::Parser;
 
     #[test]
@@ -232,18 +241,23 @@ mod tests {
 
     #[test]
     fn tls_flags_win_over_the_url() {
+        // Files that exist: the options refuse a certificate path that cannot be read.
+        let (a, b) = (
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
+        );
         let args = SinkArgs::try_parse_from([
             "alert-sink",
             "--database-url",
-            "postgres://u@h/d?sslmode=require&sslrootcert=/a.pem",
+            &format!("postgres://u@h/d?sslmode=require&sslrootcert={a}"),
             "--db-ssl-root-cert",
-            "/b.pem",
+            b,
         ])
         .unwrap();
         let db = args.options().unwrap().db;
         assert_eq!(
             (db.tls.mode, db.tls.root_cert),
-            (Some(SslMode::Require), Some(PathBuf::from("/b.pem")))
+            (Some(SslMode::Require), Some(PathBuf::from(b)))
         );
     }
 
@@ -272,6 +286,18 @@ mod tests {
             (DEFAULT_MAX_BATCH, DEFAULT_COMMIT_INTERVAL)
         );
         assert_eq!(o.linger, DEFAULT_LINGER);
+        assert_eq!(o.db_start_timeout, Some(DEFAULT_DB_START_TIMEOUT));
+        let forever = SinkArgs::try_parse_from([
+            "alert-sink",
+            "--database-url",
+            "postgres://h/d",
+            "--db-start-timeout",
+            "0s",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
+        assert_eq!(forever.db_start_timeout, None, "0 waits for ever");
         assert!(o.commit_to_kafka);
         let err =
             SinkArgs::try_parse_from(["alert-sink", "--max-batch", "0", "--database-url", "x"])

@@ -199,6 +199,12 @@ impl Partitions {
         self.held.values().map(|h| h.due).min()
     }
 
+    /// Whether partitions are owned and none is held: nothing waits for a due time, so a
+    /// deliverer that polls nothing more is done with what it was given (`--exit-when-idle`).
+    pub fn settled(&self) -> bool {
+        self.held.is_empty() && self.pauses.owned().next().is_some()
+    }
+
     /// The held partitions and their heads.
     pub fn held(&self) -> impl Iterator<Item = (&Tp, &Held)> + '_ {
         self.held.iter()
@@ -380,6 +386,19 @@ mod tests {
         assert!(!p.is_current(&tp(0), p.stamp()), "records behind the head");
         assert!(p.is_current(&tp(1), p.stamp()));
         assert_eq!(p.next_due(), Some(at(100)));
+    }
+
+    #[test]
+    fn settled_once_owned_and_nothing_held() {
+        let (fake, mut p) = holding();
+        assert!(!p.settled(), "a held head waits for its due time");
+        p.resume_due(&fake, at(100)).unwrap();
+        assert!(p.settled());
+        p.lost();
+        assert!(
+            !p.settled(),
+            "nothing owned: not settled (a slow join is not idleness)"
+        );
     }
 
     #[test]

@@ -190,6 +190,11 @@ struct Deliverer {
     stats: DeliverStats,
     gauges_at: Instant,
     hook: TestHooks,
+    /// The last poll that returned a record, or the last change of assignment
+    /// (`--exit-when-idle`).
+    active_at: Instant,
+    /// The assignment stamp seen at `active_at`.
+    active_stamp: u64,
 }
 
 fn run_blocking(
@@ -245,6 +250,8 @@ fn run_blocking(
         stats: DeliverStats::default(),
         gauges_at: Instant::now(),
         hook,
+        active_at: Instant::now(),
+        active_stamp: 0,
     };
     health.ready();
     let watchdog = health.watchdog(
@@ -280,8 +287,31 @@ impl Deliverer {
             if !batch.is_empty() {
                 self.process(batch)?;
             }
+            if self.idle()? {
+                info!("idle; stopping");
+                break;
+            }
         }
         Ok(())
+    }
+
+    /// Whether `--exit-when-idle` is due: partitions owned, none held (no retry waits for its
+    /// due time), nothing polled and no assignment change for that long. A hand-off to a bucket
+    /// is polled back within moments of its commit, and then holds its partition, so a deliverer
+    /// does not stop with retries pending.
+    fn idle(&mut self) -> anyhow::Result<bool> {
+        let Some(idle) = self.opts.exit_when_idle else {
+            return Ok(false);
+        };
+        let (stamp, settled) = {
+            let p = self.partitions()?;
+            (p.stamp(), p.settled())
+        };
+        if stamp != self.active_stamp {
+            self.active_stamp = stamp;
+            self.active_at = Instant::now();
+        }
+        Ok(settled && self.active_at.elapsed() >= idle)
     }
 
     /// The per-partition state (never held across a poll: the rebalance callbacks lock it).
@@ -310,7 +340,10 @@ impl Deliverer {
                 Duration::ZERO
             }) {
                 // Stamped after the poll, whose rebalance callbacks ran before it returned.
-                Some(Ok(m)) => polled.push((self.partitions()?.stamp(), m.detach())),
+                Some(Ok(m)) => {
+                    self.active_at = Instant::now();
+                    polled.push((self.partitions()?.stamp(), m.detach()));
+                }
                 Some(Err(e)) => warn!(error = %e, "consumer error"),
                 None => break,
             }

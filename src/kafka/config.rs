@@ -79,6 +79,16 @@ pub const PRODUCER_QUEUE_MESSAGES: u32 = 32_768;
 pub const PRODUCER_QUEUE_KBYTES: u32 = 16_384;
 
 /// Properties that the pipeline sets itself and that a pass-through may not override.
+/// The properties whose value is a file librdkafka opens when a client is created.
+const FILE_PROPERTIES: &[&str] = &[
+    "ssl.ca.location",
+    "ssl.crl.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.keystore.location",
+    "https.ca.location",
+];
+
 const MANAGED: &[(&str, &str)] = &[
     ("bootstrap.servers", "use --bootstrap (or KAFKA_BOOTSTRAP)"),
     ("group.id", "the group is derived from the application id"),
@@ -179,6 +189,7 @@ impl KafkaConfig {
     /// client. Together, not one by one: some are only valid in company (security.protocol=SASL_SSL
     /// wants its sasl.mechanism). The message never repeats the values: one may be a password.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.check_files()?;
         let mut c = ClientConfig::new();
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -197,6 +208,33 @@ impl KafkaConfig {
                 "librdkafka properties refused: {}",
                 super::secrets::scrub(&reason, &self.properties)
             );
+        }
+        Ok(())
+    }
+
+    /// Checks that each file a property names can be opened, so a mistyped path is refused naming
+    /// the property, the path and the system's reason: librdkafka's own refusal names the
+    /// property only, with OpenSSL's code (`ssl.ca.location failed: error:05880002:x509
+    /// certificate routines::system lib`).
+    fn check_files(&self) -> anyhow::Result<()> {
+        for key in FILE_PROPERTIES {
+            let Some(path) = self.properties.get(*key) else {
+                continue;
+            };
+            // ssl.ca.location=probe asks librdkafka to look in the system's usual places.
+            if *key == "ssl.ca.location" && path == "probe" {
+                continue;
+            }
+            // A directory (ssl.ca.location may be one) opens too on the systems we run on. The
+            // path is named unless librdkafka counts the property sensitive (ssl.key.location):
+            // nothing this project prints carries such a value.
+            std::fs::File::open(path).with_context(|| {
+                if super::secrets::is_sensitive(key) {
+                    format!("{key}: cannot read the file it names")
+                } else {
+                    format!("{key}: cannot read {path}")
+                }
+            })?;
         }
         Ok(())
     }

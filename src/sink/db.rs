@@ -225,24 +225,52 @@ pub async fn connect(opts: &DbOptions) -> Result<Client, DbError> {
     Ok(client)
 }
 
-/// Connects, waiting out an unavailable database with `backoff` until `give_up` resolves; fatal
-/// errors return at once.
+/// The first connection of a sink: waits out an unavailable database with `backoff` until
+/// `give_up` resolves, for at most `bound` (None: for ever). A database that has not answered
+/// within the bound is an error naming it and the last cause: at start, before it ever answered, a
+/// wrong host or port looks exactly like an outage, and waiting for ever would hide the typo.
+/// Fatal errors (authentication, TLS, configuration) return at once.
 pub async fn connect_waiting(
     opts: &DbOptions,
     backoff: super::options::Backoff,
+    bound: Option<Duration>,
     give_up: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Option<Client>> {
     tokio::pin!(give_up);
+    let deadline = bound.map(|b| tokio::time::Instant::now() + b);
+    let never_answered = |cause: &str| {
+        anyhow::anyhow!(
+            "the database at {} did not answer within {} (--db-start-timeout; 0s waits for ever): {cause}",
+            describe(opts),
+            humantime::format_duration(bound.unwrap_or_default()),
+        )
+    };
     let mut attempt = 0;
     loop {
-        match connect(opts).await {
+        // An attempt ends at the deadline too: one slow connect must not stretch the bound.
+        let connected = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, connect(opts)).await {
+                Ok(c) => c,
+                Err(_) => Err(DbError::Unavailable(format!(
+                    "no connection within {:?}",
+                    opts.connect_timeout
+                ))),
+            },
+            None => connect(opts).await,
+        };
+        match connected {
             Ok(c) => return Ok(Some(c)),
             Err(DbError::Unavailable(e)) => {
                 attempt += 1;
+                let now = tokio::time::Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(never_answered(&e));
+                }
                 let wait = backoff.delay(attempt, rand::random_range(0.5..=1.0));
-                warn!(db = %describe(opts), attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "database unavailable; waiting for it");
+                let wake = deadline.map_or(now + wait, |d| d.min(now + wait));
+                warn!(db = %describe(opts), attempt, error = %e, retry_in_ms = (wake - now).as_millis() as u64, "database unavailable at start; waiting for it");
                 tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
+                    () = tokio::time::sleep_until(wake) => {}
                     () = &mut give_up => return Ok(None),
                 }
             }
@@ -294,4 +322,46 @@ pub fn known_migrations() -> Vec<String> {
         .iter()
         .map(|m| format!("V{}__{}", m.version(), m.name()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::options::{Backoff, TlsOptions};
+
+    /// Nothing listens on port 1: no database server is needed to see the start bound.
+    #[test]
+    fn a_database_that_never_answers_fails_the_start_within_the_bound() {
+        let opts = DbOptions {
+            url: "postgres://sink:s3cr3t@127.0.0.1:1/alerts".parse().unwrap(),
+            tls: TlsOptions::default(),
+            connect_timeout: Duration::from_secs(1),
+        };
+        let backoff = Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(200),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let bound = Some(Duration::from_millis(600));
+        let err = rt
+            .block_on(connect_waiting(
+                &opts,
+                backoff,
+                bound,
+                std::future::pending(),
+            ))
+            .unwrap_err();
+        let took = started.elapsed();
+        let text = format!("{err:#}");
+        assert!(took >= Duration::from_millis(600), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+        assert!(text.contains("Connection refused"), "{text}");
+        assert!(!text.contains("s3cr3t"), "{text}");
+        println!("{text}");
+    }
 }

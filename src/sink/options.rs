@@ -14,7 +14,7 @@
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use crate::kafka::KafkaConfig;
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -27,6 +27,8 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// Default quiet time after which a batch is written: once the consumer has caught up, waiting
 /// longer only adds latency.
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(5);
+/// Default bound on the database's first answer at start.
+pub const DEFAULT_DB_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A PostgreSQL connection string that never shows its password.
 #[derive(Clone, PartialEq, Eq)]
@@ -120,6 +122,26 @@ pub struct TlsOptions {
     pub key: Option<PathBuf>,
 }
 
+impl TlsOptions {
+    /// Checks that every file named can be opened, so a mistyped path stops the start naming the
+    /// file and the system's reason ("No such file or directory"), before anything is connected
+    /// to; OpenSSL, reading it later, says only `BIO_new_file:reason(2)`.
+    pub fn check_files(&self) -> anyhow::Result<()> {
+        let files = [
+            ("root certificate", &self.root_cert),
+            ("client certificate", &self.cert),
+            ("client key", &self.key),
+        ];
+        for (what, path) in files {
+            if let Some(path) = path {
+                std::fs::File::open(path)
+                    .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How to reach the database.
 #[derive(Debug, Clone)]
 pub struct DbOptions {
@@ -184,6 +206,10 @@ pub struct SinkOptions {
     pub linger: Duration,
     /// Bound on writing one batch; past it the database counts as unavailable.
     pub write_timeout: Duration,
+    /// How long the database has to answer at start: past it, with no connection ever made, the
+    /// start fails (a wrong host or port looks like nothing else). None: wait for ever. An outage
+    /// after the first connection pauses instead, for as long as it lasts.
+    pub db_start_timeout: Option<Duration>,
     /// Reconnection pacing during an outage.
     pub backoff: Backoff,
     /// Larger records are dead-lettered as oversize.

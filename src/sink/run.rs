@@ -1,13 +1,17 @@
 //! The long-running sink: start-up (connect, migrate), the poll loop, and shutdown.
 //!
 //! ```text
-//!  connect (waiting out an unavailable database) ─► migrate ─► subscribe
+//!  connect (waiting out an unavailable database, up to --db-start-timeout) ─► migrate ─► subscribe
 //!  ┌──────────────── dedicated thread (rdkafka's poll and the rebalance callback) ─────────────┐
 //!  │ loop: reconnect if an outage's next attempt is due ─► write the batch if due ─► poll ≤100 ms│
 //!  │       (batch due: max-batch records, or commit-interval old, or linger without a record)  │
 //!  └──────────────────────────────────────────────▲───────────────────────────────────────────┘
 //!                      stop flag set by ──────────┘ the async side: SIGINT/SIGTERM (any future)
 //! ```
+//! At start the database has `db_start_timeout` to answer: one that never has is more likely a
+//! wrong URL than an outage, and the start fails naming it. From the first connection on, an
+//! outage pauses the partitions instead, however long it lasts.
+//!
 //! The loop never sleeps: during an outage it keeps polling (paused partitions deliver nothing, but
 //! the consumer serves rebalances and stays in the group) with the poll's timeout ending at the
 //! next reconnection attempt.
@@ -52,7 +56,8 @@ pub async fn run(
         group: Some(opts.group_id.clone()),
     };
     access::check_async(&opts.kafka, needs).await?;
-    let Some(mut client) = db::connect_waiting(&opts.db, opts.backoff, &mut shutdown).await? else {
+    let first = db::connect_waiting(&opts.db, opts.backoff, opts.db_start_timeout, &mut shutdown);
+    let Some(mut client) = first.await? else {
         info!("shutdown requested while waiting for the database");
         return Ok(SinkStats::default());
     };

@@ -8,9 +8,12 @@
 //!   replay ledger; inspecting a DLQ; the DLQ backlog watcher behind the pipeline's DLQ gauges.
 //! - [`chaos`] (`alert-chaos`): pipeline instances and brokers of a 3-broker cluster killed,
 //!   paused and bounced while a stream is processed, then exactly-once checked.
+//! - [`subscriber`] (`test-subscriber`): local webhook receivers for alert-deliver that accept,
+//!   fail for a while or answer a fixed status, counting by Idempotency-Key (the demo's part 4).
 
 pub mod chaos;
 pub mod demo;
 pub mod generate;
 pub mod replay;
+pub mod subscriber;
 pub mod verify;
