@@ -698,6 +698,31 @@ fn retry_after_is_honoured_400_dead_letters_at_once_and_410_parks() {
     dlq_tooling_takes_what_it_selects(&setup, ids.len() as u64);
 }
 
+/// `--exit-when-idle` (the demo's stop) waits for what the buckets still hold: every first
+/// request is refused, and the first bucket's delay is three times the idle time, so the
+/// deliverer polls nothing between the hand-offs and their due times and must not stop before
+/// the retries are accepted.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn exit_when_idle_waits_for_the_retries_the_buckets_hold() {
+    let throttled = Webhook::up(Behaviour::TooManyOnce {
+        retry_after_secs: 1,
+    });
+    let subs = [("throttled", throttled.url())];
+    let setup = Setup::new("deliver-idle", 2, "3s,5s", &subs);
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..10);
+    let deliverer = setup.spawn_with(&["--exit-when-idle", "1s"]);
+    let status = deliverer.wait(Duration::from_secs(60));
+    assert!(status.success(), "alert-deliver stops by itself: {status}");
+    assert_eq!(
+        throttled.accepted(),
+        keys(&ids, "throttled"),
+        "every retry was delivered before it stopped"
+    );
+    assert_exactly_once(&setup.bucket("3s"), &ids, "throttled");
+}
+
 /// The DLQ tooling on alert-deliver's DLQ: inspect groups by subscriber; a replay filtered by
 /// subscriber with a limit takes exactly what it selects, a dry run writes nothing, and what a
 /// filter did not take is replayed by the next run.
