@@ -57,6 +57,7 @@
 //! dependencies.
 
 pub mod alert;
+pub mod backoff;
 pub mod cli;
 pub mod deliver;
 pub mod dlq;

@@ -723,6 +723,55 @@ fn exit_when_idle_waits_for_the_retries_the_buckets_hold() {
     assert_exactly_once(&setup.bucket("3s"), &ids, "throttled");
 }
 
+/// An abort that comes back on every attempt (here a hook; in production a right refused on a
+/// bucket, a coordinator that keeps failing) must not turn the loop into a hot one: each abort
+/// rewinds the batch, and the next attempt delivers it again, so without a back-off every
+/// subscriber receives the same requests as fast as the loop spins. Once the cause goes, the
+/// batch commits and nothing is handed off twice.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn an_abort_on_every_attempt_backs_off_instead_of_redelivering_in_a_hot_loop() {
+    let hook = Webhook::up(Behaviour::Ok);
+    let subs = [("steady", hook.url())];
+    let setup = Setup::new("deliver-aborts", 1, "1s", &subs);
+    let aborting = std::env::temp_dir().join(format!("{}abort", setup.prefix));
+    std::fs::write(&aborting, b"").expect("the abort file");
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..5);
+    let aborting_arg = aborting.to_str().expect("utf-8 path");
+    let deliverer = setup.spawn_with(&["--test-abort-handoffs-while", aborting_arg]);
+    wait_until("the first attempt", Duration::from_secs(60), || {
+        !hook.requests().is_empty()
+    });
+    let first = Instant::now();
+    // Six seconds of aborts: a back-off of 100 ms doubling per abort in a row allows about six
+    // attempts; a loop without one makes hundreds.
+    std::thread::sleep(Duration::from_secs(6));
+    let during = hook.requests().len();
+    let waited = first.elapsed();
+    std::fs::remove_file(&aborting).expect("removing the abort file");
+    wait_until(
+        "every notification accepted",
+        Duration::from_secs(30),
+        || hook.accepted().len() == ids.len(),
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+    let attempts = during / ids.len();
+    println!(
+        "{during} requests for {} notifications in {waited:?} of aborts",
+        ids.len()
+    );
+    assert!(
+        (2..=10).contains(&attempts),
+        "{attempts} attempts per notification in {waited:?} of aborts: the loop must back off"
+    );
+    assert_eq!(hook.accepted(), keys(&ids, "steady"));
+}
+
 /// The DLQ tooling on alert-deliver's DLQ: inspect groups by subscriber; a replay filtered by
 /// subscriber with a limit takes exactly what it selects, a dry run writes nothing, and what a
 /// filter did not take is replayed by the next run.

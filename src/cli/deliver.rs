@@ -94,6 +94,9 @@ pub struct DeliverArgs {
     /// TEST ONLY: abort the N-th hand-off transaction (1-based) instead of committing it.
     #[arg(long, hide = true)]
     pub test_abort_handoff_txn: Option<u64>,
+    /// TEST ONLY: while this file exists, abort every hand-off transaction.
+    #[arg(long, hide = true)]
+    pub test_abort_handoffs_while: Option<std::path::PathBuf>,
     /// TEST ONLY: while this file exists, hold right before each hand-off's
     /// send_offsets_to_transaction (writing <FILE>.held with the pid) until it is removed.
     #[arg(long, hide = true)]
@@ -155,6 +158,7 @@ impl DeliverArgs {
             exit_when_idle: self.exit_when_idle,
             test_crash_after_handoffs: self.test_crash_after_handoffs,
             test_abort_handoff_txn: self.test_abort_handoff_txn,
+            test_abort_handoffs_while: self.test_abort_handoffs_while.clone(),
             test_hold_send_offsets: self.test_hold_send_offsets.clone(),
         })
     }

@@ -115,6 +115,9 @@ pub struct TestHooks {
     pub abort_txn: Option<u64>,
     /// Hand-off transactions ended so far.
     pub txns: u64,
+    /// While this file exists, abort every hand-off transaction the same way: an abortable error
+    /// that comes back on every attempt.
+    pub abort_while: Option<std::path::PathBuf>,
     /// While this file exists, hold right before each `send_offsets_to_transaction`
     /// ([`crate::kafka::hold`]).
     pub hold_send_offsets: Option<std::path::PathBuf>,
@@ -140,7 +143,8 @@ impl TestHooks {
     /// error, which [`commit`] handles as it handles a real one (abort, and the caller rewinds).
     fn commit(&mut self, producer: &TxnProducer) -> Result<(), TxnError> {
         self.txns += 1;
-        if self.abort_txn == Some(self.txns) {
+        let abort_while = self.abort_while.as_ref().is_some_and(|f| f.exists());
+        if self.abort_txn == Some(self.txns) || abort_while {
             tracing::error!(
                 txn = self.txns,
                 "test hook: aborting a hand-off transaction"

@@ -59,6 +59,8 @@ pub struct DeliverOptions {
     /// TEST ONLY: abort the N-th hand-off transaction of this process (1-based) instead of
     /// committing it, through the path an abortable commit error takes.
     pub test_abort_handoff_txn: Option<u64>,
+    /// TEST ONLY: while this file exists, abort every hand-off transaction.
+    pub test_abort_handoffs_while: Option<std::path::PathBuf>,
     /// TEST ONLY: while this file exists, hold right before each hand-off transaction's
     /// send_offsets_to_transaction ([`crate::kafka::hold`]).
     pub test_hold_send_offsets: Option<std::path::PathBuf>,

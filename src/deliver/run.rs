@@ -21,7 +21,9 @@
 //! A transaction that must be aborted rewinds every partition of the batch to its first record
 //! (dropping a head held further on), so the batch is delivered again (the HTTP side is
 //! at-least-once) and handed off once. A fatal one (fenced by a newer instance, say) stops the
-//! deliverer non-zero.
+//! deliverer non-zero. Aborts in a row back off before the next attempt ([`crate::backoff`]):
+//! each one would otherwise call every subscriber of the batch again at once, and an abort that
+//! comes back on every attempt would hammer them in a hot loop.
 
 use super::buckets::{from_millis, Next, RetryState, Stage};
 use super::dispatch::{Dispatcher, Job, Lane};
@@ -31,6 +33,7 @@ use super::metrics as m;
 use super::options::DeliverOptions;
 use super::partitions::{DeliverContext, Held, Partitions};
 use super::subscriptions::Subscriber;
+use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::logging::Logged;
@@ -195,6 +198,9 @@ struct Deliverer {
     active_at: Instant,
     /// The assignment stamp seen at `active_at`.
     active_stamp: u64,
+    /// Aborts since the last commit, and until when the loop waits before the next attempt.
+    setbacks: Setbacks,
+    backoff_until: Option<Instant>,
 }
 
 fn run_blocking(
@@ -236,6 +242,7 @@ fn run_blocking(
     let hook = TestHooks {
         crash_after: opts.test_crash_after_handoffs,
         abort_txn: opts.test_abort_handoff_txn,
+        abort_while: opts.test_abort_handoffs_while.clone(),
         hold_send_offsets: opts.test_hold_send_offsets.clone(),
         stop: Arc::clone(&stop),
         ..TestHooks::default()
@@ -252,6 +259,8 @@ fn run_blocking(
         hook,
         active_at: Instant::now(),
         active_stamp: 0,
+        setbacks: Setbacks::default(),
+        backoff_until: None,
     };
     health.ready();
     let watchdog = health.watchdog(
@@ -277,6 +286,15 @@ impl Deliverer {
     fn consume_until_stopped(&mut self, health: &Health, stop: &AtomicBool) -> anyhow::Result<()> {
         while !stop.load(Ordering::Relaxed) {
             health.beat();
+            if let Some(until) = self.backoff_until {
+                // In poll-sized steps, so a stop request is seen at once.
+                let left = until.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    std::thread::sleep(left.min(POLL_SLICE));
+                    continue;
+                }
+                self.backoff_until = None;
+            }
             self.partitions()?
                 .resume_due(&self.consumer, SystemTime::now())?;
             if self.gauges_at <= Instant::now() {
@@ -557,7 +575,9 @@ impl Deliverer {
         ) {
             Ok(()) => {}
             Err(e) if e.class == TxnErrorClass::Abortable => {
-                warn!(error = %e, records = records.len(), "hand-off transaction aborted; the batch is read and delivered again");
+                let backoff = self.setbacks.set_back();
+                self.backoff_until = Some(Instant::now() + backoff);
+                warn!(error = %e, records = records.len(), aborts_in_a_row = self.setbacks.in_a_row(), retry_in = ?backoff, "hand-off transaction aborted; the batch is read and delivered again");
                 m::aborted();
                 self.stats.aborted += 1;
                 let mut rewind = rewind_positions(records);
@@ -575,6 +595,10 @@ impl Deliverer {
                 }
                 return Err(anyhow!(e).context("committing a hand-off transaction"));
             }
+        }
+        let aborts = self.setbacks.reset();
+        if aborts > 1 {
+            info!(after_aborts = aborts, "hand-off transactions commit again");
         }
         let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
         for h in handoffs {

@@ -41,6 +41,7 @@
 use super::batch::OpenBatch;
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
+use crate::backoff::Setbacks;
 use crate::kafka::offsets::seek_to_committed;
 use crate::kafka::tpl::position_list;
 use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
@@ -57,20 +58,6 @@ use tracing::{debug, error, info, warn};
 
 /// Bound on broker round trips of the rewind (committed offsets, seek).
 const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Back-off after the first setback (an abort, a refused right) since the last commit; it doubles
-/// per setback in a row up to [`BACKOFF_MAX`], far below `max.poll.interval.ms`.
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// The back-off after the `n`-th setback in a row (`n` >= 1): 100 ms, 200 ms, 400 ms, … 5 s. An
-/// abort drops the state of every owned partition, which is restored before the next record, so
-/// this is also the bound on how often a restore repeats while no transaction commits.
-fn backoff_after(n: u32) -> Duration {
-    BACKOFF_FIRST
-        .saturating_mul(1 << n.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX)
-}
 
 /// Bound on each metadata round trip that asks whether a Write is refused, after a failed abort:
 /// short, so an instance that is stopping for another reason is not held up.
@@ -186,8 +173,8 @@ pub(super) struct Session {
     stats: Stats,
     /// Setbacks since the last commit: aborts, and refusals of a right seen outside an abort
     /// (a fetch or an offset lookup refused). The back-off before the next attempt grows with
-    /// them ([`backoff_after`]); a commit resets them.
-    setbacks_in_a_row: u32,
+    /// them ([`crate::backoff`]); a commit resets them.
+    setbacks: Setbacks,
     /// The rights refused since the last commit, named again when a transaction commits.
     refused: BTreeSet<String>,
     /// How long the loop waits before the next attempt, set by a setback (taken once).
@@ -231,8 +218,7 @@ impl Session {
 
     /// One more setback in a row: sets and returns the back-off before the next attempt.
     fn next_backoff(&mut self) -> Duration {
-        self.setbacks_in_a_row = self.setbacks_in_a_row.saturating_add(1);
-        let backoff = backoff_after(self.setbacks_in_a_row);
+        let backoff = self.setbacks.set_back();
         self.backoff = Some(self.backoff.map_or(backoff, |b| b.max(backoff)));
         backoff
     }
@@ -474,21 +460,18 @@ impl Committer {
         let Some(txn) = session.txn.take() else {
             return Ok(());
         };
+        let after_setbacks = session.setbacks.reset();
         if !session.refused.is_empty() {
             let rights: Vec<&String> = session.refused.iter().collect();
             info!(
                 rights = ?rights,
-                after_setbacks = session.setbacks_in_a_row,
+                after_setbacks,
                 "authorised again: transactions commit"
             );
-        } else if session.setbacks_in_a_row > 1 {
-            info!(
-                after_setbacks = session.setbacks_in_a_row,
-                "transactions commit again"
-            );
+        } else if after_setbacks > 1 {
+            info!(after_setbacks, "transactions commit again");
         }
         session.refused.clear();
-        session.setbacks_in_a_row = 0;
         let (c, s) = (&txn.counts, &mut session.stats);
         s.commits += 1;
         s.committed_records += txn.records;
@@ -560,8 +543,8 @@ impl Committer {
     pub fn set_back(&self, session: &mut Session, rights: &BTreeSet<String>, aborted: bool) {
         let backoff = session.next_backoff();
         if rights.is_empty() {
-            if session.setbacks_in_a_row > 1 {
-                debug!(setbacks = session.setbacks_in_a_row, retry_in = ?backoff, "setback in a row; backing off");
+            if session.setbacks.in_a_row() > 1 {
+                debug!(setbacks = session.setbacks.in_a_row(), retry_in = ?backoff, "setback in a row; backing off");
             }
             return;
         }
@@ -578,7 +561,7 @@ impl Committer {
             warn!(
                 principal = %principal,
                 right = %right,
-                attempts = session.setbacks_in_a_row,
+                attempts = session.setbacks.in_a_row(),
                 retry_in = ?backoff,
                 "not authorised: {what}; retrying until the right is granted"
             );
@@ -785,15 +768,8 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{backoff_after, Session};
+    use super::Session;
     use std::time::Duration;
-
-    #[test]
-    fn the_backoff_doubles_per_setback_in_a_row_up_to_five_seconds() {
-        let ms: Vec<u128> = (1..=9).map(|n| backoff_after(n).as_millis()).collect();
-        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
-        assert_eq!(backoff_after(u32::MAX), Duration::from_secs(5));
-    }
 
     #[test]
     fn setbacks_grow_the_backoff_and_it_is_taken_once() {
