@@ -96,8 +96,17 @@ impl Setup {
 
     /// Starts instance `instance` of alert-deliver, serving its metrics on `metrics_addr`.
     fn spawn_instance(&self, instance: &str, metrics_addr: &str, extra: &[&str]) -> Pipeline {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_alert-deliver"))
-            .args(["--bootstrap", &kafka().bootstrap])
+        let child = self
+            .command(instance, metrics_addr, extra)
+            .spawn()
+            .expect("starting alert-deliver");
+        Pipeline::from(child, instance)
+    }
+
+    /// The command line of instance `instance` (see [`Setup::spawn_instance`]).
+    fn command(&self, instance: &str, metrics_addr: &str, extra: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_alert-deliver"));
+        c.args(["--bootstrap", &kafka().bootstrap])
             .args([
                 "--subscriptions",
                 self.subscriptions.to_str().expect("utf-8 path"),
@@ -126,10 +135,8 @@ impl Setup {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
             )
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("starting alert-deliver");
-        Pipeline::from(child, instance)
+            .stdin(std::process::Stdio::null());
+        c
     }
 
     /// Waits until the deliverer answers /readyz.
@@ -770,6 +777,59 @@ fn an_abort_on_every_attempt_backs_off_instead_of_redelivering_in_a_hot_loop() {
         "{attempts} attempts per notification in {waited:?} of aborts: the loop must back off"
     );
     assert_eq!(hook.accepted(), keys(&ids, "steady"));
+}
+
+/// A subscriber that is gone parks every notification: the log says so once per batch (with the
+/// count and the first error), not once per record, so a batch of thousands does not flood it.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn deliveries_given_up_are_logged_once_per_batch_not_once_per_record() {
+    let gone = Webhook::up(Behaviour::Status(410));
+    let subs = [("gone", gone.url())];
+    let setup = Setup::new("deliver-log", 2, "1s", &subs);
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..200);
+    let log_path = std::env::temp_dir().join(format!("{}deliver.log", setup.prefix));
+    let log = std::fs::File::create(&log_path).expect("the log file");
+    let mut command = setup.command("0", &setup.metrics_addr, &["--exit-when-idle", "1s"]);
+    command
+        .env("RUST_LOG", "warn,price_alerts=info")
+        .stderr(log);
+    let deliverer = Pipeline::from(command.spawn().expect("starting alert-deliver"), "0");
+    assert!(
+        deliverer.wait(Duration::from_secs(60)).success(),
+        "alert-deliver stops by itself"
+    );
+    assert_exactly_once(&setup.parking_lot(), &ids, "gone");
+    let text = std::fs::read_to_string(&log_path).expect("reading the log");
+    let _ = std::fs::remove_file(&log_path);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("given up")).collect();
+    let logged: u64 = lines
+        .iter()
+        .map(|l| {
+            l.split("count=")
+                .nth(1)
+                .and_then(|c| c.split_whitespace().next())
+                .and_then(|c| c.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("a given-up line without its count: {l}"))
+        })
+        .sum();
+    println!(
+        "{} lines for {} parked notifications",
+        lines.len(),
+        ids.len()
+    );
+    assert_eq!(
+        logged,
+        ids.len() as u64,
+        "the lines count every parked delivery"
+    );
+    assert!(
+        lines.len() * 10 <= ids.len(),
+        "{} given-up lines for {} records: one per batch, not one per record",
+        lines.len(),
+        ids.len()
+    );
 }
 
 /// The DLQ tooling on alert-deliver's DLQ: inspect groups by subscriber; a replay filtered by

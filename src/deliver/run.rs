@@ -601,6 +601,7 @@ impl Deliverer {
             info!(after_aborts = aborts, "hand-off transactions commit again");
         }
         let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
+        let mut given_up: BTreeMap<(&str, String, &str), (u64, &str)> = BTreeMap::new();
         for h in handoffs {
             *by_topic.entry(h.topic(&self.opts.buckets)).or_default() += 1;
             match h.target {
@@ -609,8 +610,21 @@ impl Deliverer {
                 Target::ParkingLot => self.stats.parked += 1,
             }
             if !matches!(h.target, Target::Bucket(_)) {
-                warn!(subscriber = %h.subscriber, target = %h.topic(&self.opts.buckets), class = %h.error_class, error = %h.error_message, "delivery given up");
+                debug!(subscriber = %h.subscriber, target = %h.topic(&self.opts.buckets), class = %h.error_class, error = %h.error_message, "delivery given up");
+                given_up
+                    .entry((
+                        h.subscriber.as_str(),
+                        h.topic(&self.opts.buckets),
+                        h.error_class.as_str(),
+                    ))
+                    .or_insert((0, h.error_message.as_str()))
+                    .0 += 1;
             }
+        }
+        // One line per subscriber, target and class in a batch, not one per record: a subscriber
+        // that is gone parks every notification of every batch (the records are at debug level).
+        for ((subscriber, target, class), (count, first)) in given_up {
+            warn!(subscriber, target = %target, class, count, first_error = first, "deliveries given up");
         }
         for l in latencies {
             m::delivered(*l);
