@@ -2,7 +2,7 @@
 //!
 //! | path       | answers                                                                       |
 //! |------------|-------------------------------------------------------------------------------|
-//! | `/metrics` | Prometheus text format, every series from the start ([`crate::metrics`])      |
+//! | `/metrics` | Prometheus text format, every series from the start ([`crate::metrics`]), and the process's `process_*` series |
 //! | `/healthz` | liveness: 200 while the processing loop made progress within `stall_after`, else 503 |
 //! | `/readyz`  | readiness: 200 once the service says it is ready (assigned, restored, not fenced, not paused), else 503 with the reason |
 //! | other      | 404                                                                           |
@@ -175,7 +175,8 @@ impl Drop for Watchdog {
 
 /// Installs the Prometheus recorder (histograms with [`crate::metrics::SECONDS_BUCKETS`]), runs
 /// `describe` (the binary's own metrics, with HELP and TYPE, at zero: each binary's endpoint shows
-/// only its own series), and serves the endpoint on `addr`. The port is bound before this
+/// only its own series) and describes the process's own (`process_*`, the same for every binary:
+/// RSS, CPU, threads, file descriptors), and serves the endpoint on `addr`. The port is bound before this
 /// returns, so a taken port is an error at start. Must run inside a tokio runtime.
 pub async fn serve(
     addr: SocketAddr,
@@ -191,10 +192,12 @@ pub async fn serve(
         .install_recorder()
         .context("installing the metrics recorder")?;
     describe();
+    let endpoint = Endpoint::new(health, metrics);
+    endpoint.process.describe();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the HTTP endpoint on {addr}"))?;
-    let app = router(health, metrics);
+    let app = router(endpoint);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "the HTTP endpoint stopped");
@@ -204,25 +207,52 @@ pub async fn serve(
     Ok(())
 }
 
-fn router(health: Health, metrics: PrometheusHandle) -> Router {
+/// What the endpoint's handlers share: the service's health and the metrics to render.
+#[derive(Clone)]
+struct Endpoint {
+    health: Health,
+    metrics: PrometheusHandle,
+    /// The process's own gauges (`process_resident_memory_bytes`, `process_cpu_seconds_total`,
+    /// `process_threads`, …), read from `/proc/self` at each scrape rather than on a timer: the
+    /// figures are as fresh as the scrape, and nothing runs between scrapes.
+    process: metrics_process::Collector,
+}
+
+impl Endpoint {
+    fn new(health: Health, metrics: PrometheusHandle) -> Self {
+        Endpoint {
+            health,
+            metrics,
+            process: metrics_process::Collector::default(),
+        }
+    }
+
+    /// The text of `/metrics`, with the process's series as of now.
+    fn exposition(&self) -> String {
+        self.process.collect();
+        self.metrics.run_upkeep();
+        self.metrics.render()
+    }
+}
+
+fn router(endpoint: Endpoint) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .with_state((health, metrics))
+        .with_state(endpoint)
 }
 
-async fn render_metrics(State((_, metrics)): State<(Health, PrometheusHandle)>) -> Response {
-    metrics.run_upkeep();
+async fn render_metrics(State(endpoint): State<Endpoint>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        metrics.render(),
+        endpoint.exposition(),
     )
         .into_response()
 }
 
-async fn healthz(State((health, _)): State<(Health, PrometheusHandle)>) -> Response {
+async fn healthz(State(Endpoint { health, .. }): State<Endpoint>) -> Response {
     let since = health.since_progress().as_millis() as u64;
     if health.is_alive() {
         (
@@ -239,7 +269,7 @@ async fn healthz(State((health, _)): State<(Health, PrometheusHandle)>) -> Respo
     }
 }
 
-async fn readyz(State((health, _)): State<(Health, PrometheusHandle)>) -> Response {
+async fn readyz(State(Endpoint { health, .. }): State<Endpoint>) -> Response {
     match health.readiness() {
         None => (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
         Some(reason) => (
@@ -292,6 +322,35 @@ mod tests {
             let _ = tx.send(());
         }));
         assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());
+    }
+
+    /// The exposition of every binary carries the process's own series (RSS, CPU, threads, file
+    /// descriptors), read at scrape time: the dashboard's memory and CPU panels rest on them.
+    #[test]
+    fn the_exposition_carries_the_process_memory_and_cpu() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let endpoint = Endpoint::new(Health::new(DEFAULT_STALL_AFTER), recorder.handle());
+        let body = metrics::with_local_recorder(&recorder, || {
+            endpoint.process.describe();
+            endpoint.exposition()
+        });
+        let value = |name: &str| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {name} sample in:\n{body}"))
+        };
+        let rss = value("process_resident_memory_bytes");
+        assert!(
+            rss > 1_000_000.0,
+            "a test process holds more than 1 MB: {rss}"
+        );
+        assert!(value("process_threads") >= 1.0);
+        assert!(value("process_start_time_seconds") > 1.6e9);
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        assert!(
+            body.contains("# TYPE process_resident_memory_bytes gauge"),
+            "{body}"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! What ships beside the binaries: the Prometheus alert rules (checked and unit-tested by
-//! promtool, and naming only metrics that exist) and the Kubernetes StatefulSet (its flags parse,
+//! promtool, and naming only metrics that alert-pipeline, alert-sink or alert-deliver export) and the Kubernetes StatefulSet (its flags parse,
 //! its probes point at the real endpoints, its grace period covers the shutdown timeout, its pods
 //! run with dynamic group membership and an instance id of their own).
 
@@ -43,9 +43,13 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
 
 #[test]
 fn alert_rules_name_only_metrics_that_exist_and_link_the_runbook() {
+    // What the three stages export: the processor's catalogue (alert-deliver and alert-sink
+    // export some of it too), alert-sink's and alert-deliver's.
     let known: BTreeSet<&str> = price_alerts::metrics::CATALOGUE
         .iter()
+        .chain(price_alerts::sink::metrics::CATALOGUE)
         .map(|(name, _, _)| *name)
+        .chain(price_alerts::deliver::metrics::CATALOGUE.iter().copied())
         .collect();
     let runbook = std::fs::read_to_string(repo("docs/runbook.md")).expect("docs/runbook.md");
     let anchors: BTreeSet<String> = runbook
@@ -68,7 +72,7 @@ fn alert_rules_name_only_metrics_that_exist_and_link_the_runbook() {
             for metric in used {
                 assert!(
                     known.contains(metric),
-                    "{name} uses {metric}, which alert-pipeline does not export"
+                    "{name} uses {metric}, which none of the stages exports"
                 );
             }
             let link = rule["annotations"]["runbook"]

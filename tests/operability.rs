@@ -202,7 +202,7 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
 }
 
 /// `/healthz` is liveness, `/readyz` readiness, `/metrics` has every series with HELP and TYPE
-/// from the start, and anything else is 404.
+/// from the start (the process's resident memory and CPU among them), and anything else is 404.
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn health_endpoints_and_metrics_from_the_start() {
@@ -262,6 +262,13 @@ fn health_endpoints_and_metrics_from_the_start() {
             "{series} missing at start:\n{metrics}"
         );
     }
+    // The process's own series, read at the scrape (the dashboard's memory and CPU panels).
+    let rss = price_alerts::metrics::scrape(&addr, "process_resident_memory_bytes");
+    assert!(rss > 1e6, "resident memory of a running pipeline: {rss}");
+    assert!(
+        metrics.contains("# TYPE process_cpu_seconds_total counter"),
+        "{metrics}"
+    );
     p.signal("TERM");
     assert!(p.wait(EXIT).success());
 }

@@ -31,12 +31,13 @@ fn run() -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
-            // The sink's series (sink::metrics) appear with their first event; not the processor's
-            // but the group lag (described here, set by the lag watcher).
+            // The sink's series (sink::metrics), at zero from the start; not the processor's but
+            // the group lag (described here, set by the lag watcher).
             health::serve(addr, health.clone(), || {
                 use price_alerts::metrics::{
                     describe_only, GROUP_COMMITTED_OFFSET, GROUP_LAG, PARTITION_END_OFFSET,
                 };
+                sink::metrics::describe();
                 describe_only(&[GROUP_COMMITTED_OFFSET, PARTITION_END_OFFSET, GROUP_LAG]);
             })
             .await?;

@@ -22,6 +22,22 @@ pub const TRANSACTIONS: &str = "alerts_deliver_transactions_total";
 pub const CIRCUIT_STATE: &str = "alerts_deliver_circuit_state";
 pub const CIRCUIT_SKIPPED: &str = "alerts_deliver_circuit_skipped_total";
 
+/// Every metric alert-deliver exports of its own (it also exports a few of
+/// [`crate::metrics::CATALOGUE`]: see [`describe`]).
+pub const CATALOGUE: &[&str] = &[
+    ATTEMPTS,
+    OUTCOMES,
+    HANDOFFS,
+    BUCKET_LAG,
+    BUCKET_OLDEST_AGE,
+    BACKLOG,
+    BACKLOG_OLDEST_AGE,
+    LATENCY,
+    TRANSACTIONS,
+    CIRCUIT_STATE,
+    CIRCUIT_SKIPPED,
+];
+
 /// Every outcome label.
 const OUTCOME_LABELS: &[&str] = &["delivered", "transient", "permanent", "gone"];
 
