@@ -22,6 +22,9 @@ use rdkafka::config::ClientConfig;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// librdkafka's own `max.poll.interval.ms`, which a reader keeps.
+const LIBRDKAFKA_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
+
 /// How long a stage's loop may go without polling its group consumer before the group gives its
 /// partitions to other members: a transactional call stuck to its deadline
 /// ([`crate::kafka::txn::call_deadline`], 20 s at the default transaction timeout) plus 40 s, in
@@ -284,19 +287,23 @@ impl KafkaConfig {
         // A bounded prefetch: librdkafka's defaults held the whole backlog in memory.
         Self::bounded_fetch(&mut c);
         let mut c = self.finish(c);
-        // librdkafka refuses a max.poll.interval.ms below session.timeout.ms: a longer session
-        // given with -X (and no poll interval) raises the poll interval with it.
-        if !self.properties.contains_key("max.poll.interval.ms") {
-            let session = c
-                .get("session.timeout.ms")
-                .and_then(|s| s.parse::<u64>().ok());
-            if let Some(session) =
-                session.filter(|&s| s > max_poll_interval(txn_timeout).as_millis() as u64)
-            {
-                c.set("max.poll.interval.ms", session.to_string());
-            }
-        }
+        self.poll_interval_covers_session(&mut c, max_poll_interval(txn_timeout));
         c
+    }
+
+    /// librdkafka refuses a consumer whose max.poll.interval.ms is below its session.timeout.ms:
+    /// a longer session given with -X (and no poll interval) raises the poll interval of every
+    /// consumer with it, above `poll` (what the consumer has without it).
+    fn poll_interval_covers_session(&self, c: &mut ClientConfig, poll: Duration) {
+        if self.properties.contains_key("max.poll.interval.ms") {
+            return;
+        }
+        let session = c
+            .get("session.timeout.ms")
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(session) = session.filter(|&s| s > poll.as_millis() as u64) {
+            c.set("max.poll.interval.ms", session.to_string());
+        }
     }
 
     /// A standalone reader (no group, nothing committed) that reports the end of each partition.
@@ -317,7 +324,10 @@ impl KafkaConfig {
         Self::bounded_fetch(&mut c);
         c.set("isolation.level", isolation.as_str());
         c.set("auto.offset.reset", "earliest");
-        self.finish(c)
+        let mut c = self.finish(c);
+        // A reader never joins its group, but librdkafka checks the two all the same.
+        self.poll_interval_covers_session(&mut c, LIBRDKAFKA_MAX_POLL_INTERVAL);
+        c
     }
 
     /// The transactional producer of one processor instance.
@@ -452,6 +462,24 @@ mod tests {
         assert_eq!(c.get("max.poll.interval.ms"), Some("180000"));
         c.create::<rdkafka::consumer::BaseConsumer>()
             .expect("librdkafka accepts it");
+    }
+
+    /// A session longer than librdkafka's 300 s poll interval, given with -X, reaches every
+    /// consumer the binaries make (the lag and DLQ watchers and the restores read with
+    /// `reader`): each one must still be accepted.
+    #[test]
+    fn a_session_longer_than_the_default_poll_interval_is_accepted_by_every_consumer() {
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["session.timeout.ms=400000"])
+            .unwrap();
+        for c in [
+            k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT),
+            k.reader(crate::kafka::Isolation::ReadCommitted),
+        ] {
+            assert_eq!(c.get("max.poll.interval.ms"), Some("400000"));
+            c.create::<rdkafka::consumer::BaseConsumer>()
+                .expect("librdkafka accepts it");
+        }
     }
 
     #[test]
