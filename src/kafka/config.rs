@@ -245,7 +245,10 @@ impl KafkaConfig {
 
     /// Admin client (topic creation, metadata).
     pub fn admin(&self) -> ClientConfig {
-        self.finish(self.base())
+        let mut c = self.finish(self.base());
+        // Also the config of the metadata consumers (connect and access checks).
+        self.poll_interval_covers_session(&mut c, LIBRDKAFKA_MAX_POLL_INTERVAL);
+        c
     }
 
     /// The group consumer of a stage whose transactions time out after `txn_timeout` (the sink,
@@ -466,7 +469,7 @@ mod tests {
 
     /// A session longer than librdkafka's 300 s poll interval, given with -X, reaches every
     /// consumer the binaries make (the lag and DLQ watchers and the restores read with
-    /// `reader`): each one must still be accepted.
+    /// `reader`, the connect and access checks use `admin`): each one must still be accepted.
     #[test]
     fn a_session_longer_than_the_default_poll_interval_is_accepted_by_every_consumer() {
         let k = KafkaConfig::new("h:1")
@@ -475,6 +478,7 @@ mod tests {
         for c in [
             k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT),
             k.reader(crate::kafka::Isolation::ReadCommitted),
+            k.admin(),
         ] {
             assert_eq!(c.get("max.poll.interval.ms"), Some("400000"));
             c.create::<rdkafka::consumer::BaseConsumer>()
