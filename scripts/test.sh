@@ -30,13 +30,14 @@ export KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:9092}
 export KAFKA_CLUSTER_BOOTSTRAP=${KAFKA_CLUSTER_BOOTSTRAP:-127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094}
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
-# promtool (the distribution's prometheus package) checks the alert rules; install it when we may.
-if ! command -v promtool >/dev/null; then
+# The distribution's prometheus package: promtool checks the alert rules (tests/deploy.rs), the
+# prometheus server scrapes the stages and fires them (tests/prometheus.rs); install it when we may.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "test.sh: installing promtool (the prometheus package)"
+    echo "test.sh: installing promtool and prometheus (the prometheus package)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   else
-    echo "test.sh: promtool not found: install the prometheus package (apt-get install prometheus)" >&2
+    echo "test.sh: promtool or prometheus not found: install the prometheus package (apt-get install prometheus)" >&2
     exit 1
   fi
 fi
@@ -126,8 +127,9 @@ for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
 # Phase 1 runs in two lanes side by side: its tests mostly wait (for sessions to expire, brokers
 # to answer, children to exit), so two cargo test processes of two threads each keep two cores
 # busy without stalling anyone. Lane A takes these long files; lane B everything else (a new
-# file lands there).
-lane_a_tests=(security failures replay operability topics)
+# file lands there). prometheus (one test of about seven minutes, mostly waiting for its alert
+# windows) goes to lane A, whose files are shorter than lane B's.
+lane_a_tests=(security failures replay operability topics prometheus)
 lane_a=() lane_b=()
 set -- "${single_args[@]}"
 while [ $# -gt 0 ]; do
