@@ -127,8 +127,8 @@ for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
 # Phase 1 runs in two lanes side by side: its tests mostly wait (for sessions to expire, brokers
 # to answer, children to exit), so two cargo test processes of two threads each keep two cores
 # busy without stalling anyone. Lane A takes these long files; lane B everything else (a new
-# file lands there). prometheus (one test of about seven minutes, mostly waiting for its alert
-# windows) goes to lane A, whose files are shorter than lane B's.
+# file lands there). prometheus (one test of about two and a half minutes, mostly waiting for
+# its alerts) goes to lane A, whose files are shorter than lane B's.
 lane_a_tests=(security failures replay operability topics prometheus)
 lane_a=() lane_b=()
 set -- "${single_args[@]}"
