@@ -1032,8 +1032,10 @@ fn a_database_that_never_answered_at_start_fails_the_start_naming_it() {
     assert!(took < bound + Duration::from_secs(30), "{took:?}");
     assert_eq!(line.lines().count(), 1, "one error line\n{stderr}");
     assert!(line.contains("127.0.0.1:1"), "names host:port: {line}");
+    // The cause: the refusal, or (on a loaded machine, where even a refused connect can take
+    // longer than the connect timeout) the attempt cut off by it.
     assert!(
-        line.contains("Connection refused"),
+        line.contains("Connection refused") || line.contains("no connection within"),
         "names the cause: {line}"
     );
     assert!(

@@ -360,7 +360,11 @@ mod tests {
         assert!(took >= Duration::from_millis(600), "{took:?}");
         assert!(took < Duration::from_secs(5), "{took:?}");
         assert!(text.contains("127.0.0.1:1"), "{text}");
-        assert!(text.contains("Connection refused"), "{text}");
+        // The refusal, or on a loaded machine the attempt cut off by the connect timeout.
+        assert!(
+            text.contains("Connection refused") || text.contains("no connection within"),
+            "{text}"
+        );
         assert!(!text.contains("s3cr3t"), "{text}");
         println!("{text}");
     }
