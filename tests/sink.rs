@@ -362,6 +362,16 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     );
 }
 
+/// The password in a `postgres://user:password@host/db` URL (what no output may show).
+fn password_of(url: &str) -> String {
+    url.split("://")
+        .nth(1)
+        .and_then(|r| r.split('@').next())
+        .and_then(|u| u.split(':').nth(1))
+        .expect("the test cluster's URL carries a password")
+        .to_owned()
+}
+
 /// Starts the cluster again when the outage test ends, by a panic too: every later test needs it.
 struct UpAgain;
 
@@ -836,14 +846,7 @@ fn the_password_never_reaches_the_logs_or_the_help() {
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 1);
     let sink = SinkRun::new("sink_secret", &topic);
-    let password = sink
-        .db
-        .url
-        .split("://")
-        .nth(1)
-        .and_then(|r| r.split('@').next())
-        .and_then(|u| u.split(':').nth(1))
-        .unwrap();
+    let password = &password_of(&sink.db.url);
     assert!(password.len() >= 8, "the test cluster uses a password");
     // Everything logged, the database driver's own debug output included.
     let out = sink
@@ -996,15 +999,7 @@ fn a_database_that_never_answered_at_start_fails_the_start_naming_it() {
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 1);
     let sink = SinkRun::new("sink_start", &topic);
-    let password = sink
-        .db
-        .url
-        .split("://")
-        .nth(1)
-        .and_then(|r| r.split('@').next())
-        .and_then(|u| u.split(':').nth(1))
-        .unwrap()
-        .to_owned();
+    let password = password_of(&sink.db.url);
     // The test cluster's URL with the port a user might have mistyped: nothing listens there.
     let host_port = sink
         .db

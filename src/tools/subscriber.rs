@@ -210,15 +210,7 @@ impl Receivers {
 
     /// alert-deliver's subscriptions file: every subscriber, every symbol.
     pub fn subscriptions_toml(&self) -> String {
-        self.order
-            .iter()
-            .map(|n| {
-                format!(
-                    "[subscribers.{n}]\nurl = \"{}\"\nsymbols = [\"*\"]\n\n",
-                    self.url(n)
-                )
-            })
-            .collect()
+        subscriptions_toml(&self.order, |n| self.url(n))
     }
 
     /// What each subscriber saw so far.
@@ -270,6 +262,20 @@ async fn hook(
         Some(s) => s.answer(&key, Instant::now()),
         None => StatusCode::NOT_FOUND,
     }
+}
+
+/// alert-deliver's subscriptions file for local receivers: each of `names`, at `url_of(name)`,
+/// for every symbol (this tool's and the chaos runner's).
+pub fn subscriptions_toml(names: &[String], url_of: impl Fn(&str) -> String) -> String {
+    names
+        .iter()
+        .map(|n| {
+            format!(
+                "[subscribers.{n}]\nurl = \"{}\"\nsymbols = [\"*\"]\n\n",
+                url_of(n)
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -138,15 +138,7 @@ impl Subscribers {
 
     /// The subscriptions file of alert-deliver: every subscriber, every symbol.
     pub fn subscriptions_toml(&self) -> String {
-        self.names
-            .iter()
-            .map(|n| {
-                format!(
-                    "[subscribers.{n}]\nurl = \"{}\"\nsymbols = [\"*\"]\n\n",
-                    self.url(n)
-                )
-            })
-            .collect()
+        crate::tools::subscriber::subscriptions_toml(&self.names, |n| self.url(n))
     }
 
     /// The chaos starts now: the failing subscriber's outage is placed from here.
