@@ -3,7 +3,7 @@
 mod common;
 
 use common::kafka;
-use price_alerts::kafka::topics::{self, create_topics, Cleanup, TopicSpec, Topics};
+use price_alerts::kafka::topics::{self, Cleanup, TopicSpec, Topics};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
@@ -29,14 +29,14 @@ fn create_input_and_changelog(t: &Topics, input: i32, changelog: i32) {
         cleanup,
         retention: None,
     };
-    futures::executor::block_on(create_topics(
-        &kafka(),
-        &[
-            spec(&t.input, input, Cleanup::Delete),
-            spec(&t.changelog, changelog, Cleanup::Compact),
-        ],
-    ))
-    .unwrap();
+    // ensure_topic waits until the broker's metadata shows the topic: a DescribeConfigs sent
+    // earlier is answered UNKNOWN_TOPIC_OR_PARTITION (seen under load in a suite run).
+    for s in [
+        spec(&t.input, input, Cleanup::Delete),
+        spec(&t.changelog, changelog, Cleanup::Compact),
+    ] {
+        futures::executor::block_on(topics::ensure_topic(&kafka(), &s)).unwrap();
+    }
 }
 
 #[test]

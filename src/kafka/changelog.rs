@@ -84,6 +84,14 @@ pub async fn changelog_drift(kafka: &KafkaConfig, changelog: &str) -> anyhow::Re
         bail!("no configs returned for {changelog}");
     };
     let resource = result.map_err(|code| anyhow!("describing {changelog}: {code}"))?;
+    // rust-rdkafka drops a resource's own error (UNKNOWN_TOPIC_OR_PARTITION for a topic the
+    // broker's metadata does not show yet, TOPIC_AUTHORIZATION_FAILED without DescribeConfigs)
+    // and returns it without entries; a topic always has entries, so none means not answered.
+    if resource.entries.is_empty() {
+        bail!(
+            "no configs of {changelog} returned: the broker does not know the topic (yet), or refused DescribeConfigs"
+        );
+    }
     Ok(drift_of(|name| {
         resource.get(name).and_then(|entry| entry.value.clone())
     }))
