@@ -37,6 +37,18 @@ fn load_slowly(
     chunks: usize,
     spread: Duration,
 ) -> thread::JoinHandle<Vec<Landed>> {
+    load_until_hurried(input, ticks, chunks, spread, Default::default())
+}
+
+/// As [`load_slowly`], the chunks left going at once when `hurry` is set
+/// ([`common::load_until_hurried`]).
+fn load_until_hurried(
+    input: String,
+    ticks: Vec<Tick>,
+    chunks: usize,
+    spread: Duration,
+    hurry: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> thread::JoinHandle<Vec<Landed>> {
     let records = ticks
         .iter()
         .map(|t| {
@@ -46,7 +58,7 @@ fn load_slowly(
             )
         })
         .collect();
-    common::load_slowly(input, records, chunks, spread)
+    common::load_until_hurried(kafka(), input, records, chunks, spread, hurry)
 }
 
 /// Waits until the group's committed offsets have moved `by` past `from` (summed over partitions).
@@ -151,7 +163,11 @@ fn uncommitted_output(run: &Run) -> u64 {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
-    let (rules, ticks) = stream(50, 12_000, 2);
+    // A stream long enough for the kills on a loaded machine (each needs a transaction with
+    // output open, so a live stream): 48,000 ticks over a minute, hurried once the kills are
+    // done. In a suite run, under load, three kills outlasted a 15 s stream once.
+    let ticks_total = 48_000;
+    let (rules, ticks) = stream(50, ticks_total, 2);
     let mut run = Run::new("crash", rules);
     // One-second batches over a steady stream: a transaction is open nearly all the time. Static
     // membership, so that each restart (the same instance id) takes the partitions back at once
@@ -162,7 +178,14 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
         .to_vec();
     run.create_topics(6);
     let started = Instant::now();
-    let loader = load_slowly(run.input.clone(), ticks, 120, Duration::from_secs(15));
+    let hurry = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = load_until_hurried(
+        run.input.clone(),
+        ticks,
+        480,
+        Duration::from_secs(60),
+        std::sync::Arc::clone(&hurry),
+    );
     let mut kills = 0;
     let mut committed = 0;
     let mut hidden = 0;
@@ -191,14 +214,15 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
         // The same instance id: the restart fences the dead one and aborts its open transaction.
         p = run.spawn("0");
     }
+    hurry.store(true, std::sync::atomic::Ordering::Relaxed);
     let landed = loader.join().expect("loader");
     run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
     p.signal("TERM");
     assert!(p.wait(EXIT).success());
-    let report = assert_exactly_once(&run, 12_000);
+    let report = assert_exactly_once(&run, ticks_total);
     let aborted = uncommitted_output(&run);
     println!(
-        "crash test: 12000 ticks, {kills} kills, expected {} found {} missing 0 duplicate 0; \
+        "crash test: {ticks_total} ticks, {kills} kills, expected {} found {} missing 0 duplicate 0; \
          notifications of killed transactions (aborted): {aborted}; wall {:.1}s",
         report.expected,
         report.found,

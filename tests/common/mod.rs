@@ -69,6 +69,20 @@ pub fn load_slowly_on(
     chunks: usize,
     spread: Duration,
 ) -> std::thread::JoinHandle<Vec<price_alerts::kafka::feed::Landed>> {
+    load_until_hurried(kafka, topic, records, chunks, spread, Default::default())
+}
+
+/// As [`load_slowly_on`], but once `hurry` is set the chunks left go at once: a test that needs
+/// a live stream for a while (kills mid-transaction) loads a long one and hurries it when done,
+/// so a slow machine cannot run out of stream before the test is through with it.
+pub fn load_until_hurried(
+    kafka: KafkaConfig,
+    topic: String,
+    records: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    chunks: usize,
+    spread: Duration,
+    hurry: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<price_alerts::kafka::feed::Landed>> {
     std::thread::spawn(move || {
         let feed = price_alerts::kafka::feed::Feed::new(&kafka).expect("tick feed");
         let size = records.len().div_ceil(chunks);
@@ -76,7 +90,9 @@ pub fn load_slowly_on(
         let mut landed = Vec::new();
         for chunk in records.chunks(size) {
             landed.extend(feed.send_raw(&topic, chunk).expect("loading records"));
-            std::thread::sleep(pause); // input pacing, not a wait for a condition
+            if !hurry.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(pause); // input pacing, not a wait for a condition
+            }
         }
         landed
     })
