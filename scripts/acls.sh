@@ -18,8 +18,9 @@
 #   --output TOPIC          notifications (default notifications)
 #   --dlq TOPIC             the pipeline's DLQ / the DLQ to replay (default <input>.dlq)
 #   --target TOPIC          replay: the topic dead letters go back to (default <input>)
-#   --dlq-gauges            pipeline: also Read on the DLQ and its ledger, which the DLQ backlog
-#                           gauges need when --metrics-addr is set
+#   --dlq-gauges            pipeline: also Read on the DLQ and its ledger; deliver: on its DLQ,
+#                           its parking lot and their ledgers; which the backlog gauges need when
+#                           --metrics-addr is set
 #   --skip ENTRY            leave one entry out (repeatable; `print` names the entries)
 #   --only ENTRY            only this entry (repeatable)
 #   --bootstrap HOST:PORT   default $KAFKA_SECURE_BOOTSTRAP, else 127.0.0.1:29094
@@ -101,8 +102,9 @@ entries() {
       ;;
     deliver)
       # alert-deliver: its group <app>-deliver, its transactional ids <app>-deliver-<instance>,
-      # its buckets <output>.retry.<delay> (src/cli/deliver.rs, src/deliver/buckets.rs). Not yet
-      # run against the secured broker.
+      # its buckets <output>.retry.<delay> (src/cli/deliver.rs, src/deliver/buckets.rs), which it
+      # creates with its DLQ and parking lot on its first start (the *-create entries: drop them
+      # when an operator creates those topics beforehand).
       echo "input-read Read topic $output literal"
       echo "retry-read Read topic $output.retry. prefixed"
       echo "group-read Read group $app_id-deliver literal"
@@ -110,6 +112,15 @@ entries() {
       echo "dlq-write Write topic $output.dlq literal"
       echo "parking-write Write topic $output.parking-lot literal"
       echo "txn-write Write transactional-id $app_id-deliver- prefixed"
+      echo "retry-create Create topic $output.retry. prefixed"
+      echo "dlq-create Create topic $output.dlq literal"
+      echo "parking-create Create topic $output.parking-lot literal"
+      if ((gauges)); then
+        echo "dlq-read Read topic $output.dlq literal"
+        echo "parking-read Read topic $output.parking-lot literal"
+        echo "ledger-read Read topic $output.dlq.replayed literal"
+        echo "parking-ledger-read Read topic $output.parking-lot.replayed literal"
+      fi
       ;;
     *) die "unknown role '$role' (pipeline, sink, replay, tick-gen, verify, deliver)" ;;
   esac

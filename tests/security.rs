@@ -1,8 +1,8 @@
 //! The binaries against the secured local broker (`scripts/kafka.sh up --secure`: SASL_SSL with
 //! SCRAM-SHA-512, the StandardAuthorizer, nothing allowed that no ACL allows), each as its own
 //! SCRAM user with exactly the ACLs of `scripts/acls.sh` (docs/security.md): end to end with all
-//! of them, each start with one of them taken away, the wrong credentials and the wrong CA, and
-//! a Write revoked while the pipeline runs. Every test greps everything the binaries printed for
+//! of them, each start of the pipeline and of alert-deliver with one of them taken away, the
+//! wrong credentials and the wrong CA, and rights revoked while the pipeline runs. Every test greps everything the binaries printed for
 //! every password of the broker.
 //!
 //! scripts/test.sh starts the secured broker and sets KAFKA_SECURE_BOOTSTRAP and KAFKA_SECURE_DIR;
@@ -12,20 +12,23 @@ mod common;
 
 use common::postgres::TestDb;
 use common::secure::{assert_exactly_once, run, secure, text, Deployment, EXIT, FAILS_WITHIN};
-use price_alerts::kafka::feed::next_offsets;
+use common::webhook::{Behaviour, Webhook};
+use price_alerts::kafka::feed::{next_offsets, Feed};
+use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::topics;
 use price_alerts::kafka::Isolation;
 use price_alerts::rules::Rules;
 use price_alerts::tools::verify::verify;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// Tick generator, pipeline (with its poison ticks dead-lettered), verifier, sink and DLQ replay,
-/// each as its own user with exactly its documented ACLs: the verifier finds 0 missing and 0
-/// duplicate, the table holds every notification once, every dead letter is replayed once, and no
-/// password appears in anything they printed.
+/// Tick generator, pipeline (with its poison ticks dead-lettered), verifier, sink, deliverer and
+/// DLQ replay, each as its own user with exactly its documented ACLs: the verifier finds 0 missing
+/// and 0 duplicate, the table holds every notification once, each subscriber's outcome (accepted,
+/// parked, retried twice then dead-lettered) holds each notification once, every dead letter is
+/// replayed once, and no password appears in anything they printed.
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
@@ -55,6 +58,7 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
         vec!["apply", "verify", "--input", input, "--output", output],
         vec!["apply", "sink", "--app-id", app, "--output", output],
         vec!["apply", "replay", "--dlq", &dlq, "--target", &target],
+        d.deliver_acls("apply", &[]),
     ]);
     let mut printed = Vec::new();
 
@@ -136,6 +140,67 @@ fn end_to_end_over_sasl_ssl_with_exactly_the_documented_acls() {
         report.found as i64,
         "every notification stored once"
     );
+
+    // alert-deliver as User:deliver, creating its own buckets, DLQ and parking lot: one
+    // subscriber accepts, one answers 410 (the parking lot), one refuses every connection (both
+    // buckets, then the DLQ). Each hand-off topic holds each notification once.
+    let fine = Webhook::up(Behaviour::Ok);
+    let gone = Webhook::up(Behaviour::Status(410));
+    let down = Webhook::down(Behaviour::Ok);
+    let subscriptions = d.subscriptions(&[
+        ("fine", fine.url()),
+        ("gone", gone.url()),
+        ("down", down.url()),
+    ]);
+    let (out, _) = run(
+        d.deliver(&s, &subscriptions, &["--exit-when-idle", "3s"]),
+        EXIT,
+    );
+    printed.push(("alert-deliver", text(&out)));
+    assert!(
+        out.status.success(),
+        "alert-deliver as User:deliver: {}",
+        text(&out)
+    );
+    let ids = notification_ids(&admin, output);
+    assert_eq!(
+        ids.len() as u64,
+        report.found,
+        "the notifications' ids are distinct"
+    );
+    let keys =
+        |sub: &str| -> BTreeSet<String> { ids.iter().map(|id| format!("{id}/{sub}")).collect() };
+    assert_eq!(
+        fine.accepted(),
+        keys("fine"),
+        "the accepting subscriber got each once"
+    );
+    assert!(gone.accepted().is_empty() && down.requests().is_empty());
+    // The last bucket may hold a notification up to three times: a delivery that comes due
+    // there while the refused subscriber's circuit is open goes round it again, untried, with
+    // `retry.untried.passes` counting the rounds (src/deliver/buckets.rs); each round once.
+    for (topic, sub) in [
+        (format!("{output}.parking-lot"), "gone"),
+        (format!("{output}.retry.1s"), "down"),
+        (format!("{output}.retry.2s"), "down"),
+        (format!("{output}.dlq"), "down"),
+    ] {
+        let got = handoffs(&admin, &topic);
+        let by_id: BTreeSet<(String, String)> = got
+            .keys()
+            .map(|(id, s, _)| (id.clone(), s.clone()))
+            .collect();
+        assert_eq!(
+            by_id,
+            ids.iter().map(|id| (id.clone(), sub.to_owned())).collect(),
+            "{topic}: each notification, for {sub}"
+        );
+        let doubled: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
+        assert!(doubled.is_empty(), "{topic}: doubled hand-offs {doubled:?}");
+        if !topic.ends_with(".retry.2s") {
+            assert_eq!(got.len(), ids.len(), "{topic}: one record per notification");
+        }
+    }
 
     let dead = count_records(&admin, &dlq, Isolation::ReadCommitted).expect("count");
     assert!(
@@ -221,6 +286,237 @@ fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
         let line = h.join().expect("a case passed");
         eprintln!("refusal: {line}");
     }
+}
+
+/// Each right of alert-deliver taken away in turn: the start fails within seconds naming the
+/// missing right, and nothing is delivered, written or committed. One deployment, its rights
+/// granted once and each case taking one away and giving it back (AclCommand is a JVM start per
+/// call: six deployments granting everything side by side overloaded two cores). The cases go in
+/// the order a first start meets them: those refused by the start-up check create nothing, so the
+/// DLQ does not exist yet when its Write is missing (Kafka answers a principal without Describe
+/// the same for a topic that exists and one that does not); then the DLQ's Create (the buckets
+/// get created); then the transactional id, refused after every topic exists.
+/// Not among the cases: `retry-read` and `retry-write`, each of which alone still grants Describe
+/// on the buckets, so no start-up check short of a real fetch or produce can tell (docs/security.md).
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
+    let cases = [
+        ("input-read", "lacks Read on Topic {output}"),
+        ("group-read", "lacks Read on Group {app}-deliver"),
+        ("dlq-write", "lacks Write on Topic {output}.dlq"),
+        ("parking-write", "lacks Write on Topic {output}.parking-lot"),
+        ("dlq-create", "lacks Create on Topic {output}.dlq"),
+        (
+            "txn-write",
+            "lacks Write on TransactionalId {app}-deliver-0",
+        ),
+    ];
+    let s = secure();
+    let d = Deployment::new(&s, "sec-deliver-no", 1);
+    let admin = s.kafka("admin");
+    let records: Vec<(Option<Vec<u8>>, Vec<u8>)> = (1..=5u64)
+        .map(|seq| {
+            let v = serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
+            (Some(b"SYM0".to_vec()), serde_json::to_vec(&v).expect("json"))
+        })
+        .collect();
+    Feed::new(&admin)
+        .expect("feed")
+        .send_raw(&d.output, &records)
+        .expect("loading notifications");
+    let hook = Webhook::up(Behaviour::Ok);
+    let subscriptions = d.subscriptions(&[("fine", hook.url())]);
+    let (first, _) = cases[0];
+    s.acls_all(&[d.deliver_acls("apply", &["--skip", first])]);
+    let mut previous: Option<&str> = None;
+    for (skip, right) in cases {
+        if let Some(previous) = previous {
+            s.acls_all(&[
+                d.deliver_acls("apply", &["--only", previous]),
+                d.deliver_acls("remove", &["--only", skip]),
+            ]);
+        }
+        previous = Some(skip);
+        let (out, took) = run(
+            d.deliver(&s, &subscriptions, &["--exit-when-idle", "3s"]),
+            EXIT,
+        );
+        let printed = text(&out);
+        s.assert_no_password("alert-deliver", &printed);
+        let right = right
+            .replace("{app}", &d.app)
+            .replace("{output}", &d.output);
+        assert!(
+            !out.status.success(),
+            "without {skip} the start succeeded: {printed}"
+        );
+        assert!(
+            printed.contains(&format!("not authorised: User:deliver {right}")),
+            "without {skip} the message names it ({right}): {printed}"
+        );
+        assert!(
+            took < FAILS_WITHIN,
+            "without {skip} the start failed only after {took:?}"
+        );
+        assert!(hook.requests().is_empty(), "{skip}: nothing delivered");
+        for topic in [
+            format!("{}.retry.1s", d.output),
+            format!("{}.retry.2s", d.output),
+            format!("{}.dlq", d.output),
+            format!("{}.parking-lot", d.output),
+        ] {
+            // A topic not created (yet) holds nothing either.
+            let n = count_records(&admin, &topic, Isolation::ReadUncommitted).unwrap_or(0);
+            assert_eq!(n, 0, "{skip}: nothing written to {topic}");
+        }
+        assert_eq!(
+            committed_offsets(&admin, &format!("{}-deliver", d.app), &d.output)
+                .expect("committed offsets"),
+            vec![None],
+            "{skip}: no offset committed"
+        );
+        eprintln!(
+            "refusal: {}",
+            printed
+                .lines()
+                .find(|l| l.contains("not authorised"))
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// alert-deliver's Write on its parking lot taken away while it runs, with a subscriber that answers
+/// 410 to everything: its hand-off transactions abort, back off and name the right (log and
+/// metric), the process keeps running, nothing is committed past the parking lot's last record;
+/// granted again, every notification is parked exactly once and the log says `authorised again`.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn deliver_write_revoked_while_running_aborts_reports_and_resumes() {
+    let s = secure();
+    let d = Deployment::new(&s, "sec-deliver-revoke", 1);
+    let admin = s.kafka("admin");
+    s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
+    let feed = Feed::new(&admin).expect("feed");
+    let load = |seqs: std::ops::Range<u64>| {
+        let records: Vec<(Option<Vec<u8>>, Vec<u8>)> = seqs
+            .map(|seq| {
+                let v = serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
+                (Some(b"SYM0".to_vec()), serde_json::to_vec(&v).expect("json"))
+            })
+            .collect();
+        feed.send_raw(&d.output, &records)
+            .expect("loading notifications");
+    };
+    let gone = Webhook::up(Behaviour::Status(410));
+    let subscriptions = d.subscriptions(&[("gone", gone.url())]);
+    let parking = format!("{}.parking-lot", d.output);
+    let group = format!("{}-deliver", d.app);
+    let committed = || committed_offsets(&admin, &group, &d.output).expect("committed offsets");
+    let wait_committed = |to: i64| {
+        let deadline = Instant::now() + EXIT;
+        while committed() != vec![Some(to)] {
+            assert!(
+                Instant::now() < deadline,
+                "committed {:?} never reached {to}",
+                committed()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let addr = common::free_addr();
+    let log = std::env::temp_dir().join(format!("{}.log", d.app));
+    let mut c = d.deliver(&s, &subscriptions, &["--metrics-addr", &addr]);
+    c.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut p = common::Pipeline::from(c.spawn().expect("starting alert-deliver"), "0");
+
+    load(1..6);
+    wait_committed(5);
+    assert_eq!(handoffs(&admin, &parking).len(), 5);
+
+    s.acls_all(&[d.deliver_acls("remove", &["--only", "parking-write"])]);
+    load(6..11);
+    let deadline = Instant::now() + EXIT;
+    while price_alerts::metrics::scrape(&addr, "alerts_not_authorised_total") < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the refused Write was never reported in the metrics"
+        );
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "alert-deliver stopped instead of retrying"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        committed(),
+        vec![Some(5)],
+        "nothing committed past the parked records"
+    );
+    assert_eq!(
+        count_records(&admin, &parking, Isolation::ReadCommitted).expect("count"),
+        5
+    );
+
+    s.acls_all(&[d.deliver_acls("apply", &["--only", "parking-write"])]);
+    wait_committed(10);
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "stopped cleanly");
+    let ids: Vec<String> = (1..11).map(|seq| format!("SYM0:{seq}:100:up")).collect();
+    assert_eq!(
+        handoffs(&admin, &parking),
+        ids.iter()
+            .map(|id| ((id.clone(), "gone".to_owned(), String::new()), 1))
+            .collect(),
+        "each notification parked once"
+    );
+    let printed = std::fs::read_to_string(&log).expect("the log");
+    s.assert_no_password("alert-deliver", &printed);
+    let right = format!("Write on Topic {parking}");
+    let line = printed
+        .lines()
+        .find(|l| l.contains("not authorised") && l.contains(&right));
+    assert!(line.is_some(), "the log names the refused right: {printed}");
+    assert!(
+        printed.contains("authorised again"),
+        "the log says when it goes on: {printed}"
+    );
+    eprintln!("report: {}", line.unwrap_or_default());
+}
+
+/// The distinct notification ids of `topic` (read_committed, by the super-user).
+fn notification_ids(admin: &price_alerts::kafka::KafkaConfig, topic: &str) -> BTreeSet<String> {
+    common::records_with_headers_on(admin, topic)
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value =
+                serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("json");
+            v["id"].as_str().expect("an id").to_owned()
+        })
+        .collect()
+}
+
+/// How many times each (notification id, subscriber, untried passes round the last bucket) is in
+/// the hand-off `topic` (read_committed).
+fn handoffs(
+    admin: &price_alerts::kafka::KafkaConfig,
+    topic: &str,
+) -> BTreeMap<(String, String, String), usize> {
+    let mut per = BTreeMap::new();
+    for r in common::records_with_headers_on(admin, topic) {
+        let v: serde_json::Value =
+            serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("json");
+        let id = v["id"].as_str().expect("an id").to_owned();
+        let header = |k: &str| r.headers.get(k).cloned().unwrap_or_default();
+        let key = (
+            id,
+            header("retry.subscriber"),
+            header("retry.untried.passes"),
+        );
+        *per.entry(key).or_default() += 1;
+    }
+    per
 }
 
 /// Wrong password, unknown user, a CA that did not sign the broker's certificate: each fails fast

@@ -156,6 +156,7 @@ impl DeliverArgs {
             retention: self.retention,
             shutdown_timeout: self.shutdown_timeout,
             exit_when_idle: self.exit_when_idle,
+            backlog_gauges: self.metrics_addr.is_some(),
             test_crash_after_handoffs: self.test_crash_after_handoffs,
             test_abort_handoff_txn: self.test_abort_handoff_txn,
             test_abort_handoffs_while: self.test_abort_handoffs_while.clone(),

@@ -27,7 +27,7 @@ use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 use tracing::warn;
 
@@ -191,8 +191,31 @@ pub fn rewind_positions(records: &[OwnedMessage]) -> BTreeMap<(String, i32), i64
     first
 }
 
+/// Bound on each metadata question that names a refused Write after a failed abort.
+const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A hand-off transaction that did not commit.
+#[derive(Debug)]
+pub struct Failed {
+    /// Boxed: a `Result` of this stays small on the hot path.
+    pub error: Box<TxnError>,
+    /// The topics whose records were refused for lack of Write in it (named by its abort).
+    pub refused: BTreeSet<String>,
+}
+
+impl From<TxnError> for Failed {
+    fn from(error: TxnError) -> Self {
+        Failed {
+            error: Box::new(error),
+            refused: BTreeSet::new(),
+        }
+    }
+}
+
 /// Writes the batch's hand-offs and moves its offsets, in one transaction. On an error the open
-/// transaction is aborted when the producer still can; the caller rewinds (abortable) or stops.
+/// transaction is aborted when the producer still can, and the topics refused for lack of Write
+/// are named ([`TxnProducer::abort_naming_refused`]: a revoked Write aborts and is retried, it
+/// does not stop the deliverer); the caller rewinds (abortable) or stops.
 pub fn commit(
     producer: &TxnProducer,
     group: ConsumerGroupMetadata,
@@ -200,19 +223,28 @@ pub fn commit(
     buckets: &Buckets,
     batch: &Batch<'_>,
     hook: &mut TestHooks,
-) -> Result<(), TxnError> {
+) -> Result<(), Failed> {
     producer.begin()?;
-    let result = send_all(producer, group, group_id, buckets, batch, hook)
-        .and_then(|()| hook.commit(producer));
-    if let Err(e) = &result {
-        if e.class == TxnErrorClass::Abortable {
-            if let Err(abort) = producer.abort() {
-                warn!(error = %abort, "abort after a failed hand-off failed");
-                return Err(abort);
-            }
+    let Err(error) = send_all(producer, group, group_id, buckets, batch, hook)
+        .and_then(|()| hook.commit(producer))
+    else {
+        return Ok(());
+    };
+    if error.class != TxnErrorClass::Abortable {
+        return Err(error.into());
+    }
+    let mut written = buckets.bucket_topics();
+    written.extend([buckets.dlq(), buckets.parking_lot()]);
+    match producer.abort_naming_refused(&written, Some(&error), REFUSAL_PROBE_TIMEOUT) {
+        Ok(refused) => Err(Failed {
+            error: Box::new(error),
+            refused,
+        }),
+        Err(abort) => {
+            warn!(error = %abort, "abort after a failed hand-off failed");
+            Err(abort.into())
         }
     }
-    result
 }
 
 fn send_all(

@@ -27,7 +27,7 @@
 
 use super::buckets::{from_millis, Next, RetryState, Stage};
 use super::dispatch::{Dispatcher, Job, Lane};
-use super::handoff::{self, rewind_positions, Batch, Handoff, Target, TestHooks};
+use super::handoff::{self, rewind_positions, Batch, Failed, Handoff, Target, TestHooks};
 use super::http::{self, Outcome};
 use super::metrics as m;
 use super::options::DeliverOptions;
@@ -45,7 +45,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset};
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,9 +115,11 @@ pub async fn run(
     let client = http::client(opts.connect_timeout, opts.request_timeout)?;
     let ends = [opts.buckets.dlq(), opts.buckets.parking_lot()];
     m::describe(&opts.subscriptions, &opts.buckets.bucket_topics(), &ends);
-    // The DLQ and parking-lot gauges: what is there and not replayed yet.
+    // The DLQ and parking-lot gauges: what is there and not replayed yet; only where they are
+    // scraped (the watchers need rights that the deliverer itself does not).
     let _watchers = ends
         .iter()
+        .filter(|_| opts.backlog_gauges)
         .map(|t| Watcher::spawn_reporting(opts.kafka.clone(), t.clone(), GAUGES_EVERY, m::backlog))
         .collect::<anyhow::Result<Vec<_>>>()?;
     info!(
@@ -201,6 +203,8 @@ struct Deliverer {
     /// Aborts since the last commit, and until when the loop waits before the next attempt.
     setbacks: Setbacks,
     backoff_until: Option<Instant>,
+    /// The rights refused since the last commit ("Write on Topic …"), said again when one commits.
+    refused: BTreeSet<String>,
 }
 
 fn run_blocking(
@@ -223,11 +227,12 @@ fn run_blocking(
     let consumer: BaseConsumer<DeliverContext> = cfg
         .create_with_context(DeliverContext::default())
         .context("creating the deliverer's consumer")?;
-    let producer_cfg = opts
-        .kafka
-        .transactional_producer(&opts.transactional_id, opts.transaction_timeout)?;
-    let producer =
-        TxnProducer::new(&producer_cfg).context("registering the deliverer's transactional id")?;
+    // A refused transactional id is named as the start-up check names a right.
+    let producer = TxnProducer::start(
+        &opts.kafka,
+        &opts.transactional_id,
+        opts.transaction_timeout,
+    )?;
     let mut topics = vec![opts.buckets.topic.clone()];
     topics.extend(opts.buckets.bucket_topics());
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
@@ -261,6 +266,7 @@ fn run_blocking(
         active_stamp: 0,
         setbacks: Setbacks::default(),
         backoff_until: None,
+        refused: BTreeSet::new(),
     };
     health.ready();
     let watchdog = health.watchdog(
@@ -574,10 +580,14 @@ impl Deliverer {
             &mut self.hook,
         ) {
             Ok(()) => {}
-            Err(e) if e.class == TxnErrorClass::Abortable => {
+            Err(Failed { error: e, refused }) if e.class == TxnErrorClass::Abortable => {
                 let backoff = self.setbacks.set_back();
                 self.backoff_until = Some(Instant::now() + backoff);
-                warn!(error = %e, records = records.len(), aborts_in_a_row = self.setbacks.in_a_row(), retry_in = ?backoff, "hand-off transaction aborted; the batch is read and delivered again");
+                if refused.is_empty() {
+                    warn!(error = %e, records = records.len(), aborts_in_a_row = self.setbacks.in_a_row(), retry_in = ?backoff, "hand-off transaction aborted; the batch is read and delivered again");
+                } else {
+                    self.not_authorised(&refused, backoff);
+                }
                 m::aborted();
                 self.stats.aborted += 1;
                 let mut rewind = rewind_positions(records);
@@ -589,7 +599,7 @@ impl Deliverer {
                 self.partitions()?.rewind(&self.consumer, &rewind)?;
                 return Ok(());
             }
-            Err(e) => {
+            Err(Failed { error: e, .. }) => {
                 if e.is_fenced() {
                     crate::metrics::fenced();
                 }
@@ -597,7 +607,10 @@ impl Deliverer {
             }
         }
         let aborts = self.setbacks.reset();
-        if aborts > 1 {
+        if !self.refused.is_empty() {
+            let rights = std::mem::take(&mut self.refused);
+            info!(rights = ?rights, after_aborts = aborts, "authorised again: hand-off transactions commit");
+        } else if aborts > 1 {
             info!(after_aborts = aborts, "hand-off transactions commit again");
         }
         let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
@@ -643,6 +656,27 @@ impl Deliverer {
             &by_topic.into_iter().collect::<Vec<_>>(),
         );
         Ok(())
+    }
+
+    /// Says that the hand-off transaction aborted because Write was refused on `topics`: one
+    /// WARN line and one count of `alerts_not_authorised_total{right}` per right and abort, as the
+    /// pipeline says it, until a commit succeeds (`authorised again`). The batch is retried after
+    /// the growing back-off; nothing is skipped meanwhile.
+    fn not_authorised(&mut self, topics: &BTreeSet<String>, backoff: Duration) {
+        let principal = crate::kafka::access::principal(&self.opts.kafka)
+            .unwrap_or_else(|| "this client".to_owned());
+        for topic in topics {
+            let right = format!("Write on Topic {topic}");
+            crate::metrics::not_authorised(&right);
+            warn!(
+                principal = %principal,
+                right = %right,
+                attempts = self.setbacks.in_a_row(),
+                retry_in = ?backoff,
+                "not authorised: hand-off transaction aborted and its batch rewound; retrying until the right is granted"
+            );
+            self.refused.insert(right);
+        }
     }
 
     /// The group's committed offset of each partition of `first` (read as stable, so after the

@@ -153,7 +153,18 @@ pub async fn create_topics(kafka: &KafkaConfig, specs: &[TopicSpec]) -> anyhow::
                 RDKafkaErrorCode::TopicAuthorizationFailed
                 | RDKafkaErrorCode::ClusterAuthorizationFailed,
             )) => {
-                bail!("not allowed to create topic {name}: create it beforehand or grant CREATE on it")
+                // Named as the start-up check names a missing right; the other way out is an
+                // operator creating the topic beforehand.
+                let missing = super::access::Missing {
+                    operation: "Create",
+                    resource: "Topic",
+                    name,
+                };
+                return Err(anyhow::Error::new(super::access::AccessError::new(
+                    kafka,
+                    vec![missing],
+                ))
+                .context("a topic it needs is missing, and it may not create it"));
             }
             Err((name, code)) => bail!("cannot create topic {name}: {code}"),
         }

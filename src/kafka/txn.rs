@@ -283,6 +283,9 @@ struct Failed {
 
 impl ClientContext for DeliveryContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if let Some(topic) = refused_add_partition(fac, log_message) {
+            self.note_refused(topic);
+        }
         crate::kafka::logging::log(level, fac, log_message);
     }
 
@@ -334,6 +337,21 @@ impl ProducerContext for DeliveryContext {
             }
         }
     }
+}
+
+/// The topic of librdkafka's line for an AddPartitionsToTxn refused for lack of Write (facility
+/// ADDPARTS): `TxnCoordinator/1: Failed to add partition "<topic>" [<p>] to transaction: Broker:
+/// Topic authorization failed`. The transaction then fails with TOPIC_AUTHORIZATION_FAILED and its
+/// records are purged by the abort, so no delivery report names the topic: this line is the only
+/// place librdkafka does (a metadata probe cannot tell either while Read still grants Describe).
+fn refused_add_partition<'a>(fac: &str, message: &'a str) -> Option<&'a str> {
+    const PREFIX: &str = "Failed to add partition \"";
+    if fac != "ADDPARTS" || !message.contains("Topic authorization failed") {
+        return None;
+    }
+    let start = message.find(PREFIX)? + PREFIX.len();
+    let len = message[start..].find('"')?;
+    Some(&message[start..start + len])
 }
 
 impl DeliveryContext {
@@ -796,6 +814,52 @@ impl TxnProducer {
         })
     }
 
+    /// Aborts the open transaction, as [`TxnProducer::abort`], and returns the topics of
+    /// `written` (those the transaction writes) whose records were refused for lack of Write in
+    /// it: empty for any other abort. `cause` is the error the transaction failed with: a refused
+    /// AddPartitionsToTxn fails it with TOPIC_AUTHORIZATION_FAILED, and purges its records
+    /// without a delivery report that names the topic, so the broker is asked which it refuses.
+    ///
+    /// If the abort fails fatally because of such a refusal, the producer is made again instead.
+    /// A transaction whose only AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_FAILED) has
+    /// nothing registered on the broker, yet librdkafka 2.12 still sends EndTxn (it counts the
+    /// request, not what it added); the broker answers INVALID_TXN_STATE and librdkafka makes
+    /// that fatal. Nothing is open on the broker then, so a producer made again with the same
+    /// transactional id is what a restart of the process would give, without leaving the group.
+    /// Only then (the records of such a transaction may have been purged without a report, so
+    /// the broker is asked, `probe` bounding each question); any other fatal error is returned.
+    pub fn abort_naming_refused(
+        &self,
+        written: &[String],
+        cause: Option<&TxnError>,
+        probe: Duration,
+    ) -> Result<BTreeSet<String>, TxnError> {
+        let aborted = self.abort();
+        let mut refused = self.take_refused();
+        let topic_refused = cause.is_some_and(|e| {
+            matches!(&e.cause, TxnCause::Kafka(k)
+                if k.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed))
+        });
+        if refused.is_empty() && topic_refused {
+            refused = self.refused_writes(written, probe);
+        }
+        match aborted {
+            Ok(()) => Ok(refused),
+            Err(e) if e.class == TxnErrorClass::Fatal && !e.is_fenced() => {
+                if refused.is_empty() {
+                    refused = self.refused_writes(written, probe);
+                }
+                if refused.is_empty() {
+                    return Err(e);
+                }
+                warn!(error = %e, "abort failed after a refused Write; making the transactional producer again");
+                self.restart()?;
+                Ok(refused)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Enqueues one record. A full local queue is waited out (the polling thread drains it);
     /// any other refusal is returned for the caller to classify.
     pub fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
@@ -864,6 +928,18 @@ mod tests {
             .create_with_context(DeliveryContext::default())
             .expect("a producer can be made without a broker");
         Generation::new(producer).expect("call thread")
+    }
+
+    #[test]
+    fn a_refused_add_partition_names_its_topic() {
+        let line = "TxnCoordinator/1: Failed to add partition \"n.parking-lot\" [0] to transaction: Broker: Topic authorization failed";
+        assert_eq!(
+            refused_add_partition("ADDPARTS", line),
+            Some("n.parking-lot")
+        );
+        assert_eq!(refused_add_partition("TXNERR", line), None);
+        let other = "TxnCoordinator/1: Failed to add partition \"n\" [0] to transaction: Broker: Not coordinator";
+        assert_eq!(refused_add_partition("ADDPARTS", other), None);
     }
 
     #[test]

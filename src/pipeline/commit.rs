@@ -569,40 +569,15 @@ impl Committer {
     }
 
     /// Aborts the open transaction; returns the topics whose records were refused for lack of
-    /// Write in it (empty for any other abort). If the abort fails fatally because of such a
-    /// refusal, the producer is made again instead (see below).
+    /// Write in it (empty for any other abort), making the producer again where librdkafka made
+    /// such a refusal fatal ([`TxnProducer::abort_naming_refused`]).
     fn abort_open(&self) -> Result<BTreeSet<String>, TxnError> {
         // TxnProducer::abort lets in-flight produce requests finish first (Kafka 4.4 answered
         // an EndTxn(abort) with records in flight with INVALID_TXN_STATE).
-        let aborted = self.producer.abort();
-        let mut refused = self.producer.take_refused();
-        match aborted {
-            Ok(()) => Ok(refused),
-            Err(e) if e.class == TxnErrorClass::Fatal && !e.is_fenced() => {
-                // A transaction whose only AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_
-                // FAILED) has nothing registered on the broker, yet librdkafka 2.12 still sends
-                // EndTxn (it counts the request, not what it added); the broker answers
-                // INVALID_TXN_STATE and librdkafka makes that fatal. Nothing is open on the
-                // broker then, so a producer made again with the same transactional id is what a
-                // restart of the process would give, without leaving the group. Only then (the
-                // records of such a transaction may have been purged without a report, so the
-                // broker is asked); any other fatal error stops the engine as before.
-                if refused.is_empty() {
-                    let t = &self.settings.topics;
-                    let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
-                    refused = self
-                        .producer
-                        .refused_writes(&written, REFUSAL_PROBE_TIMEOUT);
-                }
-                if refused.is_empty() {
-                    return Err(e);
-                }
-                warn!(error = %e, "abort failed after a refused Write; making the transactional producer again");
-                self.producer.restart()?;
-                Ok(refused)
-            }
-            Err(e) => Err(e),
-        }
+        let t = &self.settings.topics;
+        let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
+        self.producer
+            .abort_naming_refused(&written, None, REFUSAL_PROBE_TIMEOUT)
     }
 
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last

@@ -220,6 +220,55 @@ impl Deployment {
         c
     }
 
+    /// alert-deliver's ACL arguments for scripts/acls.sh.
+    pub fn deliver_acls<'a>(&'a self, verb: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec![
+            verb,
+            "deliver",
+            "--app-id",
+            &self.app,
+            "--output",
+            &self.output,
+        ];
+        a.extend_from_slice(more);
+        a
+    }
+
+    /// alert-deliver as User:deliver on the notifications, to the subscribers of `subscriptions`
+    /// (a file of [`price_alerts::tools::subscriber::subscriptions_toml`]): buckets of 1 s and
+    /// 2 s, instance id 0 (so the transactional id is `<app>-deliver-0`), short HTTP timeouts.
+    pub fn deliver(&self, s: &Secure, subscriptions: &Path, more: &[&str]) -> Command {
+        let mut c = s.command(env!("CARGO_BIN_EXE_alert-deliver"), "deliver");
+        c.arg("--subscriptions")
+            .arg(subscriptions)
+            .args(["--topic", &self.output, "--app-id", &self.app])
+            .args(["--instance-id", "0", "--buckets", "1s,2s"])
+            .args([
+                "--transaction-timeout",
+                "30s",
+                "--http-connect-timeout",
+                "1s",
+            ])
+            .args(["--http-timeout", "2s", "--breaker-cooldown", "2s"])
+            .args(more);
+        c
+    }
+
+    /// Writes a subscriptions file for `subscribers` (name, url) in the deployment's temp dir.
+    pub fn subscriptions(&self, subscribers: &[(&str, String)]) -> PathBuf {
+        let names: Vec<String> = subscribers.iter().map(|(n, _)| (*n).to_owned()).collect();
+        let toml = price_alerts::tools::subscriber::subscriptions_toml(&names, |n| {
+            subscribers
+                .iter()
+                .find(|(name, _)| *name == n)
+                .map(|(_, url)| url.clone())
+                .unwrap_or_default()
+        });
+        let path = self.rules_path.with_file_name("subscriptions.toml");
+        std::fs::write(&path, toml).expect("writing subscriptions");
+        path
+    }
+
     /// The group's committed offsets, read by the super-user (None where none).
     pub fn committed(&self, s: &Secure) -> Vec<Option<i64>> {
         committed_offsets(&s.kafka("admin"), &self.app, &self.input).expect("committed offsets")
