@@ -186,21 +186,7 @@ fn short_lived_tokens_are_refreshed_and_a_longer_run_keeps_working() {
     let pipeline = o.client_config("pipeline", &endpoint.token_url());
 
     // 1,200 ticks at 30 a second: about 40 s of writing, four token lifetimes.
-    let mut gen = o.command(env!("CARGO_BIN_EXE_tick-gen"), &tools);
-    gen.args([
-        "--topic",
-        input,
-        "--symbols",
-        "10",
-        "--ticks",
-        "1200",
-        "--rate",
-        "30",
-        "--partitions",
-        "2",
-    ])
-    .arg("--rules-out")
-    .arg(&rules_out);
+    let gen = tick_gen(&o, &tools, input, &rules_out, 30);
     let started = Instant::now();
     let generator = std::thread::spawn(move || run(gen, EXIT));
     let pipeline_started = Instant::now();
@@ -280,6 +266,13 @@ fn short_lived_tokens_are_refreshed_and_a_longer_run_keeps_working() {
         started.elapsed(),
         counts.issued,
         report.found
+    );
+    eprintln!(
+        "10 s tokens: pipeline log lines 'handshake failed' {}",
+        pipeline_printed
+            .lines()
+            .filter(|l| l.contains("handshake failed"))
+            .count()
     );
     for (what, text) in [
         ("alert-pipeline", &pipeline_printed),
@@ -364,4 +357,134 @@ fn token_endpoint_down_at_start_fails_fast_and_names_it() {
             .find(|l| l.contains("token endpoint"))
             .unwrap_or_default()
     );
+}
+
+/// The provider refuses every token request for 25 s while tick-gen and the pipeline run with
+/// 10 s tokens, from the pipeline's first commit on (a rotated secret, a disabled client), then issues them again: the tokens they
+/// hold expire meanwhile, and the broker ends their sessions. Neither process gives up; the
+/// pipeline's log names the token endpoint while it is refused, and once tokens are issued again
+/// both finish, exactly once, with no secret printed.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once() {
+    const LIFETIME: Duration = Duration::from_secs(10);
+    let o = oidc("oidc-outage");
+    let endpoint = o.endpoint(LIFETIME);
+    let d = Deployment::new(&o.scram, "oidc-outage", 2);
+    let rules_out = d.rules_path.clone();
+    let (input, output) = (d.input.as_str(), d.output.as_str());
+    o.scram.acls_all(&[
+        d.pipeline_acls("apply", &[]),
+        vec!["apply", "tick-gen", "--input", input],
+        vec!["apply", "verify", "--input", input, "--output", output],
+    ]);
+    let url = endpoint.token_url();
+    let tools = o.client_config("tools", &url);
+    let pipeline = o.client_config("pipeline", &url);
+    // 1,200 ticks at 20 a second: about 60 s of writing, the outage in the middle.
+    let gen = tick_gen(&o, &tools, input, &rules_out, 20);
+    let generator = std::thread::spawn(move || run(gen, EXIT + Duration::from_secs(120)));
+    // Idle for a minute before it stops: the outage (no connection, so no records) must not
+    // look like the end of the input.
+    let p = d.pipeline_with(&o.oauth, &pipeline, &["--exit-when-idle", "60s"]);
+    let pipeline_run = std::thread::spawn(move || run(p, EXIT + Duration::from_secs(180)));
+    // The outage: from 15 s into the run (both hold tokens by then), for 25 s, longer than a
+    // token's lifetime and the broker's clock skew together.
+    // The outage begins once both are past their start (a token refused at start stops a binary
+    // at once, as the tests above show): the pipeline has committed ticks that tick-gen wrote.
+    let deadline = Instant::now() + EXIT;
+    while d.committed(&o.scram).iter().flatten().sum::<i64>() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing committed before the outage"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    endpoint.set_mode(Mode::Refuse);
+    let outage = Instant::now();
+    std::thread::sleep(Duration::from_secs(25));
+    endpoint.set_mode(Mode::Valid);
+    let refused = endpoint.counts().refused;
+    assert!(
+        outage.elapsed() > 2 * LIFETIME,
+        "the outage outlived the tokens"
+    );
+
+    let (out, ran) = pipeline_run.join().expect("the pipeline's thread");
+    let pipeline_printed = text(&out);
+    let (gen_out, gen_ran) = generator.join().expect("tick-gen's thread");
+    let gen_printed = text(&gen_out);
+    eprintln!(
+        "outage: tick-gen ran {gen_ran:?}, the pipeline {ran:?}; refused during it {refused:?}; issued {:?}; pipeline log lines naming the endpoint {}, 'handshake failed' {}",
+        endpoint.counts().issued,
+        pipeline_printed.lines().filter(|l| l.contains(&url)).count(),
+        pipeline_printed.lines().filter(|l| l.contains("handshake failed")).count(),
+    );
+    assert!(
+        gen_out.status.success(),
+        "tick-gen through the outage: {gen_printed}"
+    );
+    assert!(
+        out.status.success(),
+        "alert-pipeline through the outage: {pipeline_printed}"
+    );
+    assert!(
+        refused.get("pipeline").copied().unwrap_or(0) >= 1
+            && refused.get("tools").copied().unwrap_or(0) >= 1,
+        "both asked for a token during the outage and were refused: {refused:?}"
+    );
+    assert!(
+        pipeline_printed.contains(&url),
+        "the pipeline's log names the token endpoint while it is refused"
+    );
+    let rules = Rules::load(&rules_out).expect("generated rules");
+    let report = verify(
+        &o.scram.kafka("admin"),
+        input,
+        output,
+        &rules,
+        price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
+        Default::default(),
+    )
+    .expect("verifier");
+    assert!(report.expected > 0, "the stream crosses thresholds");
+    assert_exactly_once(&report);
+    for (what, text) in [
+        ("alert-pipeline", &pipeline_printed),
+        ("tick-gen", &gen_printed),
+    ] {
+        o.assert_no_secret(what, text, &[]);
+    }
+}
+
+/// tick-gen writing 1,200 ticks of 10 symbols at `rate` a second to `input`, as the OIDC client
+/// of `config`. The rules its stream is made for are written to `rules` first, by a tick-gen
+/// that only does that, so a pipeline started beside the writer reads them whole; the writer
+/// puts its own copy elsewhere.
+fn tick_gen(
+    o: &common::oidc::Oidc,
+    config: &std::path::Path,
+    input: &str,
+    rules: &std::path::Path,
+    rate: u32,
+) -> std::process::Command {
+    let args = |c: &mut std::process::Command| {
+        c.args(["--topic", input, "--symbols", "10", "--ticks", "1200"])
+            .args(["--partitions", "2"]);
+    };
+    let mut only = o.command(env!("CARGO_BIN_EXE_tick-gen"), config);
+    args(&mut only);
+    only.arg("--rules-only").arg("--rules-out").arg(rules);
+    let (out, _) = run(only, EXIT);
+    assert!(
+        out.status.success(),
+        "tick-gen --rules-only: {}",
+        text(&out)
+    );
+    let mut gen = o.command(env!("CARGO_BIN_EXE_tick-gen"), config);
+    args(&mut gen);
+    gen.args(["--rate", &rate.to_string()])
+        .arg("--rules-out")
+        .arg(rules.with_extension("writer.toml"));
+    gen
 }

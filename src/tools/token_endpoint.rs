@@ -140,6 +140,9 @@ pub enum Mode {
     WrongKey = 1,
     /// Tokens that expired before they were issued: the broker refuses them as expired.
     Expired = 2,
+    /// No tokens: every request is answered 401 `invalid_client`, as when a client's secret was
+    /// rotated or its registration disabled at the provider.
+    Refuse = 3,
 }
 
 /// What was issued and refused, per client id.
@@ -326,11 +329,13 @@ async fn token(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Stri
         count(&shared, |c| &mut c.refused, "-");
         return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client");
     };
-    let known = shared
-        .issuer
-        .clients
-        .get(&client)
-        .is_some_and(|registered| same_secret(&secret, registered));
+    let refusing = shared.mode.load(Ordering::SeqCst) == Mode::Refuse as u8;
+    let known = !refusing
+        && shared
+            .issuer
+            .clients
+            .get(&client)
+            .is_some_and(|registered| same_secret(&secret, registered));
     if !known {
         count(&shared, |c| &mut c.refused, &client);
         return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client");
