@@ -5,7 +5,7 @@
 
 # ---- build ----
 # rust:1-bookworm carries what rdkafka's bundled librdkafka needs to build: a C toolchain, make,
-# pkg-config, and the OpenSSL and zlib headers.
+# pkg-config, and the OpenSSL, zlib and libcurl headers (buildpack-deps has libcurl4-openssl-dev).
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -25,8 +25,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # ---- runtime ----
 FROM debian:bookworm-slim
+# libcurl4: librdkafka fetches OAUTHBEARER/OIDC tokens with it.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+    && apt-get install -y --no-install-recommends ca-certificates libssl3 libcurl4 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/
 # Not root: the pipeline needs no privileges.

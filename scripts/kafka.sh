@@ -32,11 +32,13 @@
 #                                     shutdown), kill is SIGKILL; start waits until K is registered
 #
 # A local SECURED broker (scripts/kafka/secure.sh has the details: SASL_SSL with SCRAM-SHA-512 on
-# 127.0.0.1:29094, TLS certificates made with openssl, the StandardAuthorizer, SCRAM users per
-# binary; state, certificates and passwords in .kafka/secure/), beside the others:
+# 127.0.0.1:29094, OAUTHBEARER with OIDC tokens on 127.0.0.1:29095, TLS certificates made with
+# openssl, the StandardAuthorizer, SCRAM users and OIDC client ids per binary; state,
+# certificates, passwords and the token signing key in .kafka/secure/), beside the others:
 #   scripts/kafka.sh up|down [--wipe]|status|logs --secure
-#   scripts/kafka.sh env --secure     print KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and
-#                                     KAFKA_SECURE_CA as shell exports (no secret)
+#   scripts/kafka.sh env --secure     print KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR,
+#                                     KAFKA_SECURE_CA and the KAFKA_SECURE_OAUTH_* of the OAUTHBEARER
+#                                     listener as shell exports (no secret)
 #   scripts/kafka.sh password --secure USER   print USER's password (the only command that does)
 #   scripts/acls.sh                   the least-privilege ACLs of each binary (docs/security.md)
 #
@@ -384,13 +386,15 @@ raise_open_files() {
 }
 
 # Starts a broker JVM with PROPS in the background, its output to LOG (the previous one kept as
-# LOG.1), and prints its pid. Fails (with the log's tail) if it does not even start.
-launch_broker() { # PROPS LOG HEAP_OPTS
+# LOG.1), and prints its pid. Fails (with the log's tail) if it does not even start. EXTRA_OPT:
+# one more JVM option, kept whole (a -D whose value is a path).
+launch_broker() { # PROPS LOG HEAP_OPTS [EXTRA_OPT]
   local props=$1 log=$2 cp pid
   cp=$(classpath)
   if [[ -f $log ]]; then mv -f "$log" "$log.1"; fi
   local -a jvm
   read -r -a jvm <<<"$3 -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true $KAFKA_JVM_OPTS"
+  if [[ -n ${4:-} ]]; then jvm+=("$4"); fi
   # setsid: the broker outlives the shell (and terminal) that ran `up`. 8>&- 9>&-: it must not
   # inherit the locks.
   local launcher=()

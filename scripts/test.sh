@@ -3,9 +3,9 @@
 # Kafka brokers, in two phases so that a phase's tests run beside the brokers they need and no
 # others (two cores do not carry five broker JVMs and the tests without stalls):
 #   1. the unit tests and every broker test on the local single broker (scripts/kafka.sh up), the
-#      security tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM
-#      users, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR and KAFKA_SECURE_CA tell the tests
-#      where it is);
+#      security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL,
+#      SCRAM users, an OAUTHBEARER listener, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR,
+#      KAFKA_SECURE_CA and KAFKA_SECURE_OAUTH_* tell the tests where it is);
 #   2. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore,
 #      coordinator.
 # A broker that is not running is started for its phase and stopped again after it; one that was

@@ -8,6 +8,15 @@
 #     broker and the cluster, with its own state folder and ports;
 #   - clients: SASL_SSL with SCRAM-SHA-512 on 127.0.0.1:KAFKA_SECURE_PORT (default 29094); the
 #     broker's certificate is signed by a CA generated here (openssl), SAN IP:127.0.0.1;
+#   - clients that log in with OIDC: SASL_SSL with OAUTHBEARER on a listener of its own, OAUTH, on
+#     127.0.0.1:KAFKA_SECURE_OAUTH_PORT (default 29095), same certificate. Kafka's own
+#     OAuthBearerValidatorCallbackHandler checks each token's RS256 signature against a JWKS file
+#     written here (file: URL, allowed by the JVM property
+#     org.apache.kafka.sasl.oauthbearer.allowed.urls, which Kafka 4 requires), its expiry, its
+#     issuer and its audience; the principal is User:<sub>. The token endpoint is not part of the
+#     broker: it is whatever holds the signing key (the tests start one:
+#     src/tools/token_endpoint.rs). The listener re-authenticates sessions
+#     (connections.max.reauth.ms), so a client whose token expires must have refreshed it;
 #   - the KRaft controller listener: SASL_PLAINTEXT with PLAIN, one user (the super-user), on
 #     127.0.0.1:KAFKA_SECURE_CONTROLLER_PORT (default 29093). SCRAM cannot serve it (the SCRAM
 #     credentials live in the metadata log the controller serves), and a plaintext controller
@@ -23,14 +32,19 @@
 #   tls/untrusted-ca.pem       a second, unrelated CA: what a client with the wrong CA sees
 #   tls/broker.p12             the broker's key and certificate (PKCS12), password in tls/store.pass
 #   credentials/USER.password  one password per SCRAM user (mode 600)
+#   credentials/USER.oidc-secret  the OIDC client secret of each client id (= user name) but admin
+#   oauth/signing.key          the token issuer's RSA private key (PKCS8 PEM, mode 600)
+#   oauth/jwks.json            its public half as a JWKS (kid price-alerts-local-1): what the
+#                              broker validates tokens with
 #   clients/USER.toml          a `[librdkafka]` table for the project's binaries (--config), 600
 #   clients/USER.properties    the same for Kafka's Java tools (--command-config), 600
 #   server.properties, data/, broker.log, broker.pid, format.log
 #
 # Environment variables read: KAFKA_SECURE_PORT (29094), KAFKA_SECURE_CONTROLLER_PORT (29093),
-# KAFKA_SECURE_HEAP_OPTS ("-Xms256m -Xmx512m").
+# KAFKA_SECURE_OAUTH_PORT (29095), KAFKA_SECURE_HEAP_OPTS ("-Xms256m -Xmx512m").
 
 KAFKA_SECURE_PORT=${KAFKA_SECURE_PORT:-29094}
+KAFKA_SECURE_OAUTH_PORT=${KAFKA_SECURE_OAUTH_PORT:-29095}
 KAFKA_SECURE_CONTROLLER_PORT=${KAFKA_SECURE_CONTROLLER_PORT:-29093}
 KAFKA_SECURE_HEAP_OPTS=${KAFKA_SECURE_HEAP_OPTS:--Xms256m -Xmx512m}
 SECURE="$STATE/secure"
@@ -39,8 +53,18 @@ SECURE_PIDFILE="$SECURE/broker.pid"
 SECURE_LOG="$SECURE/broker.log"
 # The super-user first: it is the one the broker itself authenticates as.
 SECURE_USERS=(admin pipeline sink deliver tools replay)
+# The OIDC client ids: the same names, so a token's sub gives the same principal (User:NAME) and
+# scripts/acls.sh grants both logins at once. Not admin: set-up stays on SCRAM.
+OIDC_CLIENTS=(pipeline sink deliver tools replay)
+# What the broker expects of a token, and what the tests' token endpoint puts in one
+# (`env --secure` prints them).
+OAUTH_ISSUER=price-alerts-local-oidc
+OAUTH_AUDIENCE=price-alerts-secure-broker
+OAUTH_KID=price-alerts-local-1
 
 secure_bootstrap() { echo "127.0.0.1:$KAFKA_SECURE_PORT"; }
+secure_oauth_bootstrap() { echo "127.0.0.1:$KAFKA_SECURE_OAUTH_PORT"; }
+secure_jwks_url() { echo "file://$SECURE/oauth/jwks.json"; }
 secure_pid() { our_pid "$SECURE_PROPS" "$SECURE_PIDFILE"; }
 secure_password() { cat "$SECURE/credentials/$1.password"; }
 
@@ -88,6 +112,32 @@ secure_make_tls() {
   log "made a CA and the broker certificate in $tls"
 }
 
+# base64url without padding (RFC 7515), of stdin.
+base64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+
+# The token issuer's RSA signing key and its JWKS (the public modulus and exponent, base64url).
+# Made once, like the certificates; `down --secure --wipe` removes them.
+secure_make_oauth() {
+  local dir="$SECURE/oauth" hex n
+  [[ -f $dir/signing.key && -f $dir/jwks.json ]] && return 0
+  need_openssl
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  chmod 700 "$dir"
+  (umask 077 && openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$dir/signing.key" 2>/dev/null) \
+    || die "making the OIDC signing key with openssl failed"
+  hex=$(openssl rsa -in "$dir/signing.key" -noout -modulus 2>/dev/null | cut -d= -f2)
+  [[ $hex =~ ^[0-9A-F]+$ ]] || die "reading the OIDC signing key's modulus failed"
+  # Hex to bytes with printf's own escapes (no xxd needed), then base64url. The exponent of
+  # openssl's RSA keys is 65537: AQAB.
+  # shellcheck disable=SC2059 # the format is the bytes
+  n=$(printf "$(sed 's/../\\x&/g' <<<"$hex")" | base64url)
+  printf '{"keys":[{"kty":"RSA","use":"sig","alg":"RS256","kid":"%s","n":"%s","e":"AQAB"}]}\n' \
+    "$OAUTH_KID" "$n" >"$dir/jwks.json"
+  chmod 644 "$dir/jwks.json"
+  log "made the OIDC signing key and its JWKS in $dir"
+}
+
 # One random password per user, and the client configuration files that carry it.
 secure_make_credentials() {
   local user pw
@@ -120,6 +170,12 @@ request.timeout.ms=30000
 default.api.timeout.ms=60000
 EOF
   done
+  # The OIDC client secrets: what the token endpoint checks (an IdP's client registrations).
+  for user in "${OIDC_CLIENTS[@]}"; do
+    if [[ ! -s $SECURE/credentials/$user.oidc-secret ]]; then
+      random_secret | write_secret_file "$SECURE/credentials/$user.oidc-secret"
+    fi
+  done
 }
 
 secure_write_server_properties() {
@@ -132,15 +188,30 @@ secure_write_server_properties() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_SECURE_CONTROLLER_PORT
-listeners=SASL_SSL://127.0.0.1:$KAFKA_SECURE_PORT,CONTROLLER://127.0.0.1:$KAFKA_SECURE_CONTROLLER_PORT
-advertised.listeners=SASL_SSL://127.0.0.1:$KAFKA_SECURE_PORT
-listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT
+listeners=SASL_SSL://127.0.0.1:$KAFKA_SECURE_PORT,OAUTH://127.0.0.1:$KAFKA_SECURE_OAUTH_PORT,CONTROLLER://127.0.0.1:$KAFKA_SECURE_CONTROLLER_PORT
+advertised.listeners=SASL_SSL://127.0.0.1:$KAFKA_SECURE_PORT,OAUTH://127.0.0.1:$KAFKA_SECURE_OAUTH_PORT
+listener.security.protocol.map=SASL_SSL:SASL_SSL,OAUTH:SASL_SSL,CONTROLLER:SASL_PLAINTEXT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=SASL_SSL
 # Clients and the broker itself: SCRAM-SHA-512 over TLS.
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+# Clients with OIDC tokens: OAUTHBEARER on the OAUTH listener (TLS as above). Kafka's validator
+# checks the RS256 signature against the JWKS file (reloaded when it changes), exp, iss and aud
+# (Kafka 4.4 refuses to start without an expected issuer and audience); the principal is the sub
+# claim. Sessions are re-authenticated before the token expires (KIP-368), so a client must have
+# refreshed its token by then, or its connection is closed.
+listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER
+listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;
+listener.name.oauth.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
+listener.name.oauth.oauthbearer.connections.max.reauth.ms=600000
+sasl.oauthbearer.jwks.endpoint.url=$(secure_jwks_url)
+sasl.oauthbearer.expected.issuer=$OAUTH_ISSUER
+sasl.oauthbearer.expected.audience=$OAUTH_AUDIENCE
+sasl.oauthbearer.sub.claim.name=sub
+# The default skew is 30 s; a short one keeps an expired token from being accepted for long.
+sasl.oauthbearer.clock.skew.seconds=5
 # The controller listener: PLAIN with the one super-user (SCRAM's credentials live in the very
 # metadata log the controller serves, so SCRAM cannot authenticate to it).
 sasl.mechanism.controller.protocol=PLAIN
@@ -185,15 +256,16 @@ secure_up() {
     log "our secured broker (pid $pid) is running but does not answer yet: waiting for it"
   else
     local port
-    for port in "$KAFKA_SECURE_PORT" "$KAFKA_SECURE_CONTROLLER_PORT"; do
+    for port in "$KAFKA_SECURE_PORT" "$KAFKA_SECURE_OAUTH_PORT" "$KAFKA_SECURE_CONTROLLER_PORT"; do
       if port_open 127.0.0.1 "$port"; then
-        die "port $port is in use: free it or set KAFKA_SECURE_PORT / KAFKA_SECURE_CONTROLLER_PORT"
+        die "port $port is in use: free it or set KAFKA_SECURE_PORT / KAFKA_SECURE_OAUTH_PORT / KAFKA_SECURE_CONTROLLER_PORT"
       fi
     done
     mkdir -p "$SECURE"
     chmod 700 "$SECURE"
     secure_make_tls
     secure_make_credentials
+    secure_make_oauth
     secure_write_server_properties
     local cp
     cp=$(classpath)
@@ -210,9 +282,11 @@ secure_up() {
         die "formatting the secured broker's storage in $SECURE/data failed"
       fi
     fi
-    pid=$(launch_broker "$SECURE_PROPS" "$SECURE_LOG" "$KAFKA_SECURE_HEAP_OPTS")
+    # Kafka 4 reads no OAuth URL that this JVM property does not list (CVE-2025-27817).
+    pid=$(launch_broker "$SECURE_PROPS" "$SECURE_LOG" "$KAFKA_SECURE_HEAP_OPTS" \
+      "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=$(secure_jwks_url)")
     echo "$pid" >"$SECURE_PIDFILE"
-    log "started the secured broker (pid $pid): SASL_SSL on $(secure_bootstrap), controller 127.0.0.1:$KAFKA_SECURE_CONTROLLER_PORT"
+    log "started the secured broker (pid $pid): SASL_SSL on $(secure_bootstrap), OAUTHBEARER on $(secure_oauth_bootstrap), controller 127.0.0.1:$KAFKA_SECURE_CONTROLLER_PORT"
   fi
   local deadline=$(($(now_ms) + KAFKA_START_TIMEOUT * 1000))
   until secure_ready; do
@@ -257,7 +331,7 @@ secure_status() {
     return 1
   fi
   if secure_ready; then
-    echo "secured broker: running (pid $pid), SASL_SSL $(secure_bootstrap), state $SECURE"
+    echo "secured broker: running (pid $pid), SASL_SSL $(secure_bootstrap), OAUTHBEARER $(secure_oauth_bootstrap), state $SECURE"
     return 0
   fi
   echo "secured broker: running (pid $pid) but not answering at $(secure_bootstrap)"
@@ -265,12 +339,15 @@ secure_status() {
 }
 
 # What a client of the secured broker needs to know, as shell exports; no secret in it (the
-# passwords stay in their files, named here).
+# passwords, client secrets and the signing key stay in their files under KAFKA_SECURE_DIR).
 secure_env() {
   [[ -f $SECURE/tls/ca.pem ]] || die "no secured broker state in $SECURE: run scripts/kafka.sh up --secure"
   echo "export KAFKA_SECURE_BOOTSTRAP=$(secure_bootstrap)"
   echo "export KAFKA_SECURE_DIR=$SECURE"
   echo "export KAFKA_SECURE_CA=$SECURE/tls/ca.pem"
+  echo "export KAFKA_SECURE_OAUTH_BOOTSTRAP=$(secure_oauth_bootstrap)"
+  echo "export KAFKA_SECURE_OAUTH_ISSUER=$OAUTH_ISSUER"
+  echo "export KAFKA_SECURE_OAUTH_AUDIENCE=$OAUTH_AUDIENCE"
 }
 
 secure_main() { # CMD ARGS...

@@ -90,12 +90,23 @@ impl AccessError {
     }
 }
 
-/// The principal the broker sees, as far as the configuration tells (SASL user names only).
+/// The principal the broker sees, as far as the configuration tells: `User:<sasl.username>`
+/// for SCRAM and PLAIN; for OAUTHBEARER with OIDC, `User:<sasl.oauthbearer.client.id>`. Kafka
+/// takes an OAUTHBEARER principal from the token's `sub` claim (`sasl.oauthbearer.sub.claim.name`),
+/// which holds the client id on the local broker and with most client-credentials set-ups; an
+/// identity provider that puts another value there (Keycloak's `sub` is the service account's
+/// user id) needs its broker to map another claim, or ACLs on that value.
 pub fn principal(kafka: &KafkaConfig) -> Option<String> {
-    kafka
-        .properties
-        .get("sasl.username")
-        .map(|u| format!("User:{u}"))
+    let p = &kafka.properties;
+    let oidc = p
+        .get("sasl.oauthbearer.method")
+        .is_some_and(|m| m.eq_ignore_ascii_case("oidc"));
+    let name = if oidc {
+        p.get("sasl.oauthbearer.client.id")
+    } else {
+        p.get("sasl.username")
+    };
+    name.map(|u| format!("User:{u}"))
 }
 
 /// [`check`] for async callers: on a blocking thread, since it waits on broker round trips.
@@ -269,5 +280,19 @@ mod tests {
             text.starts_with("not authorised: User:pipeline lacks Write on TransactionalId price-alerts-0, Read on Group price-alerts"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn an_oidc_client_is_named_by_its_client_id() {
+        let mut kafka = KafkaConfig::new("127.0.0.1:9092");
+        for (k, v) in [
+            ("sasl.mechanism", "OAUTHBEARER"),
+            ("sasl.oauthbearer.method", "oidc"),
+            ("sasl.oauthbearer.client.id", "pipeline"),
+        ] {
+            kafka.set(k, v).unwrap();
+        }
+        assert_eq!(principal(&kafka).as_deref(), Some("User:pipeline"));
+        assert_eq!(principal(&KafkaConfig::new("127.0.0.1:9092")), None);
     }
 }

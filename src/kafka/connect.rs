@@ -4,12 +4,23 @@
 //! call with a timeout fails a minute or two later with a message that names neither the address
 //! nor the cause. Every binary runs [`check`] before anything else: a metadata request, bounded by
 //! `--connect-timeout`, with librdkafka's error events captured so the failure says what happened
-//! (connection refused, DNS, TLS, SASL authentication). Authentication and TLS failures end the
-//! check at once (retrying the same credentials cannot help); a refused connection or a name that
-//! does not resolve is retried until the bound, since a broker or a DNS record may be on its way.
+//! (connection refused, DNS, TLS, SASL authentication, an OIDC token endpoint that gives no
+//! token). Authentication and TLS failures end the check at once (retrying the same credentials
+//! cannot help); a refused connection or a name that does not resolve is retried until the
+//! bound, since a broker or a DNS record may be on its way.
+//!
+//! With `sasl.oauthbearer.method=oidc`, librdkafka fetches a token from
+//! `sasl.oauthbearer.token.endpoint.url` before it connects, and reports a failure as an
+//! authentication error whose text is the endpoint's answer or curl's, without the URL (that is
+//! only in a log line). The check names the URL and the client id, never the secret
+//! ([`ConnectError::Token`]). librdkafka retries a refusal (HTTP 401, connection refused) every
+//! 10 s for ever; the check stops at the first: a refused secret or a down endpoint at start is a
+//! deployment mistake. (Only 5xx, 408, 425 and 429 answers are retried inside librdkafka's one
+//! request, 5 s apart, up to four times, before it reports.)
 
 use super::config::KafkaConfig;
 use super::logging;
+use super::secrets;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer as _, ProducerContext};
@@ -36,6 +47,13 @@ pub enum ConnectError {
         bootstrap: String,
         mechanism: String,
         user: String,
+        detail: String,
+    },
+    #[error("no OAUTHBEARER token from the OIDC token endpoint {url} for client id {client_id}, so no connection to {bootstrap}: {detail}")]
+    Token {
+        bootstrap: String,
+        url: String,
+        client_id: String,
         detail: String,
     },
     #[error("no broker at {bootstrap} answered within {timeout:?}: {detail}")]
@@ -102,6 +120,11 @@ fn is_final(code: RDKafkaErrorCode, detail: &str) -> bool {
     ) || is_tls(detail)
 }
 
+/// librdkafka's words for a token it could not get (`rd_kafka_oauthbearer_set_token_failure`).
+fn is_token_failure(detail: &str) -> bool {
+    detail.contains("Failed to acquire SASL OAUTHBEARER token")
+}
+
 /// librdkafka reports a failed handshake as a transport failure; its text says it was TLS.
 fn is_tls(detail: &str) -> bool {
     detail.contains("SSL handshake failed") || detail.contains("certificate verify failed")
@@ -125,10 +148,21 @@ fn classify(
                     .cloned()
                     .unwrap_or_else(|| "(none)".to_owned())
             };
+            // The endpoint's answer or curl's error: no secret is expected in it, but it is made
+            // by others, so it is scrubbed like every such message.
+            let detail = secrets::scrub(&detail, &kafka.properties);
+            if is_token_failure(&detail) {
+                return ConnectError::Token {
+                    bootstrap,
+                    url: property(&["sasl.oauthbearer.token.endpoint.url"]),
+                    client_id: property(&["sasl.oauthbearer.client.id"]),
+                    detail,
+                };
+            }
             ConnectError::Authentication {
                 bootstrap,
                 mechanism: property(&["sasl.mechanism", "sasl.mechanisms"]),
-                user: property(&["sasl.username"]),
+                user: property(&["sasl.username", "sasl.oauthbearer.client.id"]),
                 detail,
             }
         }

@@ -10,10 +10,13 @@
 //!   paused and bounced while a stream is processed, then exactly-once checked.
 //! - [`subscriber`] (`test-subscriber`): local webhook receivers for alert-deliver that accept,
 //!   fail for a while or answer a fixed status, counting by Idempotency-Key (the demo's part 4).
+//! - [`token_endpoint`]: a local OIDC token endpoint (client credentials in, RS256 JWT out) for
+//!   the OAUTHBEARER tests: short-lived, refused and bad tokens, and an endpoint that is down.
 
 pub mod chaos;
 pub mod demo;
 pub mod generate;
 pub mod replay;
 pub mod subscriber;
+pub mod token_endpoint;
 pub mod verify;

@@ -1,6 +1,7 @@
 //! Helpers of the broker tests: the broker address, fresh names, engine settings.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod oidc;
 pub mod postgres;
 pub mod secure;
 pub mod webhook;
