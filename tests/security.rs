@@ -467,7 +467,7 @@ fn deliver_write_revoked_while_running_aborts_reports_and_resumes() {
     assert_eq!(
         handoffs(&admin, &parking),
         ids.iter()
-            .map(|id| ((id.clone(), "gone".to_owned(), String::new()), 1))
+            .map(|id| ((id.clone(), "gone".to_owned(), "0".to_owned()), 1))
             .collect(),
         "each notification parked once"
     );
@@ -508,11 +508,16 @@ fn handoffs(
         let v: serde_json::Value =
             serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("json");
         let id = v["id"].as_str().expect("an id").to_owned();
-        let header = |k: &str| r.headers.get(k).cloned().unwrap_or_default();
+        let header = |k: &str, absent: &str| {
+            r.headers
+                .get(k)
+                .cloned()
+                .unwrap_or_else(|| absent.to_owned())
+        };
         let key = (
             id,
-            header("retry.subscriber"),
-            header("retry.untried.passes"),
+            header("retry.subscriber", ""),
+            header("retry.untried.passes", "0"),
         );
         *per.entry(key).or_default() += 1;
     }
