@@ -11,7 +11,10 @@
 mod common;
 
 use common::postgres::TestDb;
-use common::secure::{assert_exactly_once, run, secure, text, Deployment, EXIT, FAILS_WITHIN};
+use common::secure::{
+    assert_exactly_once, assert_refused_at_start, run, secure, text, Deployment, EXIT,
+    FAILS_WITHIN,
+};
 use common::webhook::{Behaviour, Webhook};
 use price_alerts::kafka::feed::{next_offsets, Feed};
 use price_alerts::kafka::offsets::committed_offsets;
@@ -249,23 +252,16 @@ fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
                 d.load(&s, 1, 5);
                 s.acls_all(&[d.pipeline_acls("apply", &["--skip", skip])]);
                 let (out, took) = run(d.pipeline(&s, &["--exit-when-idle", "3s"]), EXIT);
-                let printed = text(&out);
-                s.assert_no_password("alert-pipeline", &printed);
                 let right = right
                     .replace("{app}", &d.app)
                     .replace("{output}", &d.output)
                     .replace("{input}", &d.input);
-                assert!(
-                    !out.status.success(),
-                    "without {skip} the start succeeded: {printed}"
-                );
-                assert!(
-                    printed.contains(&format!("not authorised: User:pipeline lacks {right}")),
-                    "without {skip} the message names {right}: {printed}"
-                );
-                assert!(
-                    took < FAILS_WITHIN,
-                    "without {skip} the start failed only after {took:?}"
+                let line = assert_refused_at_start(
+                    &s,
+                    ("alert-pipeline", "pipeline"),
+                    (skip, &format!("lacks {right}")),
+                    &out,
+                    took,
                 );
                 let admin = s.kafka("admin");
                 assert_eq!(
@@ -274,11 +270,7 @@ fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
                     "{skip}: nothing written"
                 );
                 assert_eq!(d.committed(&s), vec![None], "{skip}: no offset committed");
-                printed
-                    .lines()
-                    .find(|l| l.contains("not authorised"))
-                    .unwrap_or_default()
-                    .to_owned()
+                line
             })
         })
         .collect();
@@ -342,22 +334,15 @@ fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
             d.deliver(&s, &subscriptions, &["--exit-when-idle", "3s"]),
             EXIT,
         );
-        let printed = text(&out);
-        s.assert_no_password("alert-deliver", &printed);
         let right = right
             .replace("{app}", &d.app)
             .replace("{output}", &d.output);
-        assert!(
-            !out.status.success(),
-            "without {skip} the start succeeded: {printed}"
-        );
-        assert!(
-            printed.contains(&format!("not authorised: User:deliver {right}")),
-            "without {skip} the message names it ({right}): {printed}"
-        );
-        assert!(
-            took < FAILS_WITHIN,
-            "without {skip} the start failed only after {took:?}"
+        let line = assert_refused_at_start(
+            &s,
+            ("alert-deliver", "deliver"),
+            (skip, &right),
+            &out,
+            took,
         );
         assert!(hook.requests().is_empty(), "{skip}: nothing delivered");
         for topic in [
@@ -376,13 +361,7 @@ fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
             vec![None],
             "{skip}: no offset committed"
         );
-        eprintln!(
-            "refusal: {}",
-            printed
-                .lines()
-                .find(|l| l.contains("not authorised"))
-                .unwrap_or_default()
-        );
+        eprintln!("refusal: {line}");
     }
 }
 

@@ -663,17 +663,14 @@ impl Deliverer {
     /// pipeline says it, until a commit succeeds (`authorised again`). The batch is retried after
     /// the growing back-off; nothing is skipped meanwhile.
     fn not_authorised(&mut self, topics: &BTreeSet<String>, backoff: Duration) {
-        let principal = crate::kafka::access::principal(&self.opts.kafka)
-            .unwrap_or_else(|| "this client".to_owned());
         for topic in topics {
             let right = format!("Write on Topic {topic}");
-            crate::metrics::not_authorised(&right);
-            warn!(
-                principal = %principal,
-                right = %right,
-                attempts = self.setbacks.in_a_row(),
-                retry_in = ?backoff,
-                "not authorised: hand-off transaction aborted and its batch rewound; retrying until the right is granted"
+            crate::kafka::access::say_refused(
+                &self.opts.kafka,
+                &right,
+                "hand-off transaction aborted and its batch rewound",
+                self.setbacks.in_a_row(),
+                backoff,
             );
             self.refused.insert(right);
         }

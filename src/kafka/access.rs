@@ -109,6 +109,23 @@ pub fn principal(kafka: &KafkaConfig) -> Option<String> {
     name.map(|u| format!("User:{u}"))
 }
 
+/// Says that `right` was refused while running ("Write on Topic notifications"): one WARN line
+/// naming the principal and the right, and one count of `alerts_not_authorised_total{right}`,
+/// which the NotAuthorised alert watches. `what` says what the refusal cost ("transaction aborted
+/// and input rewound"); the caller retries after `retry_in`, the `attempts`-th setback in a row.
+/// The pipeline and alert-deliver say it alike (docs/security.md, "A right revoked while running").
+pub fn say_refused(kafka: &KafkaConfig, right: &str, what: &str, attempts: u32, retry_in: Duration) {
+    let principal = principal(kafka).unwrap_or_else(|| "this client".to_owned());
+    crate::metrics::not_authorised(right);
+    tracing::warn!(
+        principal = %principal,
+        right = %right,
+        attempts,
+        retry_in = ?retry_in,
+        "not authorised: {what}; retrying until the right is granted"
+    );
+}
+
 /// [`check`] for async callers: on a blocking thread, since it waits on broker round trips.
 pub async fn check_async(kafka: &KafkaConfig, needs: Needs) -> anyhow::Result<()> {
     let kafka = kafka.clone();

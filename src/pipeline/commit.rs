@@ -548,22 +548,19 @@ impl Committer {
             }
             return;
         }
-        let principal = crate::kafka::access::principal(&self.settings.kafka)
-            .unwrap_or_else(|| "this client".to_owned());
+        let what = if aborted {
+            "transaction aborted and input rewound"
+        } else {
+            "input not read"
+        };
         for right in rights {
             session.refused.insert(right.clone());
-            m::not_authorised(right);
-            let what = if aborted {
-                "transaction aborted and input rewound"
-            } else {
-                "input not read"
-            };
-            warn!(
-                principal = %principal,
-                right = %right,
-                attempts = session.setbacks.in_a_row(),
-                retry_in = ?backoff,
-                "not authorised: {what}; retrying until the right is granted"
+            crate::kafka::access::say_refused(
+                &self.settings.kafka,
+                right,
+                what,
+                session.setbacks.in_a_row(),
+                backoff,
             );
         }
     }

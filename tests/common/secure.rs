@@ -332,6 +332,37 @@ pub fn run(mut c: Command, timeout: Duration) -> (Output, Duration) {
     )
 }
 
+/// A start of `binary` as `user` refused for lack of one right (ACL entry `skip` taken away): it
+/// failed, within [`FAILS_WITHIN`], with a message naming the right (`right`: "lacks Write on
+/// Topic …"), and printed no password. Returns the line that names it.
+pub fn assert_refused_at_start(
+    s: &Secure,
+    (binary, user): (&str, &str),
+    (skip, right): (&str, &str),
+    out: &Output,
+    took: Duration,
+) -> String {
+    let printed = text(out);
+    s.assert_no_password(binary, &printed);
+    assert!(
+        !out.status.success(),
+        "{binary}: without {skip} the start succeeded: {printed}"
+    );
+    assert!(
+        printed.contains(&format!("not authorised: User:{user} {right}")),
+        "{binary}: without {skip} the message names it ({right}): {printed}"
+    );
+    assert!(
+        took < FAILS_WITHIN,
+        "{binary}: without {skip} the start failed only after {took:?}"
+    );
+    printed
+        .lines()
+        .find(|l| l.contains("not authorised"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// The verifier found every expected notification exactly once and nothing else.
 pub fn assert_exactly_once(report: &VerifyReport) {
     let counts = (
