@@ -12,8 +12,7 @@ mod common;
 
 use common::postgres::TestDb;
 use common::secure::{
-    assert_exactly_once, assert_refused_at_start, run, secure, text, Deployment, EXIT,
-    FAILS_WITHIN,
+    assert_exactly_once, assert_refused_at_start, run, secure, text, Deployment, EXIT, FAILS_WITHIN,
 };
 use common::webhook::{Behaviour, Webhook};
 use price_alerts::kafka::feed::{next_offsets, Feed};
@@ -337,13 +336,8 @@ fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
         let right = right
             .replace("{app}", &d.app)
             .replace("{output}", &d.output);
-        let line = assert_refused_at_start(
-            &s,
-            ("alert-deliver", "deliver"),
-            (skip, &right),
-            &out,
-            took,
-        );
+        let line =
+            assert_refused_at_start(&s, ("alert-deliver", "deliver"), (skip, &right), &out, took);
         assert!(hook.requests().is_empty(), "{skip}: nothing delivered");
         for topic in [
             format!("{}.retry.1s", d.output),
@@ -416,18 +410,7 @@ fn deliver_write_revoked_while_running_aborts_reports_and_resumes() {
 
     s.acls_all(&[d.deliver_acls("remove", &["--only", "parking-write"])]);
     load(6..11);
-    let deadline = Instant::now() + EXIT;
-    while price_alerts::metrics::scrape(&addr, "alerts_not_authorised_total") < 2.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the refused Write was never reported in the metrics"
-        );
-        assert!(
-            matches!(p.child.try_wait(), Ok(None)),
-            "alert-deliver stopped instead of retrying"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_refusals_reported(&addr, &mut p, "alert-deliver");
     assert_eq!(
         committed(),
         vec![Some(5)],
@@ -462,6 +445,23 @@ fn deliver_write_revoked_while_running_aborts_reports_and_resumes() {
         "the log says when it goes on: {printed}"
     );
     eprintln!("report: {}", line.unwrap_or_default());
+}
+
+/// Waits until the process serving metrics at `addr` has counted the refused right twice (it
+/// retries, it does not stop: `who` must stay running meanwhile).
+fn wait_refusals_reported(addr: &str, p: &mut common::Pipeline, who: &str) {
+    let deadline = Instant::now() + EXIT;
+    while price_alerts::metrics::scrape(addr, "alerts_not_authorised_total") < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the refused Write was never reported in the metrics"
+        );
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "{who} stopped instead of retrying"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The distinct notification ids of `topic` (read_committed, by the super-user).
@@ -683,18 +683,7 @@ fn write_revoked_while_running_aborts_reports_and_resumes() {
 
     s.acls_all(&[d.pipeline_acls("remove", &["--only", "output-write"])]);
     let second = d.load(&s, 11, 10);
-    let deadline = Instant::now() + EXIT;
-    while price_alerts::metrics::scrape(&addr, "alerts_not_authorised_total") < 2.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the refused Write was never reported in the metrics"
-        );
-        assert!(
-            matches!(p.child.try_wait(), Ok(None)),
-            "the pipeline stopped instead of retrying"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_refusals_reported(&addr, &mut p, "the pipeline");
     assert_eq!(
         d.committed(&s),
         before.values().map(|o| Some(*o)).collect::<Vec<_>>(),

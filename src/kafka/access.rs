@@ -114,7 +114,13 @@ pub fn principal(kafka: &KafkaConfig) -> Option<String> {
 /// which the NotAuthorised alert watches. `what` says what the refusal cost ("transaction aborted
 /// and input rewound"); the caller retries after `retry_in`, the `attempts`-th setback in a row.
 /// The pipeline and alert-deliver say it alike (docs/security.md, "A right revoked while running").
-pub fn say_refused(kafka: &KafkaConfig, right: &str, what: &str, attempts: u32, retry_in: Duration) {
+pub fn say_refused(
+    kafka: &KafkaConfig,
+    right: &str,
+    what: &str,
+    attempts: u32,
+    retry_in: Duration,
+) {
     let principal = principal(kafka).unwrap_or_else(|| "this client".to_owned());
     crate::metrics::not_authorised(right);
     tracing::warn!(
