@@ -87,18 +87,7 @@ fn end_to_end_over_oauthbearer_each_binary_its_own_client() {
         text(&out)
     );
 
-    let rules = Rules::load(&rules_out).expect("generated rules");
-    let report = verify(
-        &o.scram.kafka("admin"),
-        input,
-        output,
-        &rules,
-        price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
-        Default::default(),
-    )
-    .expect("verifier");
-    assert!(report.expected > 0, "the stream crosses thresholds");
-    assert_exactly_once(&report);
+    let report = verify_exactly_once(&o.scram.kafka("admin"), input, output, &rules_out);
 
     let counts = endpoint.counts();
     for client in ["tools", "pipeline"] {
@@ -218,18 +207,7 @@ fn short_lived_tokens_are_refreshed_and_a_longer_run_keeps_working() {
     let (out, _) = run(verifier, EXIT);
     let verify_printed = text(&out);
     assert!(out.status.success(), "alert-verify: {verify_printed}");
-    let rules = Rules::load(&rules_out).expect("generated rules");
-    let report = verify(
-        &o.scram.kafka("admin"),
-        input,
-        output,
-        &rules,
-        price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
-        Default::default(),
-    )
-    .expect("verifier");
-    assert!(report.expected > 0, "the stream crosses thresholds");
-    assert_exactly_once(&report);
+    let report = verify_exactly_once(&o.scram.kafka("admin"), input, output, &rules_out);
 
     let counts = endpoint.counts();
     // The pipeline's run: from its start to its exit (tick-gen's ends with the pipeline's input).
@@ -437,18 +415,7 @@ fn tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once
         pipeline_printed.contains(&url),
         "the pipeline's log names the token endpoint while it is refused"
     );
-    let rules = Rules::load(&rules_out).expect("generated rules");
-    let report = verify(
-        &o.scram.kafka("admin"),
-        input,
-        output,
-        &rules,
-        price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
-        Default::default(),
-    )
-    .expect("verifier");
-    assert!(report.expected > 0, "the stream crosses thresholds");
-    assert_exactly_once(&report);
+    verify_exactly_once(&o.scram.kafka("admin"), input, output, &rules_out);
     for (what, text) in [
         ("alert-pipeline", &pipeline_printed),
         ("tick-gen", &gen_printed),
@@ -487,4 +454,28 @@ fn tick_gen(
         .arg("--rules-out")
         .arg(rules.with_extension("writer.toml"));
     gen
+}
+
+/// The verifier, as the super-user, over the stream made for the rules `tick-gen` wrote to
+/// `rules_out`: the stream crosses thresholds, and every crossing is notified exactly once.
+/// Returns the verifier's report.
+fn verify_exactly_once(
+    admin: &price_alerts::kafka::KafkaConfig,
+    input: &str,
+    output: &str,
+    rules_out: &std::path::Path,
+) -> price_alerts::tools::verify::VerifyReport {
+    let rules = Rules::load(rules_out).expect("generated rules");
+    let report = verify(
+        admin,
+        input,
+        output,
+        &rules,
+        price_alerts::tick::DEFAULT_MAX_TICK_BYTES,
+        Default::default(),
+    )
+    .expect("verifier");
+    assert!(report.expected > 0, "the stream crosses thresholds");
+    assert_exactly_once(&report);
+    report
 }

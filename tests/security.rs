@@ -433,12 +433,27 @@ fn deliver_write_revoked_while_running_aborts_reports_and_resumes() {
             .collect(),
         "each notification parked once"
     );
-    let printed = std::fs::read_to_string(&log).expect("the log");
-    s.assert_no_password("alert-deliver", &printed);
-    let right = format!("Write on Topic {parking}");
+    assert_log_names_refusal_and_recovery(
+        &s,
+        "alert-deliver",
+        &log,
+        &format!("Write on Topic {parking}"),
+    );
+}
+
+/// The log of `who` at `log` names the refused `right` ("not authorised", "Write on Topic …"),
+/// says when it goes on ("authorised again"), and carries no password.
+fn assert_log_names_refusal_and_recovery(
+    s: &common::secure::Secure,
+    who: &str,
+    log: &std::path::Path,
+    right: &str,
+) {
+    let printed = std::fs::read_to_string(log).expect("the log");
+    s.assert_no_password(who, &printed);
     let line = printed
         .lines()
-        .find(|l| l.contains("not authorised") && l.contains(&right));
+        .find(|l| l.contains("not authorised") && l.contains(right));
     assert!(line.is_some(), "the log names the refused right: {printed}");
     assert!(
         printed.contains("authorised again"),
@@ -707,18 +722,12 @@ fn write_revoked_while_running_aborts_reports_and_resumes() {
         "the second half crossed thresholds too"
     );
     assert_exactly_once(&report);
-    let printed = std::fs::read_to_string(&log).expect("the log");
-    s.assert_no_password("alert-pipeline", &printed);
-    let right = format!("Write on Topic {}", d.output);
-    let line = printed
-        .lines()
-        .find(|l| l.contains("not authorised") && l.contains(&right));
-    assert!(line.is_some(), "the log names the refused right: {printed}");
-    assert!(
-        printed.contains("authorised again"),
-        "the log says when it goes on: {printed}"
+    assert_log_names_refusal_and_recovery(
+        &s,
+        "alert-pipeline",
+        &log,
+        &format!("Write on Topic {}", d.output),
     );
-    eprintln!("report: {}", line.unwrap_or_default());
 }
 
 /// How long the tests below watch a pipeline whose right is refused, to measure its rates.
