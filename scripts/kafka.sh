@@ -63,7 +63,11 @@
 #   KAFKA_STOP_TIMEOUT         seconds `down` waits after SIGTERM before SIGKILL; default 30
 #   KAFKA_HEAP_OPTS            broker heap options; default "-Xms512m -Xmx1g"
 #   KAFKA_JVM_OPTS             extra JVM options for the broker; default none
-#   KAFKA_TOOL_OPTS            extra JVM options for `tool`; default none
+#   KAFKA_TOOL_OPTS            JVM options for `tool`; default "-XX:TieredStopAtLevel=1
+#                              -XX:+UseSerialGC -XX:CICompilerCount=1": a tool runs for seconds,
+#                              and C1 alone with one GC thread halves its CPU time (AclCommand:
+#                              5.3 s -> 2.6 s of user time), which two cores shared with brokers
+#                              and tests feel; a long-running tool (a benchmark) wants it empty
 #   KAFKA_NOFILE               open-file limit (ulimit -n) every broker started here gets; default
 #                              100000 (see raise_open_files)
 #   KAFKA_WIPE                 1: `down` deletes .kafka/data as with --wipe
@@ -92,7 +96,10 @@ KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}
 KAFKA_JVM_OPTS=${KAFKA_JVM_OPTS:-}
-KAFKA_TOOL_OPTS=${KAFKA_TOOL_OPTS:-}
+KAFKA_TOOL_OPTS=${KAFKA_TOOL_OPTS--XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1}
+# Every JVM here but a broker's: `tool`, the storage tool, the readiness probes.
+TOOL_JVM=()
+[[ -z $KAFKA_TOOL_OPTS ]] || read -r -a TOOL_JVM <<<"$KAFKA_TOOL_OPTS"
 KAFKA_NOFILE=${KAFKA_NOFILE:-100000}
 KAFKA_WIPE=${KAFKA_WIPE:-0}
 KAFKA_BROKERS=${KAFKA_BROKERS:-1}
@@ -255,7 +262,7 @@ kafka_tool_ok() { # HOST:PORT
   # Short admin-client timeouts: a probe must fail in seconds, not after the default 60 s.
   printf '%s\n' request.timeout.ms=5000 default.api.timeout.ms=8000 socket.connection.setup.timeout.max.ms=5000 \
     >"$STATE/probe-admin.properties"
-  timeout 15 "$JAVA" -cp "$(classpath)" "$TOPIC_TOOL_CLASS" --bootstrap-server "$1" \
+  timeout 15 "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$TOPIC_TOOL_CLASS" --bootstrap-server "$1" \
     --command-config "$STATE/probe-admin.properties" --list >/dev/null 2>&1
 }
 
@@ -503,9 +510,9 @@ cmd_up() {
     mkdir -p "$DATA"
     if [[ ! -f $DATA/meta.properties ]]; then
       local cluster_id
-      cluster_id=$("$JAVA" -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
+      cluster_id=$("$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
       log "formatting $DATA (cluster id $cluster_id)"
-      if ! "$JAVA" -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$PROPS" \
+      if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$PROPS" \
         >"$STATE/format.log" 2>&1; then
         cat "$STATE/format.log" >&2
         die "formatting the KRaft storage in $DATA failed"
@@ -617,9 +624,7 @@ cmd_tool() {
   local cls=$1 cp
   shift
   cp=$(classpath)
-  local -a opts=()
-  if [[ -n $KAFKA_TOOL_OPTS ]]; then read -r -a opts <<<"$KAFKA_TOOL_OPTS"; fi
-  exec "$JAVA" ${opts[@]+"${opts[@]}"} -cp "$cp" "$cls" "$@"
+  exec "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$cls" "$@"
 }
 
 usage() {

@@ -16,6 +16,8 @@ mod common;
 
 use common::oidc::oidc;
 use common::secure::{assert_exactly_once, run, text, Deployment, EXIT, FAILS_WITHIN};
+use price_alerts::kafka::read::count_records;
+use price_alerts::kafka::Isolation;
 use price_alerts::rules::Rules;
 use price_alerts::tools::token_endpoint::Mode;
 use price_alerts::tools::verify::verify;
@@ -362,10 +364,13 @@ fn tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once
     // 1,200 ticks at 20 a second: about 60 s of writing, the outage in the middle.
     let gen = tick_gen(&o, &tools, input, &rules_out, 20);
     let generator = std::thread::spawn(move || run(gen, EXIT + Duration::from_secs(120)));
-    // Idle for a minute before it stops: the outage (no connection, so no records) must not
-    // look like the end of the input.
-    let p = d.pipeline_with(&o.oauth, &pipeline, &["--exit-when-idle", "60s"]);
-    let pipeline_run = std::thread::spawn(move || run(p, EXIT + Duration::from_secs(180)));
+    // No --exit-when-idle: the outage (no connection, so no records) must not look like the end
+    // of the input. It is stopped with SIGTERM once it has committed every tick.
+    let log = std::env::temp_dir().join("oidc-outage-pipeline.log");
+    let mut p = d.pipeline_with(&o.oauth, &pipeline, &[]);
+    let file = std::fs::File::create(&log).expect("log file");
+    p.stdout(file.try_clone().expect("log file")).stderr(file);
+    let p = common::Pipeline::from(p.spawn().expect("starting alert-pipeline"), "0");
     // The outage: from 15 s into the run (both hold tokens by then), for 25 s, longer than a
     // token's lifetime and the broker's clock skew together.
     // The outage begins once both are past their start (a token refused at start stops a binary
@@ -388,23 +393,36 @@ fn tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once
         "the outage outlived the tokens"
     );
 
-    let (out, ran) = pipeline_run.join().expect("the pipeline's thread");
-    let pipeline_printed = text(&out);
     let (gen_out, gen_ran) = generator.join().expect("tick-gen's thread");
     let gen_printed = text(&gen_out);
+    assert!(
+        gen_out.status.success(),
+        "tick-gen through the outage: {gen_printed}"
+    );
+    // tick-gen is not transactional: once it is done, the input's records are its offsets.
+    let admin = o.scram.kafka("admin");
+    let ticks = count_records(&admin, input, Isolation::ReadUncommitted).expect("count") as i64;
+    let deadline = Instant::now() + EXIT;
+    while d.committed(&o.scram).iter().flatten().sum::<i64>() < ticks {
+        assert!(
+            Instant::now() < deadline,
+            "the pipeline never committed all {ticks} ticks: {:?}",
+            d.committed(&o.scram)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    p.signal("TERM");
+    let status = p.wait(EXIT);
+    let pipeline_printed = std::fs::read_to_string(&log).expect("the pipeline's log");
     eprintln!(
-        "outage: tick-gen ran {gen_ran:?}, the pipeline {ran:?}; refused during it {refused:?}; issued {:?}; pipeline log lines naming the endpoint {}, 'handshake failed' {}",
+        "outage: tick-gen ran {gen_ran:?}; refused during it {refused:?}; issued {:?}; pipeline log lines naming the endpoint {}, 'handshake failed' {}",
         endpoint.counts().issued,
         pipeline_printed.lines().filter(|l| l.contains(&url)).count(),
         pipeline_printed.lines().filter(|l| l.contains("handshake failed")).count(),
     );
     assert!(
-        gen_out.status.success(),
-        "tick-gen through the outage: {gen_printed}"
-    );
-    assert!(
-        out.status.success(),
-        "alert-pipeline through the outage: {pipeline_printed}"
+        status.success(),
+        "alert-pipeline through the outage, stopped by SIGTERM: {pipeline_printed}"
     );
     assert!(
         refused.get("pipeline").copied().unwrap_or(0) >= 1

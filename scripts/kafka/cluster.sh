@@ -111,7 +111,7 @@ format_node() { # NODE
   data="$(node_dir "$1")/data"
   [[ -f $data/meta.properties ]] && return 0
   mkdir -p "$data"
-  if ! "$JAVA" -cp "$(classpath)" "$STORAGE_TOOL_CLASS" format --cluster-id "$(cat "$CLUSTER/cluster.id")" \
+  if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$STORAGE_TOOL_CLASS" format --cluster-id "$(cat "$CLUSTER/cluster.id")" \
     --config "$(node_props "$1")" >"$(node_dir "$1")/format.log" 2>&1; then
     cat "$(node_dir "$1")/format.log" >&2
     die "formatting the KRaft storage of broker $1 in $data failed"
@@ -214,7 +214,7 @@ cluster_up() { # N
   ensure_jars
   echo "$size" >"$CLUSTER/brokers"
   if [[ ! -f $CLUSTER/cluster.id ]]; then
-    "$JAVA" -cp "$(classpath)" "$STORAGE_TOOL_CLASS" random-uuid >"$CLUSTER/cluster.id"
+    "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$STORAGE_TOOL_CLASS" random-uuid >"$CLUSTER/cluster.id"
   fi
   for ((node = 1; node <= size; node++)); do
     mkdir -p "$(node_dir "$node")"

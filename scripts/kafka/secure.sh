@@ -238,7 +238,7 @@ EOF
 
 # Is the secured broker ready? Kafka's own admin client, as the super-user, lists topics.
 secure_ready() {
-  timeout 20 "$JAVA" -cp "$(classpath)" "$TOPIC_TOOL_CLASS" --bootstrap-server "$(secure_bootstrap)" \
+  timeout 20 "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$TOPIC_TOOL_CLASS" --bootstrap-server "$(secure_bootstrap)" \
     --command-config "$SECURE/clients/admin.properties" --list >/dev/null 2>&1
 }
 
@@ -274,9 +274,9 @@ secure_up() {
       for user in "${SECURE_USERS[@]}"; do
         scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$(secure_password "$user")]")
       done
-      cluster_id=$("$JAVA" -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
+      cluster_id=$("$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
       log "formatting $SECURE/data (cluster id $cluster_id) with SCRAM users: ${SECURE_USERS[*]}"
-      if ! "$JAVA" -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$SECURE_PROPS" \
+      if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$SECURE_PROPS" \
         "${scram[@]}" >"$SECURE/format.log" 2>&1; then
         cat "$SECURE/format.log" >&2
         die "formatting the secured broker's storage in $SECURE/data failed"
