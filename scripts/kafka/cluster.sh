@@ -35,6 +35,7 @@ KAFKA_CLUSTER_START_TIMEOUT=${KAFKA_CLUSTER_START_TIMEOUT:-240}
 CLUSTER="$STATE/cluster"
 
 node_dir() { echo "$CLUSTER/broker-$1"; }
+node_data() { echo "$LOG_ROOT/cluster/broker-$1/data"; } # KAFKA_LOG_ROOT, as the single broker's
 node_props() { echo "$CLUSTER/broker-$1/server.properties"; }
 node_pidfile() { echo "$CLUSTER/broker-$1/broker.pid"; }
 node_log() { echo "$CLUSTER/broker-$1/broker.log"; }
@@ -77,7 +78,7 @@ advertised.listeners=PLAINTEXT://127.0.0.1:$(node_port "$node")
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-log.dirs=$(node_dir "$node")/data
+log.dirs=$(node_data "$node")
 num.partitions=1
 auto.create.topics.enable=$KAFKA_AUTO_CREATE_TOPICS
 # Topics created with the broker's default replication (as the project creates them) get $rf
@@ -108,7 +109,7 @@ EOF
 # Formats node NODE's storage with the cluster id, unless it is formatted already.
 format_node() { # NODE
   local data
-  data="$(node_dir "$1")/data"
+  data=$(node_data "$1")
   [[ -f $data/meta.properties ]] && return 0
   mkdir -p "$data"
   if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$STORAGE_TOOL_CLASS" format --cluster-id "$(cat "$CLUSTER/cluster.id")" \
@@ -269,7 +270,7 @@ cluster_down() { # [--wipe]
     log "cluster stopped in $(elapsed "$start")"
   fi
   if [[ $wipe == 1 ]]; then
-    rm -rf "$CLUSTER"
+    rm -rf "$CLUSTER" "$LOG_ROOT/cluster"
     log "deleted $CLUSTER"
   fi
 }

@@ -48,6 +48,7 @@ KAFKA_SECURE_OAUTH_PORT=${KAFKA_SECURE_OAUTH_PORT:-29095}
 KAFKA_SECURE_CONTROLLER_PORT=${KAFKA_SECURE_CONTROLLER_PORT:-29093}
 KAFKA_SECURE_HEAP_OPTS=${KAFKA_SECURE_HEAP_OPTS:--Xms256m -Xmx512m}
 SECURE="$STATE/secure"
+SECURE_DATA="$LOG_ROOT/secure/data" # KAFKA_LOG_ROOT, as the single broker's
 SECURE_PROPS="$SECURE/server.properties"
 SECURE_PIDFILE="$SECURE/broker.pid"
 SECURE_LOG="$SECURE/broker.log"
@@ -228,7 +229,7 @@ ssl.client.auth=none
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 allow.everyone.if.no.acl.found=false
 super.users=User:admin
-log.dirs=$SECURE/data
+log.dirs=$SECURE_DATA
 num.partitions=1
 default.replication.factor=1
 auto.create.topics.enable=false
@@ -269,17 +270,17 @@ secure_up() {
     secure_write_server_properties
     local cp
     cp=$(classpath)
-    if [[ ! -f $SECURE/data/meta.properties ]]; then
+    if [[ ! -f $SECURE_DATA/meta.properties ]]; then
       local cluster_id user scram=()
       for user in "${SECURE_USERS[@]}"; do
         scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$(secure_password "$user")]")
       done
       cluster_id=$("$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
-      log "formatting $SECURE/data (cluster id $cluster_id) with SCRAM users: ${SECURE_USERS[*]}"
+      log "formatting $SECURE_DATA (cluster id $cluster_id) with SCRAM users: ${SECURE_USERS[*]}"
       if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$SECURE_PROPS" \
         "${scram[@]}" >"$SECURE/format.log" 2>&1; then
         cat "$SECURE/format.log" >&2
-        die "formatting the secured broker's storage in $SECURE/data failed"
+        die "formatting the secured broker's storage in $SECURE_DATA failed"
       fi
     fi
     # Kafka 4 reads no OAuth URL that this JVM property does not list (CVE-2025-27817).
@@ -319,7 +320,7 @@ secure_down() {
   fi
   rm -f "$SECURE_PIDFILE"
   if [[ $wipe == 1 ]]; then
-    rm -rf "$SECURE"
+    rm -rf "$SECURE" "$LOG_ROOT/secure"
     log "deleted $SECURE (data, certificates and passwords)"
   fi
 }
