@@ -50,12 +50,12 @@ pub struct DeliverOptions {
     pub retention: Duration,
     /// How long a graceful shutdown may take before exiting non-zero.
     pub shutdown_timeout: Duration,
-    /// Stop once nothing was polled for this long, partitions owned and none held (no retry
-    /// waiting for its due time): demos and benchmarks.
     /// Watch the DLQ and the parking lot for their backlog gauges: where metrics are served
     /// (`--metrics-addr`). The watchers read both topics and their replay ledgers, rights the
     /// `deliver` role has only with `scripts/acls.sh … --dlq-gauges`.
     pub backlog_gauges: bool,
+    /// Stop once nothing was polled for this long, partitions owned and none held (no retry
+    /// waiting for its due time): demos and benchmarks.
     pub exit_when_idle: Option<Duration>,
     /// TEST ONLY: abort the process once this many hand-off records are written (flushed into
     /// the log) by this process, inside the open transaction: a crash in the middle of a hand-off.
