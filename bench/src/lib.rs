@@ -9,6 +9,9 @@
 //!   against at-least-once.
 //! - [`sink`] (`sink-bench`): alert-sink's rows/s into PostgreSQL, batched against one row per
 //!   transaction, and the latency from a tick's append to its row.
+//! - [`deliver`] (`deliver-bench`): alert-deliver's deliveries/s by fan-out against a plain
+//!   at-most-once loop with the same HTTP client, its latency at half saturation, its RSS and CPU
+//!   with up to 10,000 subscribers, and the healthy subscribers' share during an outage.
 //! - [`recovery`] (`recovery-bench`): a restart after SIGKILL of an instance holding a large
 //!   state: time to restore it from the changelog and to the first commit.
 //! - [`plot`]: the font and colours of the PNG plots.
@@ -19,6 +22,7 @@
 //! Figures, with their commands and machine, are in `bench/RESULTS.md`.
 
 pub mod child;
+pub mod deliver;
 pub mod pipeline;
 pub mod plot;
 pub mod producer;

@@ -285,7 +285,7 @@ fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> anyho
 
 /// `n` notification records, each a distinct crossing (200 symbols, increasing seqs), with decimal
 /// prices as the pipeline writes them. Throughput does not depend on which crossings they are.
-fn notifications(n: usize, seed: u64) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+pub(crate) fn notifications(n: usize, seed: u64) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
     use price_alerts::alert::{Crossing, Direction, Notification, Source};
     use rust_decimal::Decimal;
     (0..n)
