@@ -41,6 +41,9 @@ struct Cli {
     /// How long each latency run writes notifications.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     latency_for: Duration,
+    /// An extra argument for alert-deliver (repeatable, e.g. --deliver-arg=--max-batch=1000).
+    #[arg(long = "deliver-arg", allow_hyphen_values = true)]
+    deliver_args: Vec<String>,
     /// Where to write results.json, results.md, the plot and the runners' logs.
     #[arg(long, default_value = "bench/out/deliver")]
     out: PathBuf,
@@ -118,6 +121,7 @@ fn run() -> anyhow::Result<()> {
         population_fanout: cli.fanout,
         latency_for: cli.latency_for,
         log_dir: cli.out.join("logs"),
+        deliver_args: cli.deliver_args,
     };
     let results = bench::run(&opts, |r| {
         eprintln!(

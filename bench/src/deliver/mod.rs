@@ -63,6 +63,8 @@ pub struct Options {
     pub latency_for: Duration,
     /// Where the runners' logs go.
     pub log_dir: PathBuf,
+    /// Extra arguments for alert-deliver (e.g. `--max-batch 1000`), to find where its time goes.
+    pub deliver_args: Vec<String>,
 }
 
 /// Who delivers.
@@ -317,7 +319,8 @@ fn start(
             let mut c = Command::new(opts.bin_dir.join("alert-deliver"));
             c.arg("--subscriptions")
                 .arg(subscriptions)
-                .args(["--topic", topic, "--app-id", app]);
+                .args(["--topic", topic, "--app-id", app])
+                .args(&opts.deliver_args);
             c
         }
         Runner::Reference => {
