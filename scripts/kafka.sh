@@ -73,9 +73,8 @@
 #   KAFKA_WIPE                 1: `down` deletes .kafka/data as with --wipe
 #   KAFKA_LOG_ROOT             where the brokers keep their KRaft log dirs instead of .kafka/
 #                              (data/, cluster/broker-N/data/, secure/data/); scripts/test.sh
-#                              points it at a tmpfs: on a disk, a broker's fsyncs queued behind
-#                              the build's gigabytes of writeback, and it was fenced by its own
-#                              controller after 28 s without an answer
+#                              points it at a tmpfs, so that no broker waits on a disk busy
+#                              with the build's writeback
 #   JAVA                       the java binary; default the `java` found on PATH (Java 17 or newer)
 #   MVN                        the Maven binary; default the `mvn` found on PATH (only needed while
 #                              the jars are not fetched yet)
@@ -89,7 +88,7 @@ LOG_CONF_DIR="$SCRIPT_DIR/kafka"
 STATE="$ROOT/.kafka"
 JARS="$STATE/jars"
 # Where the brokers' log dirs live (KAFKA_LOG_ROOT; default .kafka): scripts/test.sh puts them on
-# a tmpfs, so that a broker's fsyncs never queue behind gigabytes of writeback.
+# a tmpfs, so that a broker's fsyncs never queue behind the build's writeback.
 LOG_ROOT=${KAFKA_LOG_ROOT:-$STATE}
 DATA="$LOG_ROOT/data"
 PROPS="$STATE/server.properties"
