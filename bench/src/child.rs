@@ -65,6 +65,22 @@ impl Drop for ChildGuard {
     }
 }
 
+/// Polls `f` every 20 ms until it is true, at most `limit`.
+pub fn wait_until(
+    limit: std::time::Duration,
+    what: &str,
+    mut f: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + limit;
+    while !f() {
+        if std::time::Instant::now() > deadline {
+            bail!("{what} did not happen within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// A port nothing listens on right now, for the child's metrics endpoint.
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?

@@ -17,6 +17,7 @@
 //! The configurations are interleaved per repeat (batched, naive, latency, batched, …) so drift on
 //! a shared machine hits them alike; medians are reported with their spread.
 
+use crate::child::wait_until;
 use crate::stats::{median, percentile};
 use anyhow::{bail, Context as _};
 use price_alerts::alert::Notification;
@@ -269,18 +270,6 @@ fn sink(
         .spawn()
         .context("starting alert-sink")?;
     Ok(ChildGuard(child))
-}
-
-/// Polls `f` every 20 ms until it is true, at most `limit`.
-fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
 
 /// `n` notification records, each a distinct crossing (200 symbols, increasing seqs), with decimal

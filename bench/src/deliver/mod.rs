@@ -29,7 +29,7 @@ pub mod plot;
 pub mod receiver;
 pub mod reference;
 
-use crate::child::{free_port, peak_rss_kib, ChildGuard};
+use crate::child::{free_port, peak_rss_kib, wait_until, ChildGuard};
 use crate::stats::{median, percentile, Spread};
 use anyhow::{bail, Context as _};
 use price_alerts::kafka::feed::Feed;
@@ -293,16 +293,14 @@ fn cpu_seconds_of(stat: &str) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
-/// Polls `f` every 20 ms until it is true, at most `limit`.
-fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
+/// Stops the runner (SIGKILL: nothing of its shutdown is measured); its CPU seconds and peak RSS
+/// (MiB) first.
+fn stop(child: ChildGuard) -> (f64, f64) {
+    let pid = child.0.id();
+    (
+        cpu_seconds(pid).unwrap_or(f64::NAN),
+        peak_rss_kib(pid).unwrap_or(0) as f64 / 1024.0,
+    )
 }
 
 /// The runner of `case` as a child process.
@@ -410,12 +408,7 @@ fn throughput(
     wait_until(Duration::from_secs(900), "every key accepted", || {
         receiver.distinct() >= keys
     })?;
-    let pid = child.0.id();
-    let (cpu, rss) = (
-        cpu_seconds(pid).unwrap_or(f64::NAN),
-        peak_rss_kib(pid).unwrap_or(0) as f64 / 1024.0,
-    );
-    drop(child);
+    let (cpu, rss) = stop(child);
     let (accepted, repeats_seen) = take_seen(receiver);
     let (Some(first), Some(last)) = (accepted.iter().min(), accepted.iter().max()) else {
         bail!("nothing accepted");
@@ -506,12 +499,7 @@ fn latency(
     wait_until(Duration::from_secs(600), "every key accepted", || {
         receiver.distinct() >= keys
     })?;
-    let pid = child.0.id();
-    let (cpu, rss) = (
-        cpu_seconds(pid).unwrap_or(f64::NAN),
-        peak_rss_kib(pid).unwrap_or(0) as f64 / 1024.0,
-    );
-    drop(child);
+    let (cpu, rss) = stop(child);
     let seen = receiver.reset();
     let mut latencies: Vec<f64> = seen
         .first
