@@ -185,6 +185,15 @@ cargo build --locked --workspace --all-targets
 # fresh-clone run the single broker froze for 28 s right after the build (every thread silent,
 # then fenced by its own controller), which fits its fsyncs waiting behind that writeback.
 sync
+# Then hand the build's page cache back and compact memory (root only; skipped otherwise). In three
+# fresh-clone runs the single broker went silent for 15-30 s within minutes of the build, with its
+# log dirs on a tmpfs, on a machine whose /proc/vmstat counts tens of thousands of direct
+# compaction stalls: the build leaves about 16 GiB of cache on 23 GiB. Whether this ends those
+# stalls is what the next runs measure (issue 19).
+if [ -w /proc/sys/vm/drop_caches ]; then
+  echo 1 >/proc/sys/vm/drop_caches 2>/dev/null || true
+  if [ -w /proc/sys/vm/compact_memory ]; then echo 1 >/proc/sys/vm/compact_memory 2>/dev/null || true; fi
+fi
 failed=0
 # Phase 1: the tests that run alone, then the unit tests and every broker test but the cluster's
 # (the bench crate's too) in the two lanes.
