@@ -65,6 +65,15 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The folder of the running benchmark, where `cargo build --release --workspace --bins` put the
+/// binaries it starts as children.
+pub fn bin_dir() -> anyhow::Result<std::path::PathBuf> {
+    std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| anyhow!("locating the binaries folder"))
+}
+
 /// Polls `f` every 20 ms until it is true, at most `limit`.
 pub fn wait_until(
     limit: std::time::Duration,

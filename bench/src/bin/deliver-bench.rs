@@ -106,10 +106,7 @@ fn run() -> anyhow::Result<()> {
             request_timeout: http_timeout,
         });
     }
-    let bin_dir = std::env::current_exe()?
-        .parent()
-        .context("locating the binaries folder")?
-        .to_path_buf();
+    let bin_dir = price_alerts_bench::child::bin_dir()?;
     let opts = Options {
         kafka: cli.kafka.config()?,
         bin_dir,

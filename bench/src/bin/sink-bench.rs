@@ -1,7 +1,6 @@
 //! `sink-bench`: alert-sink's rows/s into PostgreSQL (batched against one row per transaction)
 //! and the end-to-end latency from tick append to row visible; interleaved, repeated, medians.
 
-use anyhow::Context as _;
 use clap::Parser;
 use price_alerts::cli::{main_of, KafkaArgs};
 use price_alerts_bench::sink::{self as sink_bench, Options};
@@ -48,10 +47,7 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let bin_dir = std::env::current_exe()?
-        .parent()
-        .context("locating the binaries folder")?
-        .to_path_buf();
+    let bin_dir = price_alerts_bench::child::bin_dir()?;
     let opts = Options {
         kafka: cli.kafka.config()?,
         admin_url: cli.database_url,
