@@ -495,16 +495,23 @@ fn pipeline_survives(test: &str, loss: Loss) {
                 lost_at.elapsed()
             );
             hold.release();
+            // Counted from the SIGKILL, not from the call: an instance does not choose when its
+            // coordinator dies, and an operator (or alert-chaos's stuck check) sees the time since
+            // the loss. The first long all-stage run with coordinator kills found a deliverer that
+            // made its first call 28 s after the kill and was stuck in it to its deadline (40 s):
+            // 69 s in all, past this bound (issue 20).
             let after = instance.wait_for(
                 &format!(
-                    "the instance commits again within {heal_bound:?} of calling send_offsets_to_transaction with broker {coordinator} (the group coordinator) gone (committed {before} before)"
+                    "the instance commits again within {heal_bound:?} of the SIGKILL of broker {coordinator} (the group coordinator), calling send_offsets_to_transaction {:?} after it (committed {before} before)",
+                    released_at.duration_since(lost_at)
                 ),
-                heal_bound,
+                heal_bound.saturating_sub(lost_at.elapsed()),
                 || committed_sum(&run).filter(|&c| c > before),
             );
             eprintln!(
-                "committed again ({after}) {:?} after the release",
-                released_at.elapsed()
+                "committed again ({after}) {:?} after the release, {:?} after the SIGKILL",
+                released_at.elapsed(),
+                lost_at.elapsed()
             );
             down.start();
         }

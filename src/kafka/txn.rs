@@ -30,7 +30,9 @@
 //! that is gone for good (#5511); neither fix is in a release. So no call into it is trusted to
 //! return. Each transactional call of a producer runs on a thread of that producer's own
 //! ([`Calls`]), and the caller waits for its answer at most [`call_deadline`] (the transaction
-//! timeout plus [`CALL_MARGIN`]; [`INIT_TIMEOUT`] for `init_transactions`). Past the deadline the
+//! timeout plus [`CALL_MARGIN`]; [`INIT_TIMEOUT`] for `init_transactions`; half the transaction
+//! timeout, but at least [`COORDINATOR_FAILOVER`], for `send_offsets_to_transaction`, which
+//! waits only on coordinators: [`send_offsets_deadline`]). Past the deadline the
 //! broker has aborted the transaction on its own (or committed it, if EndTxn got through), so
 //! waiting longer buys nothing. Then:
 //!
@@ -80,6 +82,14 @@ pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// stuck: by then the coordinator has aborted the transaction itself (module doc, `# Deadlines`).
 pub const CALL_MARGIN: Duration = Duration::from_secs(10);
 
+/// How long a call that waits only on coordinators gets at least ([`send_offsets_deadline`]):
+/// long enough for the coordinator to move and for the producer made again after it to find the
+/// new one. KRaft fences a silent broker after `broker.session.timeout.ms` (9 s by default), and
+/// only then does FindCoordinator stop naming it. With 10 s, tests/coordinator.rs's SIGKILL
+/// case made its producer again 10.3 s after the kill; the new producer was still given the dead
+/// broker and took 25 s to register.
+pub const COORDINATOR_FAILOVER: Duration = Duration::from_secs(20);
+
 /// The exit status of a process whose transactional producer could not be made again after a
 /// call stuck past its deadline (EX_TEMPFAIL: a restart is expected to mend it).
 pub const EXIT_STUCK: u8 = 75;
@@ -88,6 +98,22 @@ pub const EXIT_STUCK: u8 = 75;
 /// `transaction.timeout.ms` is `txn_timeout`.
 pub fn call_deadline(txn_timeout: Duration) -> Duration {
     txn_timeout + CALL_MARGIN
+}
+
+/// How long `send_offsets_to_transaction` may take: half the transaction timeout, at least
+/// [`COORDINATOR_FAILOVER`], at most [`call_deadline`]. The call does no work that grows with the
+/// transaction (AddOffsetsToTxn, then TxnOffsetCommit to the group coordinator), so a slow one is
+/// a coordinator that is moving or gone (librdkafka #5456, #5511), and the full call deadline
+/// would be added to whatever the loss already cost before the call began: in the first long
+/// all-stage chaos run with coordinator kills, a pipeline instance's commit in flight at the kill
+/// came back after 24.9 s and its next send_offsets then waited its 40 s; a deliverer made its
+/// first call 28 s after the kill and waited as long. Both moved on 65-69 s after the kill, past
+/// the transaction timeout + 30 s that issue 20 allows; with this deadline (20 s there) they
+/// would have made their producers again 45-48 s after it.
+pub fn send_offsets_deadline(txn_timeout: Duration) -> Duration {
+    (txn_timeout / 2)
+        .max(COORDINATOR_FAILOVER)
+        .min(call_deadline(txn_timeout))
 }
 
 /// The longest a stage's loop can legitimately go without coming back: a call stuck to its
@@ -539,6 +565,8 @@ pub struct TxnProducer {
     config: rdkafka::ClientConfig,
     /// [`call_deadline`] of its transaction timeout.
     deadline: Duration,
+    /// [`send_offsets_deadline`] of its transaction timeout.
+    send_offsets_deadline: Duration,
     /// Producers made again because one was fenced, since the last commit.
     fences_in_a_row: AtomicU32,
     /// When the open transaction began (the last `begin`).
@@ -557,6 +585,7 @@ impl TxnProducer {
             current: RwLock::new(Arc::new(Self::registered(config)?)),
             config: config.clone(),
             deadline: call_deadline(txn_timeout),
+            send_offsets_deadline: send_offsets_deadline(txn_timeout),
             fences_in_a_row: AtomicU32::new(0),
             began: Mutex::new(None),
         };
@@ -690,6 +719,7 @@ impl TxnProducer {
             current: RwLock::new(Arc::new(generation)),
             config: config.clone(),
             deadline: call_deadline(DRAIN_TIMEOUT),
+            send_offsets_deadline: send_offsets_deadline(DRAIN_TIMEOUT),
             fences_in_a_row: AtomicU32::new(0),
             began: Mutex::new(None),
         }))
@@ -724,9 +754,11 @@ impl TxnProducer {
     ) -> Result<(), TxnError> {
         let offsets = offsets.clone();
         let generation = self.generation();
-        let sent = generation.call("send_offsets_to_transaction", self.deadline, move |p| {
-            p.send_offsets_to_transaction(&offsets, &group, Timeout::Never)
-        });
+        let sent = generation.call(
+            "send_offsets_to_transaction",
+            self.send_offsets_deadline,
+            move |p| p.send_offsets_to_transaction(&offsets, &group, Timeout::Never),
+        );
         self.fenced(&generation, sent)
     }
 
@@ -940,6 +972,20 @@ mod tests {
         assert_eq!(refused_add_partition("TXNERR", line), None);
         let other = "TxnCoordinator/1: Failed to add partition \"n\" [0] to transaction: Broker: Not coordinator";
         assert_eq!(refused_add_partition("ADDPARTS", other), None);
+    }
+
+    #[test]
+    fn send_offsets_waits_half_the_transaction_timeout_but_long_enough_for_a_failover() {
+        let s = Duration::from_secs;
+        assert_eq!(send_offsets_deadline(s(60)), s(30));
+        assert_eq!(send_offsets_deadline(s(120)), s(60));
+        // A coordinator failover still fits: alert-chaos's 30 s, the default 10 s.
+        assert_eq!(send_offsets_deadline(s(30)), COORDINATOR_FAILOVER);
+        assert_eq!(send_offsets_deadline(s(10)), call_deadline(s(10)));
+        // Never longer than any other call.
+        for t in [1, 5, 10, 30, 60, 900] {
+            assert!(send_offsets_deadline(s(t)) <= call_deadline(s(t)));
+        }
     }
 
     #[test]
