@@ -32,7 +32,7 @@
 mod common;
 
 use common::webhook::{Behaviour, Webhook};
-use common::{free_addr, http_get, load_slowly_on, records_with_headers_on, Pipeline, Run};
+use common::{free_addr, http_get, load_until_hurried, records_with_headers_on, Pipeline, Run};
 use price_alerts::kafka::feed::{next_offsets, Feed, Landed};
 use price_alerts::kafka::hold::held_path;
 use price_alerts::kafka::read::count_records;
@@ -44,6 +44,8 @@ use price_alerts::tools::generate::{generate, GenOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -442,13 +444,16 @@ fn pipeline_survives(test: &str, loss: Loss) {
             )
         })
         .collect();
-    // About two minutes of input: it goes on through the loss and after it.
-    let loader = load_slowly_on(
+    // Up to two minutes of input: it goes on through the loss and until the instance has healed
+    // (and the lost broker is back, or thawed); the rest then goes at once.
+    let hurry = Arc::new(AtomicBool::new(false));
+    let loader = load_until_hurried(
         run.kafka.clone(),
         run.input.clone(),
         records,
         120,
         Duration::from_secs(120),
+        Arc::clone(&hurry),
     );
     let first = instance.wait_for("the instance has committed some input", CAUGHT_UP, || {
         committed_sum(&run).filter(|&c| c > 200)
@@ -592,6 +597,7 @@ fn pipeline_survives(test: &str, loss: Loss) {
         }
     }
 
+    hurry.store(true, Ordering::Relaxed);
     let landed: Vec<Landed> = loader.join().expect("the loader finished");
     let target = next_offsets(&landed);
     instance.wait_for("every record is committed", CAUGHT_UP, || {
