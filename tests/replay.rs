@@ -555,8 +555,16 @@ fn a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once() {
     );
 }
 
-/// A replay that starts while another runs fences it (same transactional id per DLQ): the first
-/// stops with a clear message, and every dead letter is replayed once.
+/// A replay that starts while another runs fences it (same transactional id per DLQ): one of the
+/// two stops with a clear message, the other finishes, and every dead letter is replayed once.
+///
+/// Usually the first is the one fenced. Not always, by design: a producer fenced while its open
+/// transaction is older than the transaction timeout registers its id again, once, because that
+/// is also how a coordinator that aborted a timed-out transaction answers (the coordinator-loss
+/// heal of issue 20, `TxnProducer::fenced`). When the broker stalls while the first replay has a
+/// transaction open (a fresh-clone suite run: the broker silent for 20 s), the first therefore
+/// fences the second in return, and the second, whose transaction is young, stops. Which replay
+/// stops is timing; that exactly one does, and nothing is replayed twice, is the property.
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_second_replay_fences_the_first() {
@@ -576,16 +584,22 @@ fn a_second_replay_fences_the_first() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    s.run_ok(&[]);
-    let out = first.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("the first replay: {:?}\n{err}", out.status);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "the first replay was fenced: {err}"
+    let second = s.run(&[]);
+    let first = first.wait_with_output().unwrap();
+    let first_err = String::from_utf8_lossy(&first.stderr);
+    eprintln!("the first replay: {:?}\n{first_err}", first.status);
+    let codes = (first.status.code(), second.status.code());
+    let fenced = match codes {
+        (Some(1), Some(0)) => first_err.into_owned(),
+        (Some(0), Some(1)) => String::from_utf8_lossy(&second.stderr).into_owned(),
+        _ => panic!(
+            "exactly one replay stops fenced (exit 1), the other finishes (exit 0): {codes:?}"
+        ),
+    };
+    assert!(
+        fenced.contains("fenced"),
+        "the one stopped says so: {fenced}"
     );
-    assert!(err.contains("fenced"), "says so: {err}");
     s.assert_once(&s.coords(|_| true), "two replays, each dead letter once");
 }
 
