@@ -48,6 +48,7 @@
 #   .kafka/data/              the KRaft log dirs (kept across down/up; `down --wipe` deletes them)
 #   .kafka/server.properties  generated on every `up`
 #   .kafka/broker.log         the broker's stdout/stderr (the previous run's is kept as broker.log.1)
+#   .kafka/gc.log             the broker JVM's pauses (GC and safepoints), wall-clock stamped
 #   .kafka/broker.pid         the pid of the broker `up` started
 #   .kafka/mvn.log, .kafka/format.log   output of the last jar fetch and storage format
 #   .kafka/probe-admin.properties       short timeouts for the admin-client readiness probe
@@ -409,6 +410,10 @@ launch_broker() { # PROPS LOG HEAP_OPTS [EXTRA_OPT]
   local -a jvm
   read -r -a jvm <<<"$3 -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true $KAFKA_JVM_OPTS"
   if [[ -n ${4:-} ]]; then jvm+=("$4"); fi
+  # Every pause of the JVM (GC and other safepoints) in gc.log beside the broker's log, with
+  # wall-clock times: when a broker goes silent, this says whether the JVM stopped itself or the
+  # machine stopped it (issue 19; scripts/test.sh prints the longest pauses when a test fails).
+  jvm+=("-Xlog:gc,safepoint:file=$(dirname -- "$log")/gc.log:time,uptime,level,tags:filecount=2,filesize=10m")
   # setsid: the broker outlives the shell (and terminal) that ran `up`. 8>&- 9>&-: it must not
   # inherit the locks.
   local launcher=()

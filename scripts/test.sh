@@ -44,7 +44,7 @@ fi
 
 # PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
 # running (and stopped again at the end); a DATABASE_URL given by the caller is used as it is.
-started=0 cluster_started=0 secure_started=0 pg_started=0 log_root=
+started=0 cluster_started=0 secure_started=0 pg_started=0 log_root= sampler_pid=
 cleanup() {
   if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; fi
   if [ "$cluster_started" = 1 ]; then scripts/kafka.sh down --brokers 3 --wipe >/dev/null || true; fi
@@ -52,6 +52,7 @@ cleanup() {
   if [ "$secure_started" = 1 ]; then scripts/kafka.sh down --secure --wipe >/dev/null || true; fi
   if [ "$pg_started" = 1 ]; then scripts/postgres.sh down >/dev/null || true; fi
   if [ -n "$log_root" ]; then rm -rf "$log_root"; fi
+  if [ -n "$sampler_pid" ]; then kill "$sampler_pid" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 # The log dirs of the brokers started here go on a tmpfs (/dev/shm) when it has 4 GiB free, so
@@ -177,6 +178,36 @@ run_lane() { # name args...
 timings() {
   cat "$logs"/*.log 2>/dev/null | awk '/Running /{f=$2} /test result/{print "  " f ": " $NF}' >&2 || true
 }
+# While the tests run, the machine's pressure (PSI, the share of the last 10 s in which tasks
+# waited: for a CPU, for memory (all tasks at once), for I/O (all at once)) and load, every 2 s.
+# Tests here fail when a broker goes silent for 15-30 s; when one fails, stall_report says whether
+# the machine stalled at that time, and whether the brokers' JVMs paused themselves (gc.log).
+pressure_log=$logs/pressure.txt
+sample_pressure() {
+  [ -r /proc/pressure/memory ] || return 0
+  while :; do
+    printf '%s load %s cpu-some %s mem-full %s io-full %s\n' "$(date +%T)" "$(cut -d' ' -f1 /proc/loadavg)" \
+      "$(awk '/^some/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/cpu)" \
+      "$(awk '/^full/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/memory)" \
+      "$(awk '/^full/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/io)"
+    sleep 2
+  done >"$pressure_log" 2>/dev/null
+}
+stall_report() { # the gc.log files of the phase's brokers (wiped with them when they stop)
+  {
+    echo "test.sh: samples with memory or I/O stalls (full avg10 >= 5%), or a load above 20:"
+    awk '$7 >= 5 || $9 >= 5 || $3 > 20' "$pressure_log" 2>/dev/null | head -40
+    local gc
+    for gc in "$@"; do
+      [ -f "$gc" ] || continue
+      echo "test.sh: the longest pauses of the broker JVM in $gc (ms):"
+      awk '/Total: [0-9]+ ns/ { match($0, /Total: [0-9]+ ns/); ns = substr($0, RSTART + 7, RLENGTH - 10); \
+        printf "  %9.1f  %s\n", ns / 1e6, substr($1, 2, 23) }' "$gc" | sort -rn | head -5
+    done
+  } >&2
+}
+sample_pressure &
+sampler_pid=$!
 
 start_brokers single secure
 eval "$(scripts/kafka.sh env --secure)"
@@ -201,10 +232,11 @@ if [ ${#alone[@]} -gt 0 ]; then run_lane alone "${alone[@]}" || failed=1; fi
 run_lane a "${lane_a[@]}" & lane_a_pid=$!
 run_lane b "${lane_b[@]}" || failed=1
 wait "$lane_a_pid" || failed=1
+if [ "$failed" = 1 ]; then stall_report .kafka/gc.log .kafka/secure/gc.log; fi
 stop_started single secure
 # Phase 2: the cluster's tests, alone with their three brokers.
 start_brokers cluster
-run_lane cluster "${cluster_args[@]}" || failed=1
+run_lane cluster "${cluster_args[@]}" || { failed=1; stall_report .kafka/cluster/broker-*/gc.log; }
 echo "test.sh: time per test file:" >&2
 timings
 if [ "$failed" = 1 ]; then
