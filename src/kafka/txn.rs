@@ -32,9 +32,10 @@
 //! ([`Calls`]), and the caller waits for its answer at most [`call_deadline`] (the transaction
 //! timeout plus [`CALL_MARGIN`]; [`INIT_TIMEOUT`] for `init_transactions`; half the transaction
 //! timeout, but at least [`COORDINATOR_FAILOVER`], for `send_offsets_to_transaction`, which
-//! waits only on coordinators: [`send_offsets_deadline`]). Past the deadline the
-//! broker has aborted the transaction on its own (or committed it, if EndTxn got through), so
-//! waiting longer buys nothing. Then:
+//! waits only on coordinators: [`send_offsets_deadline`]). Past a commit's or an abort's deadline
+//! the broker has aborted the transaction on its own (or committed it, if EndTxn got through), so
+//! waiting longer buys nothing; past send_offsets' shorter one the transaction may still be open,
+//! and nothing of it is committed: the new producer's registration below aborts it. Then:
 //!
 //! ```text
 //!   deadline passed ─► one WARN line (call, transaction coordinator last seen, elapsed) + metric
