@@ -196,20 +196,7 @@ fn short_lived_tokens_are_refreshed_and_a_longer_run_keeps_working() {
         gen_out.status.success(),
         "tick-gen with 10 s tokens: {gen_printed}"
     );
-    // tick-gen is not transactional: once it is done, the input's records are its offsets.
-    let ticks = count_records(&o.scram.kafka("admin"), input, Isolation::ReadUncommitted)
-        .expect("count") as i64;
-    let deadline = Instant::now() + EXIT;
-    while d.committed(&o.scram).iter().flatten().sum::<i64>() < ticks {
-        assert!(
-            Instant::now() < deadline,
-            "the pipeline never committed all {ticks} ticks: {:?}",
-            d.committed(&o.scram)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    p.signal("TERM");
-    let status = p.wait(EXIT);
+    let status = stop_once_all_committed(&o, &d, p);
     let ran = pipeline_started.elapsed();
     let pipeline_printed = std::fs::read_to_string(&log).expect("the pipeline's log");
     assert!(
@@ -419,20 +406,7 @@ fn tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once
         gen_out.status.success(),
         "tick-gen through the outage: {gen_printed}"
     );
-    // tick-gen is not transactional: once it is done, the input's records are its offsets.
-    let admin = o.scram.kafka("admin");
-    let ticks = count_records(&admin, input, Isolation::ReadUncommitted).expect("count") as i64;
-    let deadline = Instant::now() + EXIT;
-    while d.committed(&o.scram).iter().flatten().sum::<i64>() < ticks {
-        assert!(
-            Instant::now() < deadline,
-            "the pipeline never committed all {ticks} ticks: {:?}",
-            d.committed(&o.scram)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    p.signal("TERM");
-    let status = p.wait(EXIT);
+    let status = stop_once_all_committed(&o, &d, p);
     let pipeline_printed = std::fs::read_to_string(&log).expect("the pipeline's log");
     eprintln!(
         "outage: tick-gen ran {gen_ran:?}; refused during it {refused:?}; issued {:?}; pipeline log lines naming the endpoint {}, 'handshake failed' {}",
@@ -497,6 +471,34 @@ fn tick_gen(
 /// The verifier, as the super-user, over the stream made for the rules `tick-gen` wrote to
 /// `rules_out`: the stream crosses thresholds, and every crossing is notified exactly once.
 /// Returns the verifier's report.
+/// Once tick-gen is done: waits until the pipeline has committed every tick of the input (tick-gen
+/// is not transactional, so the input's records are its offsets), then stops it with SIGTERM and
+/// returns its exit status. A pipeline that runs without `--exit-when-idle` ends this way, so a
+/// pause of the input is never taken for its end.
+fn stop_once_all_committed(
+    o: &common::oidc::Oidc,
+    d: &Deployment,
+    p: common::Pipeline,
+) -> std::process::ExitStatus {
+    let ticks = count_records(
+        &o.scram.kafka("admin"),
+        &d.input,
+        Isolation::ReadUncommitted,
+    )
+    .expect("count") as i64;
+    let deadline = Instant::now() + EXIT;
+    while d.committed(&o.scram).iter().flatten().sum::<i64>() < ticks {
+        assert!(
+            Instant::now() < deadline,
+            "the pipeline never committed all {ticks} ticks: {:?}",
+            d.committed(&o.scram)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    p.signal("TERM");
+    p.wait(EXIT)
+}
+
 fn verify_exactly_once(
     admin: &price_alerts::kafka::KafkaConfig,
     input: &str,
