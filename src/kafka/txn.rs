@@ -564,10 +564,9 @@ pub struct TxnProducer {
     current: RwLock<Arc<Generation>>,
     /// What it was made from, to make it again.
     config: rdkafka::ClientConfig,
-    /// [`call_deadline`] of its transaction timeout.
-    deadline: Duration,
-    /// [`send_offsets_deadline`] of its transaction timeout.
-    send_offsets_deadline: Duration,
+    /// Its `transaction.timeout.ms`, which every call's deadline derives from ([`call_deadline`],
+    /// [`send_offsets_deadline`]).
+    txn_timeout: Duration,
     /// Producers made again because one was fenced, since the last commit.
     fences_in_a_row: AtomicU32,
     /// When the open transaction began (the last `begin`).
@@ -585,8 +584,7 @@ impl TxnProducer {
         let p = TxnProducer {
             current: RwLock::new(Arc::new(Self::registered(config)?)),
             config: config.clone(),
-            deadline: call_deadline(txn_timeout),
-            send_offsets_deadline: send_offsets_deadline(txn_timeout),
+            txn_timeout,
             fences_in_a_row: AtomicU32::new(0),
             began: Mutex::new(None),
         };
@@ -719,8 +717,7 @@ impl TxnProducer {
         Ok(Arc::new(TxnProducer {
             current: RwLock::new(Arc::new(generation)),
             config: config.clone(),
-            deadline: call_deadline(DRAIN_TIMEOUT),
-            send_offsets_deadline: send_offsets_deadline(DRAIN_TIMEOUT),
+            txn_timeout: DRAIN_TIMEOUT,
             fences_in_a_row: AtomicU32::new(0),
             began: Mutex::new(None),
         }))
@@ -757,7 +754,7 @@ impl TxnProducer {
         let generation = self.generation();
         let sent = generation.call(
             "send_offsets_to_transaction",
-            self.send_offsets_deadline,
+            send_offsets_deadline(self.txn_timeout),
             move |p| p.send_offsets_to_transaction(&offsets, &group, Timeout::Never),
         );
         self.fenced(&generation, sent)
@@ -773,9 +770,10 @@ impl TxnProducer {
         if generation.stuck().is_none() {
             let _ = self.flush(DRAIN_TIMEOUT);
         }
-        let committed = generation.call("commit_transaction", self.deadline, |p| {
-            p.commit_transaction(Timeout::Never)
-        });
+        let committed =
+            generation.call("commit_transaction", call_deadline(self.txn_timeout), |p| {
+                p.commit_transaction(Timeout::Never)
+            });
         if committed.is_ok() {
             self.fences_in_a_row.store(0, Ordering::Relaxed);
         }
@@ -803,7 +801,7 @@ impl TxnProducer {
                     .lock()
                     .ok()
                     .and_then(|b| *b)
-                    .is_some_and(|b| b.elapsed() > self.deadline.saturating_sub(CALL_MARGIN));
+                    .is_some_and(|b| b.elapsed() > self.txn_timeout);
                 if !timed_out || self.fences_in_a_row.fetch_add(1, Ordering::Relaxed) > 0 {
                     return Err(e);
                 }
@@ -831,12 +829,13 @@ impl TxnProducer {
         self.report_failures();
         let generation = self.generation();
         if generation.stuck().is_none() && !generation.fenced.load(Ordering::Relaxed) {
-            if let Err(e) = self.flush(self.deadline.saturating_sub(CALL_MARGIN)) {
+            if let Err(e) = self.flush(self.txn_timeout) {
                 debug!(error = %e, "flush before abort did not complete");
             }
-            let aborted = generation.call("abort_transaction", self.deadline, |p| {
-                p.abort_transaction(Timeout::Never)
-            });
+            let aborted =
+                generation.call("abort_transaction", call_deadline(self.txn_timeout), |p| {
+                    p.abort_transaction(Timeout::Never)
+                });
             match self.fenced(&generation, aborted) {
                 Err(e) if e.is_stuck() || e.class == TxnErrorClass::Abortable => {}
                 done => return done,
@@ -1050,7 +1049,7 @@ mod tests {
             TxnErrorClass::Fatal
         );
         // One older than its timeout: the coordinator aborted it; made again once.
-        *p.began.lock().unwrap() = Some(Instant::now() - p.deadline);
+        *p.began.lock().unwrap() = Some(Instant::now() - call_deadline(p.txn_timeout));
         let first = p.fenced(&g, fenced()).expect_err("fenced");
         assert_eq!(
             first.class,
