@@ -184,12 +184,8 @@ fn short_lived_tokens_are_refreshed_and_a_longer_run_keeps_working() {
     // not look like the end of the input. With `--exit-when-idle 8s` a fresh-clone suite run saw
     // the pipeline exit 0 in the middle of the stream, and 66 of 177 notifications were never
     // made. It is stopped with SIGTERM once it has committed every tick.
-    let log = std::env::temp_dir().join(format!("{}-pipeline.log", d.input));
-    let mut p = d.pipeline_with(&o.oauth, &pipeline, &[]);
-    let file = std::fs::File::create(&log).expect("log file");
-    p.stdout(file.try_clone().expect("log file")).stderr(file);
     let pipeline_started = Instant::now();
-    let p = common::Pipeline::from(p.spawn().expect("starting alert-pipeline"), "0");
+    let (p, log) = spawn_logged_pipeline(&o, &d, &pipeline);
     let (gen_out, gen_ran) = generator.join().expect("tick-gen's thread");
     let gen_printed = text(&gen_out);
     assert!(
@@ -373,11 +369,7 @@ fn tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once
     let generator = std::thread::spawn(move || run(gen, EXIT + Duration::from_secs(120)));
     // No --exit-when-idle: the outage (no connection, so no records) must not look like the end
     // of the input. It is stopped with SIGTERM once it has committed every tick.
-    let log = std::env::temp_dir().join("oidc-outage-pipeline.log");
-    let mut p = d.pipeline_with(&o.oauth, &pipeline, &[]);
-    let file = std::fs::File::create(&log).expect("log file");
-    p.stdout(file.try_clone().expect("log file")).stderr(file);
-    let p = common::Pipeline::from(p.spawn().expect("starting alert-pipeline"), "0");
+    let (p, log) = spawn_logged_pipeline(&o, &d, &pipeline);
     // The outage: from 15 s into the run (both hold tokens by then), for 25 s, longer than a
     // token's lifetime and the broker's clock skew together.
     // The outage begins once both are past their start (a token refused at start stops a binary
@@ -471,6 +463,22 @@ fn tick_gen(
 /// The verifier, as the super-user, over the stream made for the rules `tick-gen` wrote to
 /// `rules_out`: the stream crosses thresholds, and every crossing is notified exactly once.
 /// Returns the verifier's report.
+/// Starts alert-pipeline over OAUTHBEARER (client config `config`) without `--exit-when-idle`,
+/// its output into a log file of its own, whose path is returned with it: it ends by
+/// [`stop_once_all_committed`].
+fn spawn_logged_pipeline(
+    o: &common::oidc::Oidc,
+    d: &Deployment,
+    config: &std::path::Path,
+) -> (common::Pipeline, std::path::PathBuf) {
+    let log = std::env::temp_dir().join(format!("{}-pipeline.log", d.input));
+    let mut p = d.pipeline_with(&o.oauth, config, &[]);
+    let file = std::fs::File::create(&log).expect("log file");
+    p.stdout(file.try_clone().expect("log file")).stderr(file);
+    let p = common::Pipeline::from(p.spawn().expect("starting alert-pipeline"), "0");
+    (p, log)
+}
+
 /// Once tick-gen is done: waits until the pipeline has committed every tick of the input (tick-gen
 /// is not transactional, so the input's records are its offsets), then stops it with SIGTERM and
 /// returns its exit status. A pipeline that runs without `--exit-when-idle` ends this way, so a
