@@ -230,8 +230,9 @@ sync
 # Then hand the build's page cache back and compact memory (root only; skipped otherwise). In three
 # fresh-clone runs the single broker went silent for 15-30 s within minutes of the build, with its
 # log dirs on a tmpfs, on a machine whose /proc/vmstat counts tens of thousands of direct
-# compaction stalls: the build leaves about 16 GiB of cache on 23 GiB. Whether this ends those
-# stalls is what the next runs measure (issue 19).
+# compaction stalls: the build leaves about 16 GiB of cache on 23 GiB. Of the four fresh-clone runs
+# with it (2026-12-02), three were green and the red one failed under CPU pressure, with no memory
+# stall in the samples below; the broker's 13.5 s freezes were seen without a build (issue 19).
 if [ -w /proc/sys/vm/drop_caches ]; then
   echo 1 >/proc/sys/vm/drop_caches 2>/dev/null || true
   if [ -w /proc/sys/vm/compact_memory ]; then echo 1 >/proc/sys/vm/compact_memory 2>/dev/null || true; fi
