@@ -5,7 +5,9 @@
 
 use super::{duration, KafkaArgs};
 use crate::deliver::breaker::{self, BreakerConfig};
-use crate::deliver::options::{DEFAULT_MAX_BATCH, DEFAULT_PARTITION_CONCURRENCY};
+use crate::deliver::options::{
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_DELIVERIES, DEFAULT_PARTITION_CONCURRENCY,
+};
 use crate::deliver::{Buckets, DeliverOptions, Subscriptions};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
 use crate::kafka::topics::DEFAULT_DLQ_RETENTION;
@@ -45,6 +47,9 @@ pub struct DeliverArgs {
     /// Records per batch (one transaction), at most.
     #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
     pub max_batch: usize,
+    /// Deliveries per batch, at most (a notification counts one per subscriber).
+    #[arg(long, default_value_t = DEFAULT_MAX_BATCH_DELIVERIES)]
+    pub max_batch_deliveries: usize,
     /// Concurrent deliveries of one partition's records, at most.
     #[arg(long, default_value_t = DEFAULT_PARTITION_CONCURRENCY)]
     pub partition_concurrency: usize,
@@ -117,8 +122,11 @@ impl DeliverArgs {
         kafka.validate()?;
         let buckets = Buckets::parse(&self.topic, &self.buckets).context("--buckets")?;
         let subscriptions = Subscriptions::load(&self.subscriptions)?;
-        if self.max_batch == 0 || self.partition_concurrency == 0 {
-            bail!("--max-batch and --partition-concurrency must be at least 1");
+        if self.max_batch == 0 || self.max_batch_deliveries == 0 || self.partition_concurrency == 0
+        {
+            bail!(
+                "--max-batch, --max-batch-deliveries and --partition-concurrency must be at least 1"
+            );
         }
         if self.http_timeout.is_zero() || self.http_connect_timeout.is_zero() {
             bail!("--http-timeout and --http-connect-timeout must be above 0");
@@ -144,6 +152,7 @@ impl DeliverArgs {
             transactional_id: instance,
             group_id,
             max_batch: self.max_batch,
+            max_batch_deliveries: self.max_batch_deliveries,
             partition_concurrency: self.partition_concurrency,
             connect_timeout: self.http_connect_timeout,
             request_timeout: self.http_timeout,
@@ -257,6 +266,10 @@ mod tests {
         );
         assert!(err.contains("must grow"), "{err}");
         assert!(args(&["--max-batch", "0"]).unwrap().options().is_err());
+        assert!(args(&["--max-batch-deliveries", "0"])
+            .unwrap()
+            .options()
+            .is_err());
         assert_eq!(
             o.delivery_deadline, o.request_timeout,
             "the deadline defaults to the request timeout"

@@ -42,7 +42,7 @@ use crate::kafka::txn::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::OwnedMessage;
+use rdkafka::message::{BorrowedMessage, OwnedMessage};
 use rdkafka::{Message, Offset};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -357,7 +357,8 @@ impl Deliverer {
             .map(|due| due.duration_since(now).unwrap_or_default());
         let wait = until_due.map_or(POLL_SLICE, |d| d.min(POLL_SLICE));
         let mut polled = Vec::new();
-        while polled.len() < self.opts.max_batch {
+        let mut deliveries = 0;
+        while polled.len() < self.opts.max_batch && deliveries < self.opts.max_batch_deliveries {
             match self.consumer.poll(if polled.is_empty() {
                 wait
             } else {
@@ -366,6 +367,7 @@ impl Deliverer {
                 // Stamped after the poll, whose rebalance callbacks ran before it returned.
                 Some(Ok(m)) => {
                     self.active_at = Instant::now();
+                    deliveries += self.deliveries_of(&m);
                     polled.push((self.partitions()?.stamp(), m.detach()));
                 }
                 Some(Err(e)) => warn!(error = %e, "consumer error"),
@@ -399,6 +401,15 @@ impl Deliverer {
             batch.push(m);
         }
         Ok(batch)
+    }
+
+    /// How many deliveries `m` makes, for the batch's bound: a retry's one, a notification's one
+    /// per subscriber of its key (the symbol; `process` reads the payload's), at least one.
+    fn deliveries_of(&self, m: &BorrowedMessage<'_>) -> usize {
+        match self.opts.buckets.stage_of(m.topic()) {
+            Some(Stage::Main) => self.opts.subscriptions.deliveries_of_key(m.key()),
+            _ => 1,
+        }
     }
 
     /// Delivers a batch and commits its hand-offs and offsets in one transaction.

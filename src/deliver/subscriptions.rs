@@ -235,6 +235,13 @@ impl Subscriptions {
         })
     }
 
+    /// How many deliveries a notification keyed `key` (its symbol) makes, at least one: what a
+    /// batch counts against `--max-batch-deliveries` before reading the payload.
+    pub fn deliveries_of_key(&self, key: Option<&[u8]>) -> usize {
+        key.and_then(|k| std::str::from_utf8(k).ok())
+            .map_or(1, |symbol| self.of_symbol(symbol).count().max(1))
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Subscriber> {
         self.by_name.values()
     }
@@ -270,6 +277,11 @@ mod tests {
         let names = |sym| s.of_symbol(sym).map(|s| s.name.clone()).collect::<Vec<_>>();
         assert_eq!(names("BBCA"), ["all", "desk"]);
         assert_eq!(names("TLKM"), ["all"]);
+        assert_eq!(s.deliveries_of_key(Some(b"BBCA")), 2);
+        assert_eq!(s.deliveries_of_key(Some(b"TLKM")), 1);
+        // No key, or not a symbol: one delivery, so a batch's record bound still holds.
+        assert_eq!(s.deliveries_of_key(None), 1);
+        assert_eq!(s.deliveries_of_key(Some(&[0xff, 0xfe])), 1);
         assert_eq!(s.get("all").unwrap().max_in_flight, 2);
         assert_eq!(s.get("desk").unwrap().max_in_flight, DEFAULT_MAX_IN_FLIGHT);
     }
@@ -280,9 +292,14 @@ mod tests {
         for i in 0..60 {
             let symbols = match i % 4 {
                 0 => "\"*\"".to_owned(),
-                r => (0..r).map(|k| format!("\"S{}\"", (i + k) % 7)).collect::<Vec<_>>().join(", "),
+                r => (0..r)
+                    .map(|k| format!("\"S{}\"", (i + k) % 7))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             };
-            text += &format!("[subscribers.s{i:02}]\nurl = \"http://h/{i}\"\nsymbols = [{symbols}]\n\n");
+            text += &format!(
+                "[subscribers.s{i:02}]\nurl = \"http://h/{i}\"\nsymbols = [{symbols}]\n\n"
+            );
         }
         let s = Subscriptions::parse(&text, "x").unwrap();
         for symbol in ["S0", "S3", "S6", "NONE"] {
@@ -293,7 +310,10 @@ mod tests {
                 .map(|s| s.name.as_str())
                 .collect();
             assert_eq!(indexed, scanned, "{symbol}");
-            assert!(indexed.len() >= 15, "{symbol}: every fourth subscriber wants all");
+            assert!(
+                indexed.len() >= 15,
+                "{symbol}: every fourth subscriber wants all"
+            );
         }
     }
 
