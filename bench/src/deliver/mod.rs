@@ -23,7 +23,11 @@
 //!   included (a fraction of a second).
 //! - **Outage.** One of the ten subscribers refuses connections (its URL is a port nobody
 //!   listens on) or hangs (its requests are accepted and never answered): the other nine's
-//!   deliveries/s and latency, against no outage.
+//!   deliveries/s and latency, against no outage. An outage run measures the outage as it lasts,
+//!   not its onset: a warm-up of [`WARM_UP`] notifications goes first, and the measured ones are
+//!   written once the outage's circuit has opened. The onset is measured on its own: the
+//!   **detection** time, from the warm-up's first accept to the circuit's opening (a hanging
+//!   subscriber holds a batch for the delivery deadline until then).
 
 pub mod plot;
 pub mod receiver;
@@ -153,7 +157,13 @@ pub struct RunResult {
     pub cpu_s_per_10k: f64,
     pub latency_p50_ms: Option<f64>,
     pub latency_p99_ms: Option<f64>,
+    /// Outage runs: seconds from the warm-up's first accept to the outage's circuit opening.
+    pub detection_s: Option<f64>,
 }
+
+/// Notifications of an outage run's warm-up: enough for the breaker's default 3 failures in the
+/// first batch.
+pub const WARM_UP: usize = 20;
 
 /// The throughput cases of one repeat, in the order they run.
 pub fn throughput_cases(opts: &Options) -> Vec<Case> {
@@ -311,7 +321,8 @@ fn start(
     app: &str,
     subscriptions: &Path,
     log: &Path,
-) -> anyhow::Result<ChildGuard> {
+) -> anyhow::Result<(ChildGuard, Option<String>)> {
+    let mut metrics = None;
     let mut c = match case.runner {
         Runner::Deliver => {
             let mut c = Command::new(opts.bin_dir.join("alert-deliver"));
@@ -319,6 +330,11 @@ fn start(
                 .arg(subscriptions)
                 .args(["--topic", topic, "--app-id", app])
                 .args(&opts.deliver_args);
+            if case.outage != Outage::None {
+                let addr = format!("127.0.0.1:{}", free_port()?);
+                c.args(["--metrics-addr", &addr]);
+                metrics = Some(addr);
+            }
             c
         }
         Runner::Reference => {
@@ -336,7 +352,42 @@ fn start(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?);
-    Ok(ChildGuard(c.spawn().context("starting the runner")?))
+    Ok((
+        ChildGuard(c.spawn().context("starting the runner")?),
+        metrics,
+    ))
+}
+
+/// An outage run's warm-up: [`WARM_UP`] notifications delivered to the healthy subscribers and
+/// the outage subscriber's circuit open (or half-open); the receiver is then reset. Returns the
+/// seconds from the warm-up's first accept to the circuit seen open (polled every 100 ms).
+fn warm_up(
+    opts: &Options,
+    receiver: &Receiver,
+    case: &Case,
+    topic: &str,
+    metrics: Option<&str>,
+) -> anyhow::Result<Option<f64>> {
+    let Some(addr) = metrics else {
+        return Ok(None);
+    };
+    Feed::new(&opts.kafka)?.send_raw(topic, &crate::sink::notifications(WARM_UP, 1))?;
+    wait_until(Duration::from_secs(120), "the warm-up accepted", || {
+        receiver.distinct() >= WARM_UP * case.healthy()
+    })?;
+    // 0 closed, 1 open, 2 half-open; only the outage subscriber's circuit can leave 0.
+    wait_until(
+        Duration::from_secs(120),
+        "the outage's circuit open",
+        || price_alerts::metrics::scrape(addr, "alerts_deliver_circuit_state") >= 1.0,
+    )?;
+    let opened = Instant::now();
+    let (accepted, _) = take_seen(receiver);
+    let first = accepted
+        .iter()
+        .min()
+        .context("nothing of the warm-up accepted")?;
+    Ok(Some(opened.duration_since(*first).as_secs_f64()))
 }
 
 /// One run of `case`, on fresh topics.
@@ -402,9 +453,18 @@ fn throughput(
 ) -> anyhow::Result<RunResult> {
     let notifications = (opts.deliveries / case.fanout).max(1);
     let records = crate::sink::notifications(notifications, 5_000 + repeat as u64);
-    Feed::new(&opts.kafka)?.send_raw(topic, &records)?;
     let keys = notifications * case.healthy();
-    let child = start(opts, case, topic, app, subscriptions, log)?;
+    // Pre-loaded, or for an outage run written after its warm-up (the runner then waits at the
+    // end of its input, and the clock starts at the first accept as for the others).
+    let feed = Feed::new(&opts.kafka)?;
+    if case.outage == Outage::None {
+        feed.send_raw(topic, &records)?;
+    }
+    let (child, metrics) = start(opts, case, topic, app, subscriptions, log)?;
+    let detection_s = warm_up(opts, receiver, case, topic, metrics.as_deref())?;
+    if case.outage != Outage::None {
+        feed.send_raw(topic, &records)?;
+    }
     wait_until(Duration::from_secs(900), "every key accepted", || {
         receiver.distinct() >= keys
     })?;
@@ -424,6 +484,7 @@ fn throughput(
         cpu_s_per_10k: cpu / (keys as f64 / 10_000.0),
         latency_p50_ms: None,
         latency_p99_ms: None,
+        detection_s,
     })
 }
 
@@ -458,7 +519,8 @@ fn latency(
         .create()
         .context("creating the bench's transactional producer")?;
     producer.init_transactions(CALL)?;
-    let child = start(opts, case, topic, app, subscriptions, log)?;
+    let (child, metrics) = start(opts, case, topic, app, subscriptions, log)?;
+    let detection_s = warm_up(opts, receiver, case, topic, metrics.as_deref())?;
     // The first notification alone, until it is accepted: the runner owns its partitions.
     let mut committed: HashMap<&str, Instant> = HashMap::new();
     let mut write = |range: std::ops::Range<usize>| -> anyhow::Result<()> {
@@ -521,6 +583,7 @@ fn latency(
         cpu_s_per_10k: cpu / (keys as f64 / 10_000.0),
         latency_p50_ms: percentile(&latencies, 50.0),
         latency_p99_ms: percentile(&latencies, 99.0),
+        detection_s,
     })
 }
 
@@ -539,6 +602,8 @@ pub struct CaseSummary {
     pub peak_rss_mib: Option<f64>,
     pub cpu_s_per_10k: Option<f64>,
     pub repeats_seen: u64,
+    /// Outage runs: median seconds until the outage's circuit opened.
+    pub detection_s: Option<f64>,
 }
 
 /// A case without its paced rate (which changes per repeat).
@@ -615,6 +680,7 @@ pub fn summarize(results: &[RunResult]) -> Vec<CaseSummary> {
                 peak_rss_mib: of(|r| Some(r.peak_rss_mib)),
                 cpu_s_per_10k: of(|r| Some(r.cpu_s_per_10k)),
                 repeats_seen: runs.iter().map(|r| r.repeats_seen).sum(),
+                detection_s: of(|r| r.detection_s),
             }
         })
         .collect()
@@ -626,8 +692,8 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
 
 pub fn table(summaries: &[CaseSummary]) -> String {
     let mut t = String::from(
-        "| case | deliveries/s median (min-max) | / reference | / no outage | p50 ms | p99 ms | peak RSS MiB | CPU s per 10k | repeated requests |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| case | deliveries/s median (min-max) | / reference | / no outage | p50 ms | p99 ms | peak RSS MiB | CPU s per 10k | repeated requests | detection s |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         let rate = s.deliveries_per_sec.map_or_else(
@@ -636,7 +702,7 @@ pub fn table(summaries: &[CaseSummary]) -> String {
         );
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.case.label(),
             rate,
             fmt(s.ratio_to_reference, 2),
@@ -645,7 +711,8 @@ pub fn table(summaries: &[CaseSummary]) -> String {
             fmt(s.latency_p99_ms, 0),
             fmt(s.peak_rss_mib, 1),
             fmt(s.cpu_s_per_10k, 2),
-            s.repeats_seen
+            s.repeats_seen,
+            fmt(s.detection_s, 1)
         );
     }
     t
@@ -715,6 +782,7 @@ mod tests {
             cpu_s_per_10k: 0.0,
             latency_p50_ms: None,
             latency_p99_ms: None,
+            detection_s: None,
         };
         let results = [
             result(0, Runner::Deliver, 800.0),
