@@ -460,9 +460,6 @@ fn tick_gen(
     gen
 }
 
-/// The verifier, as the super-user, over the stream made for the rules `tick-gen` wrote to
-/// `rules_out`: the stream crosses thresholds, and every crossing is notified exactly once.
-/// Returns the verifier's report.
 /// Starts alert-pipeline over OAUTHBEARER (client config `config`) without `--exit-when-idle`,
 /// its output into a log file of its own, whose path is returned with it: it ends by
 /// [`stop_once_all_committed`].
@@ -507,6 +504,9 @@ fn stop_once_all_committed(
     p.wait(EXIT)
 }
 
+/// The verifier, as the super-user, over the stream made for the rules `tick-gen` wrote to
+/// `rules_out`: the stream crosses thresholds, and every crossing is notified exactly once.
+/// Returns the verifier's report.
 fn verify_exactly_once(
     admin: &price_alerts::kafka::KafkaConfig,
     input: &str,
