@@ -70,6 +70,19 @@ pub const FETCH_MAX_BYTES: u32 = 2_097_152;
 /// reader paused a whole second each time 100,000 changelog records were queued.
 pub const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 
+/// How often a group's client asks which broker coordinates its group (librdkafka's
+/// `coordinator.query.interval.ms`: 10 min). In between, librdkafka changes coordinator only when
+/// a request fails with a coordinator error or the connection drops, and a timed-out request is
+/// sent again to the same broker. A coordinator whose broker is frozen (SIGSTOP, a hung VM, a long
+/// pause) keeps its connection open and answers nothing: KRaft fences it after
+/// `broker.session.timeout.ms` (9 s) and the group moves, but the client goes on asking the frozen
+/// broker. Measured on the 3-broker cluster (tests/coordinator.rs, the pipeline's freeze case):
+/// the rewind after an abort waited 9.2 s and 19.6 s for its committed offsets, both times until
+/// 40 s after the freeze, past the transaction timeout + 30 s that a stuck instance has to heal
+/// in (issue 20); with 5 s it took 2.2 s, and the instance committed again 24.6 s after the
+/// freeze. The cost is one FindCoordinator request per client every 5 s.
+pub const COORDINATOR_QUERY_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Records the transactional producer may hold, queued or in flight (librdkafka: 100,000). One
 /// transaction of the default batch (5,000 ticks) writes at most one state record per tick and a
 /// notification per crossed threshold; 32,768 holds more than that, and the commit drains the
@@ -274,6 +287,15 @@ impl KafkaConfig {
         c.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string());
     }
 
+    /// Finds a moved group coordinator within [`COORDINATOR_QUERY_INTERVAL`], for a client that
+    /// asks its group's coordinator for committed offsets.
+    fn follow_coordinator(c: &mut ClientConfig) {
+        c.set(
+            "coordinator.query.interval.ms",
+            COORDINATOR_QUERY_INTERVAL.as_millis().to_string(),
+        );
+    }
+
     fn finish(&self, mut c: ClientConfig) -> ClientConfig {
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -327,6 +349,7 @@ impl KafkaConfig {
         c.set("statistics.interval.ms", "5000");
         // A bounded prefetch: librdkafka's defaults held the whole backlog in memory.
         Self::bounded_fetch(&mut c);
+        Self::follow_coordinator(&mut c);
         let mut c = self.finish(c);
         self.poll_interval_covers_session(&mut c, max_poll_interval(txn_timeout));
         c
@@ -349,9 +372,27 @@ impl KafkaConfig {
 
     /// A standalone reader (no group, nothing committed) that reports the end of each partition.
     pub fn reader(&self, isolation: Isolation) -> ClientConfig {
-        let mut c = self.base();
         // librdkafka wants a group.id even for assign(); nothing is ever committed with it.
-        c.set("group.id", "price-alerts-reader");
+        self.reader_of_group("price-alerts-reader", isolation, false)
+    }
+
+    /// A reader that asks `group`'s coordinator for the group's committed offsets (the lag
+    /// probe). It never joins the group.
+    pub fn group_probe(&self, group: &str, isolation: Isolation) -> ClientConfig {
+        self.reader_of_group(group, isolation, true)
+    }
+
+    fn reader_of_group(
+        &self,
+        group: &str,
+        isolation: Isolation,
+        asks_coordinator: bool,
+    ) -> ClientConfig {
+        let mut c = self.base();
+        c.set("group.id", group);
+        if asks_coordinator {
+            Self::follow_coordinator(&mut c);
+        }
         c.set("enable.auto.commit", "false");
         c.set("enable.auto.offset.store", "false");
         // Readers count records up to the end of a partition, so they need the EOF event.
@@ -503,6 +544,31 @@ mod tests {
         assert_eq!(c.get("max.poll.interval.ms"), Some("180000"));
         c.create::<rdkafka::consumer::BaseConsumer>()
             .expect("librdkafka accepts it");
+    }
+
+    /// The clients that ask a group's coordinator for committed offsets follow it when it moves
+    /// (see [`COORDINATOR_QUERY_INTERVAL`]); a `-X` value still wins.
+    #[test]
+    fn clients_that_ask_a_group_coordinator_find_a_moved_one_within_seconds() {
+        let k = KafkaConfig::new("h:1");
+        let every = Some("5000");
+        let c = k.group_consumer("g", Some("i"), DEFAULT_TRANSACTION_TIMEOUT);
+        assert_eq!(c.get("coordinator.query.interval.ms"), every);
+        let probe = k.group_probe("g", crate::kafka::Isolation::ReadUncommitted);
+        assert_eq!(probe.get("coordinator.query.interval.ms"), every);
+        assert_eq!(probe.get("group.id"), Some("g"));
+        // A reader never asks a group's coordinator anything: librdkafka's default stays.
+        let reader = k.reader(crate::kafka::Isolation::ReadCommitted);
+        assert_eq!(reader.get("coordinator.query.interval.ms"), None);
+        for c in [c, probe] {
+            c.create::<rdkafka::consumer::BaseConsumer>()
+                .expect("librdkafka accepts it");
+        }
+        let k = k
+            .with_overrides(&["coordinator.query.interval.ms=60000"])
+            .unwrap();
+        let c = k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT);
+        assert_eq!(c.get("coordinator.query.interval.ms"), Some("60000"));
     }
 
     /// A session longer than librdkafka's 300 s poll interval, given with -X, reaches every

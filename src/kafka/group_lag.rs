@@ -129,10 +129,8 @@ impl Probe {
         // read_uncommitted: the offsets committed now, without waiting for a transaction that
         // holds pending offsets ("require stable" of a read_committed fetch); and the high
         // watermark as the end, as Kafka's tooling shows it.
-        let mut cfg = kafka.reader(Isolation::ReadUncommitted);
-        // The group whose committed offsets are read; this client never joins it.
-        cfg.set("group.id", group);
-        let consumer: Reader = cfg
+        let consumer: Reader = kafka
+            .group_probe(group, Isolation::ReadUncommitted)
             .create_with_context(Logged)
             .context("creating the group lag reader")?;
         Ok(Probe {
