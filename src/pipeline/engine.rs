@@ -47,7 +47,7 @@ use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -80,8 +80,19 @@ struct Restore {
 pub struct Engine {
     consumer: BaseConsumer<RebalanceHandler>,
     committer: Arc<Committer>,
-    /// Reads the changelog on restores; kept so each restore does not pay a new connection.
-    restore_reader: Reader,
+    /// Reads the changelog on restores; kept so each restore does not pay a new connection, and
+    /// made again when it does not answer ([`Engine::restore_reader`]).
+    restore_reader: Mutex<Reader>,
+}
+
+/// How long the restore reader has to answer a metadata request before it is made again
+/// ([`Engine::restore_reader`]). Healthy brokers answer in milliseconds.
+const READER_PROBE: Duration = Duration::from_secs(5);
+
+/// A reader of the changelog for restores: read_committed, so an aborted batch's state records
+/// are never restored.
+fn reader_of(kafka: &crate::kafka::KafkaConfig) -> anyhow::Result<Reader> {
+    reader(kafka, Isolation::ReadCommitted).context("creating the restore reader")
 }
 
 impl Engine {
@@ -95,8 +106,7 @@ impl Engine {
             instance,
             settings.transaction_timeout,
         );
-        let restore_reader = reader(&settings.kafka, Isolation::ReadCommitted)
-            .context("creating the restore reader")?;
+        let restore_reader = reader_of(&settings.kafka)?;
         let committer = Committer::start(settings)?;
         let consumer: BaseConsumer<RebalanceHandler> = consumer_cfg
             .create_with_context(RebalanceHandler::new(Arc::clone(&committer)))
@@ -115,8 +125,32 @@ impl Engine {
         Ok(Engine {
             consumer,
             committer,
-            restore_reader,
+            restore_reader: Mutex::new(restore_reader),
         })
+    }
+
+    /// The restore reader, made again when it gets no metadata of the changelog within
+    /// [`READER_PROBE`]. A broker that went silent with its connections open (frozen, a hung VM)
+    /// stays "up" for librdkafka until a request to it times out (`socket.timeout.ms`, 60 s), and
+    /// librdkafka sends a metadata request to the broker it used last. The reader, idle since the
+    /// previous restore, asked a frozen broker and waited 19 s, past the bound an instance has to
+    /// heal in (tests/coordinator.rs, the freeze case; issue 20). A new client connects to the
+    /// brokers that answer, and learns from them that the silent one is gone.
+    fn restore_reader(&self) -> anyhow::Result<MutexGuard<'_, Reader>> {
+        let mut reader = self
+            .restore_reader
+            .lock()
+            .map_err(|_| anyhow!("restore reader lock poisoned"))?;
+        let changelog = &self.committer.settings().topics.changelog;
+        if let Err(e) = reader.fetch_metadata(Some(changelog), READER_PROBE) {
+            warn!(
+                error = %e,
+                probe_s = READER_PROBE.as_secs(),
+                "the restore reader got no metadata in time (a silent broker?); making a new one"
+            );
+            *reader = reader_of(&self.committer.settings().kafka)?;
+        }
+        Ok(reader)
     }
 
     /// Polls once (rebalance callbacks run here), restores newly owned partitions, and processes
@@ -289,7 +323,12 @@ impl Engine {
         let started = Instant::now();
         // The committed offsets being stable does not mean the changelog has its marker: the
         // restore waits for it itself (see `state`).
-        let restored = state::restore(&self.restore_reader, &topics.changelog, &pending, timeout)?;
+        let restored = state::restore(
+            &*self.restore_reader()?,
+            &topics.changelog,
+            &pending,
+            timeout,
+        )?;
         let mut session = self.committer.lock()?;
         for (p, s) in restored {
             session.state.install(p, s);
