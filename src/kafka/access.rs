@@ -222,14 +222,20 @@ fn group_denied(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result
 }
 
 /// A client context that notes a GROUP_AUTHORIZATION_FAILED error event (and logs the others).
+/// librdkafka reports a refused FindCoordinator this way only, once per change of error.
 #[derive(Default)]
-struct Denials {
+pub(super) struct Denials {
     group_refused: AtomicBool,
 }
 
 impl Denials {
-    fn group_refused(&self) -> bool {
+    pub(super) fn group_refused(&self) -> bool {
         self.group_refused.load(Ordering::Relaxed)
+    }
+
+    /// The group answered: a refusal noted before is over.
+    pub(super) fn clear(&self) {
+        self.group_refused.store(false, Ordering::Relaxed);
     }
 }
 

@@ -70,17 +70,20 @@ pub const FETCH_MAX_BYTES: u32 = 2_097_152;
 /// reader paused a whole second each time 100,000 changelog records were queued.
 pub const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 
-/// How often a group's client asks which broker coordinates its group (librdkafka's
-/// `coordinator.query.interval.ms`: 10 min). In between, librdkafka changes coordinator only when
-/// a request fails with a coordinator error or the connection drops, and a timed-out request is
-/// sent again to the same broker. A coordinator whose broker is frozen (SIGSTOP, a hung VM, a long
-/// pause) keeps its connection open and answers nothing: KRaft fences it after
-/// `broker.session.timeout.ms` (9 s) and the group moves, but the client goes on asking the frozen
-/// broker. Measured on the 3-broker cluster (tests/coordinator.rs, the pipeline's freeze case):
-/// the rewind after an abort waited 9.2 s and 19.6 s for its committed offsets, both times until
-/// 40 s after the freeze, past the transaction timeout + 30 s that a stuck instance has to heal
-/// in (issue 20); with 5 s it took 2.2 s, and the instance committed again 24.6 s after the
-/// freeze. The cost is one FindCoordinator request per client every 5 s.
+/// How often a client that asks a group's coordinator for committed offsets (the lag probe and
+/// the processor's rewinds and restores, [`KafkaConfig::group_probe`]) looks that coordinator up
+/// again (librdkafka's `coordinator.query.interval.ms`: 10 min). In between, librdkafka changes
+/// coordinator only when a request fails with a coordinator error or the connection drops, and a
+/// timed-out request is sent again to the same broker. A coordinator whose broker is frozen
+/// (SIGSTOP, a hung VM, a long pause) keeps its connection open and answers nothing: KRaft fences
+/// it after `broker.session.timeout.ms` and the group moves, but the client goes on asking the
+/// frozen broker. Measured on the 3-broker cluster (tests/coordinator.rs, the pipeline's freeze
+/// case): the rewind after an abort waited 9.2 s and 19.6 s for its committed offsets, both times
+/// until 40 s after the freeze, past the transaction timeout + 30 s that a stuck instance has to
+/// heal in (issue 20); with 5 s it took 2.2 s. The cost is one FindCoordinator request per client
+/// every 5 s. The group consumers keep librdkafka's default: a look-up that the broker refuses
+/// (Read on the group revoked) parks librdkafka's consumer until one is allowed again, with its
+/// heartbeats stopped ([`crate::kafka::offsets::GroupOffsets`]).
 pub const COORDINATOR_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Records the transactional producer may hold, queued or in flight (librdkafka: 100,000). One
@@ -349,7 +352,6 @@ impl KafkaConfig {
         c.set("statistics.interval.ms", "5000");
         // A bounded prefetch: librdkafka's defaults held the whole backlog in memory.
         Self::bounded_fetch(&mut c);
-        Self::follow_coordinator(&mut c);
         let mut c = self.finish(c);
         self.poll_interval_covers_session(&mut c, max_poll_interval(txn_timeout));
         c
@@ -376,8 +378,8 @@ impl KafkaConfig {
         self.reader_of_group("price-alerts-reader", isolation, false)
     }
 
-    /// A reader that asks `group`'s coordinator for the group's committed offsets (the lag
-    /// probe). It never joins the group.
+    /// A reader that asks `group`'s coordinator for the group's committed offsets (the lag probe,
+    /// the processor's [`crate::kafka::offsets::GroupOffsets`]). It never joins the group.
     pub fn group_probe(&self, group: &str, isolation: Isolation) -> ClientConfig {
         self.reader_of_group(group, isolation, true)
     }
@@ -547,28 +549,28 @@ mod tests {
     }
 
     /// The clients that ask a group's coordinator for committed offsets follow it when it moves
-    /// (see [`COORDINATOR_QUERY_INTERVAL`]); a `-X` value still wins.
+    /// (see [`COORDINATOR_QUERY_INTERVAL`]); the group consumer and the readers keep librdkafka's
+    /// default; a `-X` value still wins.
     #[test]
     fn clients_that_ask_a_group_coordinator_find_a_moved_one_within_seconds() {
         let k = KafkaConfig::new("h:1");
-        let every = Some("5000");
-        let c = k.group_consumer("g", Some("i"), DEFAULT_TRANSACTION_TIMEOUT);
-        assert_eq!(c.get("coordinator.query.interval.ms"), every);
-        let probe = k.group_probe("g", crate::kafka::Isolation::ReadUncommitted);
-        assert_eq!(probe.get("coordinator.query.interval.ms"), every);
+        let probe = k.group_probe("g", crate::kafka::Isolation::ReadCommitted);
+        assert_eq!(probe.get("coordinator.query.interval.ms"), Some("5000"));
         assert_eq!(probe.get("group.id"), Some("g"));
-        // A reader never asks a group's coordinator anything: librdkafka's default stays.
+        assert_eq!(probe.get("isolation.level"), Some("read_committed"));
+        probe
+            .create::<rdkafka::consumer::BaseConsumer>()
+            .expect("librdkafka accepts it");
+        let consumer = k.group_consumer("g", Some("i"), DEFAULT_TRANSACTION_TIMEOUT);
         let reader = k.reader(crate::kafka::Isolation::ReadCommitted);
-        assert_eq!(reader.get("coordinator.query.interval.ms"), None);
-        for c in [c, probe] {
-            c.create::<rdkafka::consumer::BaseConsumer>()
-                .expect("librdkafka accepts it");
+        for c in [consumer, reader] {
+            assert_eq!(c.get("coordinator.query.interval.ms"), None);
         }
         let k = k
             .with_overrides(&["coordinator.query.interval.ms=60000"])
             .unwrap();
-        let c = k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT);
-        assert_eq!(c.get("coordinator.query.interval.ms"), Some("60000"));
+        let probe = k.group_probe("g", crate::kafka::Isolation::ReadUncommitted);
+        assert_eq!(probe.get("coordinator.query.interval.ms"), Some("60000"));
     }
 
     /// A session longer than librdkafka's 300 s poll interval, given with -X, reaches every

@@ -10,6 +10,7 @@
 //! the only function here that talks to the broker about committed offsets; the others build on
 //! it.
 
+use super::access::Denials;
 use super::config::{Isolation, KafkaConfig};
 use super::logging::Logged;
 use super::read::{partition_count, Reader, DEFAULT_READ_TIMEOUT};
@@ -47,6 +48,70 @@ pub fn fetch_committed<C: ConsumerContext>(
     }
 }
 
+/// Asks a group's coordinator for the group's committed offsets, without joining the group: the
+/// processor's rewinds and restores ask through it rather than through their group consumer.
+///
+/// Why a client of its own: the group consumer's librdkafka looks its coordinator up again only
+/// on errors and every 10 minutes, so after its coordinator's broker froze (connections open,
+/// nothing answered) and KRaft moved the group, its OffsetFetch still went to the frozen broker:
+/// a rewind waited 9.2 s and 19.6 s (tests/coordinator.rs, the freeze case; issue 20). This client
+/// looks the coordinator up every few seconds ([`KafkaConfig::group_probe`]). Doing that on the
+/// group consumer instead broke a refused group: librdkafka then parks the consumer in "query
+/// coordinator" and its OffsetFetch waits out the whole timeout instead of answering
+/// GROUP_AUTHORIZATION_FAILED (tests/security.rs saw the pipeline silent for 20 s). Here a
+/// refused look-up, which librdkafka reports only as an error event, is watched for between
+/// short asks and returned as that error.
+pub struct GroupOffsets {
+    consumer: BaseConsumer<Denials>,
+}
+
+/// How long one ask of [`GroupOffsets::fetch`] waits before the error events are looked at.
+const ASK_SLICE: Duration = Duration::from_secs(1);
+
+impl GroupOffsets {
+    /// A client for `group`'s offsets; `isolation` ReadCommitted waits for a previous owner's
+    /// pending offsets to be decided (see [`fetch_committed`]).
+    pub fn new(kafka: &KafkaConfig, group: &str, isolation: Isolation) -> anyhow::Result<Self> {
+        let consumer = kafka
+            .group_probe(group, isolation)
+            .create_with_context(Denials::default())
+            .context("creating the group offsets client")?;
+        Ok(GroupOffsets { consumer })
+    }
+
+    /// The committed offsets of `tpl`'s partitions, as [`fetch_committed`], but a refused group
+    /// returns GROUP_AUTHORIZATION_FAILED within about [`ASK_SLICE`] however the refusal shows.
+    pub fn fetch(
+        &self,
+        tpl: &TopicPartitionList,
+        timeout: Duration,
+    ) -> Result<TopicPartitionList, KafkaError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let slice = ASK_SLICE.min(deadline.saturating_duration_since(Instant::now()));
+            let result = fetch_committed(&self.consumer, tpl, slice);
+            // Serve the error events queued meanwhile (a refused FindCoordinator).
+            let _ = self.consumer.poll(Duration::ZERO);
+            match result {
+                Ok(committed) => {
+                    self.consumer.context().clear();
+                    return Ok(committed);
+                }
+                Err(e) if self.consumer.context().group_refused() => {
+                    debug!(error = %e, "the group is refused");
+                    return Err(KafkaError::MetadataFetch(
+                        RDKafkaErrorCode::GroupAuthorizationFailed,
+                    ));
+                }
+                Err(e)
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
+                        && Instant::now() < deadline => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Whether an error means the group coordinator is moving or loading (worth asking again).
 fn coordinator_moving(e: &KafkaError) -> bool {
     matches!(
@@ -63,17 +128,13 @@ fn coordinator_moving(e: &KafkaError) -> bool {
 /// beginning where nothing is committed. A partition the broker answered with an error (e.g.
 /// TOPIC_AUTHORIZATION_FAILED when Read on the topic is refused) fails the whole call: its offset
 /// is unknown, and taking it for "nothing committed" would rewind to the beginning.
-pub fn committed_positions<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
+pub fn committed_positions(
+    offsets: &GroupOffsets,
     topic: &str,
     partitions: &[i32],
     timeout: Duration,
 ) -> Result<TopicPartitionList, KafkaError> {
-    let committed = fetch_committed(
-        consumer,
-        &partition_list(topic, partitions.iter().copied()),
-        timeout,
-    )?;
+    let committed = offsets.fetch(&partition_list(topic, partitions.iter().copied()), timeout)?;
     for e in committed.elements() {
         e.error()?;
     }
@@ -93,6 +154,7 @@ pub fn committed_positions<C: ConsumerContext>(
 /// processor rewinds its input after an abort, so the redo reads exactly what was not committed.
 pub fn seek_to_committed<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
+    offsets: &GroupOffsets,
     topic: &str,
     partitions: &[i32],
     timeout: Duration,
@@ -100,7 +162,7 @@ pub fn seek_to_committed<C: ConsumerContext>(
     if partitions.is_empty() {
         return Ok(());
     }
-    let positions = committed_positions(consumer, topic, partitions, timeout)?;
+    let positions = committed_positions(offsets, topic, partitions, timeout)?;
     for e in consumer.seek_partitions(positions, timeout)?.elements() {
         e.error()?;
     }

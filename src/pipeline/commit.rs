@@ -42,9 +42,10 @@ use super::batch::OpenBatch;
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
 use crate::backoff::Setbacks;
-use crate::kafka::offsets::seek_to_committed;
+use crate::kafka::offsets::{seek_to_committed, GroupOffsets};
 use crate::kafka::tpl::position_list;
 use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
+use crate::kafka::Isolation;
 use crate::metrics as m;
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -238,6 +239,9 @@ impl Session {
 /// loop and the rebalance callback.
 pub(super) struct Committer {
     producer: Arc<TxnProducer>,
+    /// Where rewinds and restores read the group's committed offsets ([`GroupOffsets`] says why
+    /// not through the group consumer).
+    offsets: GroupOffsets,
     settings: EngineSettings,
     session: Mutex<Session>,
 }
@@ -257,8 +261,15 @@ impl Committer {
                     .context("starting the idempotent producer")?
             }
         };
+        // read_committed: a restore waits until a previous owner's pending offsets are decided.
+        let offsets = GroupOffsets::new(
+            &settings.kafka,
+            settings.group_id(),
+            Isolation::ReadCommitted,
+        )?;
         Ok(Arc::new(Committer {
             producer,
+            offsets,
             settings,
             session: Mutex::new(Session::default()),
         }))
@@ -266,6 +277,11 @@ impl Committer {
 
     pub fn settings(&self) -> &EngineSettings {
         &self.settings
+    }
+
+    /// The group's committed offsets, for rewinds and restores.
+    pub fn offsets(&self) -> &GroupOffsets {
+        &self.offsets
     }
 
     /// The producer that the batch's outputs go through.
@@ -615,6 +631,7 @@ impl Committer {
         session.state.invalidate_all();
         if let Err(e) = seek_to_committed(
             consumer,
+            &self.offsets,
             &self.settings.topics.input,
             partitions,
             REWIND_TIMEOUT,

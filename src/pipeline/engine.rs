@@ -34,7 +34,7 @@ use super::state::{self, PartitionState};
 use crate::alert::{apply_rules, Notification, Outcome, Source};
 use crate::dlq;
 use crate::kafka::access;
-use crate::kafka::offsets::{fetch_committed, seek_to_committed};
+use crate::kafka::offsets::seek_to_committed;
 use crate::kafka::read::{reader, Reader};
 use crate::kafka::tpl::partition_list;
 use crate::kafka::txn::{TxnError, TxnErrorClass};
@@ -292,19 +292,25 @@ impl Engine {
         // last transaction is resolved before its changelog is read.
         // Both waits are for a transaction to be decided: one bound.
         let timeout = state::restore_timeout(self.committer.settings().transaction_timeout);
-        let positioned = seek_to_committed(&self.consumer, &topics.input, &unpositioned, timeout)
-            .and_then(|()| {
-                let committed = fetch_committed(
-                    &self.consumer,
-                    &partition_list(&topics.input, pending.iter().copied()),
-                    timeout,
-                )?;
-                // A partition the broker answered with an error has no offset to trust.
-                for e in committed.elements() {
-                    e.error()?;
-                }
-                Ok(committed)
-            });
+        let offsets = self.committer.offsets();
+        let positioned = seek_to_committed(
+            &self.consumer,
+            offsets,
+            &topics.input,
+            &unpositioned,
+            timeout,
+        )
+        .and_then(|()| {
+            let committed = offsets.fetch(
+                &partition_list(&topics.input, pending.iter().copied()),
+                timeout,
+            )?;
+            // A partition the broker answered with an error has no offset to trust.
+            for e in committed.elements() {
+                e.error()?;
+            }
+            Ok(committed)
+        });
         let committed = match positioned {
             Ok(committed) => committed,
             Err(e) => {
