@@ -65,8 +65,12 @@ pub struct GroupOffsets {
     consumer: BaseConsumer<Denials>,
 }
 
-/// How long one ask of [`GroupOffsets::fetch`] waits before the error events are looked at.
+/// How long the first ask of [`GroupOffsets::fetch`] waits before the error events are looked
+/// at; each further ask waits twice as long, up to [`MAX_ASK_SLICE`]. A refused look-up shows in
+/// the first second. An OffsetFetch that waits for a previous owner's pending offsets is retried
+/// by librdkafka on its own after an ask ends, so growing asks keep those retries few.
 const ASK_SLICE: Duration = Duration::from_secs(1);
+const MAX_ASK_SLICE: Duration = Duration::from_secs(8);
 
 impl GroupOffsets {
     /// A client for `group`'s offsets; `isolation` ReadCommitted waits for a previous owner's
@@ -80,15 +84,17 @@ impl GroupOffsets {
     }
 
     /// The committed offsets of `tpl`'s partitions, as [`fetch_committed`], but a refused group
-    /// returns GROUP_AUTHORIZATION_FAILED within about [`ASK_SLICE`] however the refusal shows.
+    /// returns GROUP_AUTHORIZATION_FAILED, within about [`ASK_SLICE`] when the refusal is new.
     pub fn fetch(
         &self,
         tpl: &TopicPartitionList,
         timeout: Duration,
     ) -> Result<TopicPartitionList, KafkaError> {
         let deadline = Instant::now() + timeout;
+        let mut ask = ASK_SLICE;
         loop {
-            let slice = ASK_SLICE.min(deadline.saturating_duration_since(Instant::now()));
+            let slice = ask.min(deadline.saturating_duration_since(Instant::now()));
+            ask = (ask * 2).min(MAX_ASK_SLICE);
             let result = fetch_committed(&self.consumer, tpl, slice);
             // Serve the error events queued meanwhile (a refused FindCoordinator).
             let _ = self.consumer.poll(Duration::ZERO);
