@@ -86,6 +86,20 @@ pub const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 /// heartbeats stopped ([`crate::kafka::offsets::GroupOffsets`]).
 pub const COORDINATOR_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How long a client that asks a group's coordinator for committed offsets waits for any one
+/// answer before it drops that connection (librdkafka's `socket.timeout.ms`: 60 s). librdkafka
+/// sends such a client's coordinator look-ups to one broker connection that it keeps up for them
+/// (picked at random among the brokers, then the least idle one), and a frozen broker's
+/// connection stays up until a request on it times out. When the frozen broker is that one, every
+/// look-up goes to it, unanswered, and the client keeps asking the frozen coordinator: a rewind
+/// in the pipeline's freeze case waited 17.4 s and 19.7 s, and the instance healed 40.3 s after
+/// the freeze, past its bound (tests/coordinator.rs; issue 20). With 5 s the connection is
+/// dropped 5 s after the first unanswered request, and the next look-up goes to another broker.
+/// Nothing this client asks makes a broker wait before it answers (an offset fetch that must wait
+/// for a previous owner's transaction is answered at once with UNSTABLE_OFFSET_COMMIT and asked
+/// again), so only a silent or stalled broker trips it; a stall costs a reconnection.
+pub const OFFSETS_CLIENT_SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Records the transactional producer may hold, queued or in flight (librdkafka: 100,000). One
 /// transaction of the default batch (5,000 ticks) writes at most one state record per tick and a
 /// notification per crossed threshold; 32,768 holds more than that, and the commit drains the
@@ -290,12 +304,17 @@ impl KafkaConfig {
         c.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string());
     }
 
-    /// Finds a moved group coordinator within [`COORDINATOR_QUERY_INTERVAL`], for a client that
-    /// asks its group's coordinator for committed offsets.
+    /// Finds a moved group coordinator within [`COORDINATOR_QUERY_INTERVAL`], and leaves a silent
+    /// broker within [`OFFSETS_CLIENT_SOCKET_TIMEOUT`], for a client that asks its group's
+    /// coordinator for committed offsets.
     fn follow_coordinator(c: &mut ClientConfig) {
         c.set(
             "coordinator.query.interval.ms",
             COORDINATOR_QUERY_INTERVAL.as_millis().to_string(),
+        );
+        c.set(
+            "socket.timeout.ms",
+            OFFSETS_CLIENT_SOCKET_TIMEOUT.as_millis().to_string(),
         );
     }
 
@@ -556,6 +575,7 @@ mod tests {
         let k = KafkaConfig::new("h:1");
         let probe = k.group_probe("g", crate::kafka::Isolation::ReadCommitted);
         assert_eq!(probe.get("coordinator.query.interval.ms"), Some("5000"));
+        assert_eq!(probe.get("socket.timeout.ms"), Some("5000"));
         assert_eq!(probe.get("group.id"), Some("g"));
         assert_eq!(probe.get("isolation.level"), Some("read_committed"));
         probe
@@ -565,6 +585,7 @@ mod tests {
         let reader = k.reader(crate::kafka::Isolation::ReadCommitted);
         for c in [consumer, reader] {
             assert_eq!(c.get("coordinator.query.interval.ms"), None);
+            assert_eq!(c.get("socket.timeout.ms"), None);
         }
         let k = k
             .with_overrides(&["coordinator.query.interval.ms=60000"])

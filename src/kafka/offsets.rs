@@ -55,11 +55,13 @@ pub fn fetch_committed<C: ConsumerContext>(
 /// on errors and every 10 minutes, so after its coordinator's broker froze (connections open,
 /// nothing answered) and KRaft moved the group, its OffsetFetch still went to the frozen broker:
 /// a rewind waited 9.2 s and 19.6 s (tests/coordinator.rs, the freeze case; issue 20). This client
-/// looks the coordinator up every few seconds ([`KafkaConfig::group_probe`]). Doing that on the
-/// group consumer instead broke a refused group: librdkafka then parks the consumer in "query
-/// coordinator" and its OffsetFetch waits out the whole timeout instead of answering
-/// GROUP_AUTHORIZATION_FAILED (tests/security.rs saw the pipeline silent for 20 s). Here a
-/// refused look-up, which librdkafka reports only as an error event, is watched for between
+/// looks the coordinator up every few seconds, and drops a connection that leaves a request
+/// unanswered for a few seconds, so that its look-ups never stay with a frozen broker
+/// ([`KafkaConfig::group_probe`]: `COORDINATOR_QUERY_INTERVAL`, `OFFSETS_CLIENT_SOCKET_TIMEOUT`).
+/// Frequent look-ups on the group consumer instead broke a refused group: librdkafka then parks
+/// the consumer in "query coordinator" and its OffsetFetch waits out the whole timeout instead of
+/// answering GROUP_AUTHORIZATION_FAILED (tests/security.rs saw the pipeline silent for 20 s). Here
+/// a refused look-up, which librdkafka reports only as an error event, is watched for between
 /// short asks and returned as that error.
 pub struct GroupOffsets {
     consumer: BaseConsumer<Denials>,
