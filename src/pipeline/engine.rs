@@ -86,8 +86,11 @@ pub struct Engine {
 }
 
 /// How long the restore reader has to answer a metadata request before it is made again
-/// ([`Engine::restore_reader`]). Healthy brokers answer in milliseconds.
-const READER_PROBE: Duration = Duration::from_secs(5);
+/// ([`Engine::restore_reader`]). Healthy brokers answer in milliseconds, and a reader made again
+/// for nothing costs one new connection. With 5 s, the probe was 5.2 s of the 37.5 s that an
+/// instance took to commit again in the freeze case (tests/coordinator.rs, against a bound of
+/// 40 s).
+const READER_PROBE: Duration = Duration::from_secs(2);
 
 /// A reader of the changelog for restores: read_committed, so an aborted batch's state records
 /// are never restored.
