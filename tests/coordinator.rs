@@ -34,9 +34,9 @@ mod common;
 
 use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, http_get, load_until_hurried, records_with_headers_on, Pipeline, Run};
+use price_alerts::kafka::config::COORDINATOR_QUERY_INTERVAL;
 use price_alerts::kafka::feed::{next_offsets, Feed, Landed};
 use price_alerts::kafka::hold::held_path;
-use price_alerts::kafka::config::COORDINATOR_QUERY_INTERVAL;
 use price_alerts::kafka::offsets::GroupOffsets;
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::topics::{create_topics, Cleanup, DropTopics, TopicSpec};
@@ -782,7 +782,13 @@ fn group_offsets_answer_from_the_moved_coordinator_soon_after_theirs_froze() {
     frozen.thaw();
     let times: Vec<String> = answers
         .iter()
-        .map(|(at, a)| format!("{:.1}{}", at.as_secs_f64(), if a.is_ok() { "" } else { " (error)" }))
+        .map(|(at, a)| {
+            format!(
+                "{:.1}{}",
+                at.as_secs_f64(),
+                if a.is_ok() { "" } else { " (error)" }
+            )
+        })
         .collect();
     eprintln!(
         "broker {coordinator} (the group's coordinator) froze; it left the metadata after \
