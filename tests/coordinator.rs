@@ -83,6 +83,15 @@ fn cluster() -> Cluster {
     }
 }
 
+/// The cluster, once it is fully replicated (a previous test's broker may still be catching up).
+fn replicated_cluster() -> Cluster {
+    let cluster = cluster();
+    cluster
+        .wait_fully_replicated(REPLICATED)
+        .expect("the cluster is fully replicated before the test");
+    cluster
+}
+
 /// Starts broker `id` again when dropped unless it was restarted already, then waits until the
 /// cluster is fully replicated: a failing test leaves the cluster as it found it.
 struct Restart<'a> {
@@ -294,6 +303,17 @@ fn spawn_logged(mut command: Command, dir: &Path, name: &str) -> Instance {
     }
 }
 
+/// Creates topic `name` (cleanup delete) with `partitions` partitions on the cluster of `kafka`.
+fn create_topic(kafka: &KafkaConfig, name: &str, partitions: i32) {
+    let spec = TopicSpec {
+        name: name.to_owned(),
+        partitions,
+        cleanup: Cleanup::Delete,
+        retention: None,
+    };
+    futures::executor::block_on(create_topics(kafka, &[spec])).expect("creating the topic");
+}
+
 /// The group coordinator of `group`, asked again for a while: the tool fails while the group is
 /// still forming or a coordinator moving.
 fn group_coordinator(cluster: &Cluster, group: &str) -> i32 {
@@ -414,10 +434,7 @@ fn cluster_to_myself() -> std::sync::MutexGuard<'static, ()> {
 
 fn pipeline_survives(test: &str, loss: Loss) {
     let _cluster = cluster_to_myself();
-    let cluster = cluster();
-    cluster
-        .wait_fully_replicated(REPLICATED)
-        .expect("the cluster is fully replicated before the test");
+    let cluster = replicated_cluster();
     let (rules, ticks) = ticks_stream(30, 6_000, 20);
     let n = ticks.len();
     let mut run = Run::on(cluster.kafka.clone(), test, rules);
@@ -687,22 +704,13 @@ fn group_offsets_answer_from_the_moved_coordinator_soon_after_theirs_froze() {
     use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
     let _cluster = cluster_to_myself();
-    let cluster = cluster();
+    let cluster = replicated_cluster();
     let kafka = cluster.kafka.clone();
-    cluster
-        .wait_fully_replicated(REPLICATED)
-        .expect("the cluster is fully replicated before the test");
     let prefix = common::prefix("group-offsets-freeze");
     let _topics = DropTopics::with_prefix(&kafka, &prefix);
     let topic = format!("{prefix}input");
     let group = format!("{prefix}group");
-    let spec = TopicSpec {
-        name: topic.clone(),
-        partitions: 3,
-        cleanup: Cleanup::Delete,
-        retention: None,
-    };
-    futures::executor::block_on(create_topics(&kafka, &[spec])).expect("creating the topic");
+    create_topic(&kafka, &topic, 3);
     // Committed offsets 10, 20, 30, by a member that never joins (the group stays empty).
     let mut committed = TopicPartitionList::new();
     for p in 0..3 {
@@ -879,23 +887,14 @@ fn deliver_hand_offs_heal_while_the_group_coordinator_is_frozen_inside_send_offs
 
 fn deliver_survives(test: &str, loss: Loss) {
     let _cluster = cluster_to_myself();
-    let cluster = cluster();
+    let cluster = replicated_cluster();
     let kafka = cluster.kafka.clone();
-    cluster
-        .wait_fully_replicated(REPLICATED)
-        .expect("the cluster is fully replicated before the test");
     let failing = Webhook::up(Behaviour::Status(503));
     let healthy = Webhook::up(Behaviour::Ok);
     let prefix = common::prefix(test);
     let _topics = DropTopics::with_prefix(&kafka, &prefix);
     let topic = format!("{prefix}notifications");
-    let spec = TopicSpec {
-        name: topic.clone(),
-        partitions: 3,
-        cleanup: Cleanup::Delete,
-        retention: None,
-    };
-    futures::executor::block_on(create_topics(&kafka, &[spec])).expect("creating the topic");
+    create_topic(&kafka, &topic, 3);
     let dir = std::env::temp_dir().join(format!("{prefix}deliver"));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let subscriptions = dir.join("subscriptions.toml");
