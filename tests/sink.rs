@@ -352,7 +352,13 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     }
     assert_eq!(scrape(&addr, "alerts_group_lag"), 0.0);
     last.signal("TERM");
-    assert!(last.wait(EXIT).success());
+    // The status in the message: a fresh-clone suite run (2026-12-02) saw this instance print
+    // "stopped cleanly" and its summary, and still not exit 0.
+    let status = last.wait(EXIT);
+    assert!(
+        status.success(),
+        "the last instance's exit after SIGTERM: {status}"
+    );
     assert_stored_exactly(&sink.db, &input);
     println!("kill test: {} notifications, {} kills; last instance inserted {inserted}, redid {conflicted}", input.len(), holds.len());
     assert!(inserted > 0.0, "the last instance did work");
