@@ -40,6 +40,7 @@ use price_alerts::kafka::hold::held_path;
 use price_alerts::kafka::offsets::GroupOffsets;
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::topics::{create_topics, Cleanup, DropTopics, TopicSpec};
+use price_alerts::kafka::tpl::{partition_list, position_list};
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::tick::Tick;
 use price_alerts::tools::chaos::cluster::{Cluster, Stop, DEFAULT_CLUSTER_BOOTSTRAP};
@@ -394,7 +395,7 @@ fn committed(run: &Run) -> Option<Vec<Option<i64>>> {
         .create_with_context(price_alerts::kafka::logging::Logged)
         .ok()?;
     let n = partition_count(&consumer, &run.input, OFFSETS_READ).ok()?;
-    let tpl = price_alerts::kafka::tpl::partition_list(&run.input, 0..n);
+    let tpl = partition_list(&run.input, 0..n);
     let c = price_alerts::kafka::offsets::fetch_committed(&consumer, &tpl, OFFSETS_READ).ok()?;
     Some(
         (0..n)
@@ -712,12 +713,11 @@ fn group_offsets_answer_from_the_moved_coordinator_soon_after_theirs_froze() {
     let group = format!("{prefix}group");
     create_topic(&kafka, &topic, 3);
     // Committed offsets 10, 20, 30, by a member that never joins (the group stays empty).
-    let mut committed = TopicPartitionList::new();
-    for p in 0..3 {
-        committed
-            .add_partition_offset(&topic, p, Offset::Offset(10 * (i64::from(p) + 1)))
-            .expect("offset");
-    }
+    let committed = position_list(
+        &topic,
+        (0..3).map(|p| (p, Offset::Offset(10 * (i64::from(p) + 1)))),
+    )
+    .expect("offsets");
     let committer: BaseConsumer = kafka
         .group_probe(&group, Isolation::ReadUncommitted)
         .create()
@@ -736,10 +736,7 @@ fn group_offsets_answer_from_the_moved_coordinator_soon_after_theirs_froze() {
             GroupOffsets::new(&kafka, &group, Isolation::ReadCommitted).expect("an offsets client")
         })
         .collect();
-    let mut asked = TopicPartitionList::new();
-    for p in 0..3 {
-        asked.add_partition(&topic, p);
-    }
+    let asked = partition_list(&topic, 0..3);
     let as_committed = |tpl: &TopicPartitionList| {
         (0..3)
             .map(|p| tpl.find_partition(&topic, p).map(|e| e.offset()))
