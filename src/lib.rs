@@ -36,7 +36,7 @@
 //!   dead-letter record and its headers.
 //! - [`trace`]: trace context (traceparent, correlation-id, event-id) carried to what a tick makes.
 //! - [`metrics`]: every metric, in one place; [`health`]: the `/metrics`, `/healthz` and
-//!   `/readyz` endpoint.
+//!   `/readyz` endpoint; [`background`]: the watchers' threads, stopped and waited for at exit.
 //!
 //! Shared plumbing and the tools around the processor:
 //! - [`kafka`]: client configuration, secrets, the start-up connect and access checks, topics,
@@ -57,6 +57,7 @@
 //! dependencies.
 
 pub mod alert;
+pub mod background;
 pub mod backoff;
 pub mod cli;
 pub mod deliver;

@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use price_alerts::cli::deliver::DeliverArgs;
-use price_alerts::cli::{main_of, shutdown_signal_bounded};
+use price_alerts::cli::{end_runtime, main_of, shutdown_signal_bounded};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
 use price_alerts::kafka::group_lag;
 use price_alerts::{deliver, errln, outln};
@@ -48,7 +48,6 @@ fn run() -> anyhow::Result<()> {
         outln!("{stats}");
         Ok(())
     });
-    // Never wait for a deliver thread that did not finish: the shutdown bound is the promise.
-    runtime.shutdown_background();
+    end_runtime(runtime);
     result
 }

@@ -1,7 +1,7 @@
 //! `alert-pipeline`: the exactly-once price-alert processor.
 
 use clap::Parser;
-use price_alerts::cli::{main_of, shutdown_signal_bounded, PipelineArgs};
+use price_alerts::cli::{end_runtime, main_of, shutdown_signal_bounded, PipelineArgs};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
 use price_alerts::kafka::group_lag;
 use price_alerts::tools::replay::Watcher;
@@ -50,7 +50,6 @@ fn run() -> anyhow::Result<()> {
         }
         Ok(())
     });
-    // Never wait for a processing thread that did not finish: the shutdown bound is the promise.
-    runtime.shutdown_background();
+    end_runtime(runtime);
     result
 }

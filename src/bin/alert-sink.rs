@@ -4,7 +4,7 @@
 
 use clap::Parser;
 use price_alerts::cli::sink::{SinkArgs, SinkCommand};
-use price_alerts::cli::{main_of, shutdown_signal_bounded};
+use price_alerts::cli::{end_runtime, main_of, shutdown_signal_bounded};
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
 use price_alerts::kafka::group_lag;
 use price_alerts::{errln, outln, sink};
@@ -63,7 +63,6 @@ fn run() -> anyhow::Result<()> {
         outln!("{stats}");
         Ok(())
     });
-    // Never wait for a sink thread that did not finish: the shutdown bound is the promise.
-    runtime.shutdown_background();
+    end_runtime(runtime);
     result
 }

@@ -213,6 +213,18 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// How long [`end_runtime`] waits for the runtime's threads.
+pub const RUNTIME_END_WAIT: Duration = Duration::from_secs(1);
+
+/// Ends a stage's runtime before the process exits: its worker threads drop the tasks left (the
+/// PostgreSQL connections' tasks, TLS streams over OpenSSL among them) and are waited for, at most
+/// [`RUNTIME_END_WAIT`]. Without the wait, a task could still be inside OpenSSL while the exit
+/// handlers clean it up. A thread that does not end in time (a blocking call that never returns)
+/// is left behind: the shutdown bound is the promise.
+pub fn end_runtime(runtime: tokio::runtime::Runtime) {
+    runtime.shutdown_timeout(RUNTIME_END_WAIT);
+}
+
 /// Exit status of a process whose shutdown did not finish within its bound.
 pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 3;
 

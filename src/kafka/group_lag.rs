@@ -37,11 +37,11 @@ use super::logging::Logged;
 use super::offsets::fetch_committed;
 use super::read::{partition_count_if_exists, Reader};
 use super::tpl::partition_list;
+use crate::background::Background;
 use anyhow::Context as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
@@ -84,9 +84,10 @@ pub fn partition_lag(
     }
 }
 
-/// A running watcher; dropping it stops the watcher within [`STOP_SLICE`].
+/// A running watcher; dropping it stops the watcher and waits for its client to be dropped
+/// (bounded, see [`crate::background`]).
 pub struct Watcher {
-    stop: Arc<AtomicBool>,
+    _thread: Background,
 }
 
 impl Watcher {
@@ -100,19 +101,9 @@ impl Watcher {
         every: Duration,
     ) -> anyhow::Result<Watcher> {
         let probe = Probe::new(kafka, group, topics)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        std::thread::Builder::new()
-            .name("group-lag".into())
-            .spawn(move || probe.run(every, &flag))
+        let thread = Background::spawn("group-lag", move |stop| probe.run(every, stop))
             .context("starting the group lag watcher")?;
-        Ok(Watcher { stop })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        Ok(Watcher { _thread: thread })
     }
 }
 

@@ -24,6 +24,7 @@
 
 use super::ledger::{self, same_letter};
 use super::now_ms;
+use crate::background::Background;
 use crate::kafka::logging::Logged;
 use crate::kafka::read::{partition_count_if_exists, Reader};
 use crate::kafka::tpl::position_list;
@@ -35,7 +36,6 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
@@ -135,9 +135,10 @@ impl Backlog {
     }
 }
 
-/// A running watcher; dropping it stops the watcher within a poll slice.
+/// A running watcher; dropping it stops the watcher and waits for its readers to be dropped
+/// (bounded, see [`crate::background`]).
 pub struct Watcher {
-    stop: Arc<AtomicBool>,
+    _thread: Background,
 }
 
 impl Watcher {
@@ -156,27 +157,17 @@ impl Watcher {
         every: Duration,
         report: Report,
     ) -> anyhow::Result<Watcher> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        std::thread::Builder::new()
-            .name("dlq-watch".into())
-            .spawn(move || {
-                if let Err(e) = watch(&kafka, &dlq, every, &flag, report) {
-                    warn!(
-                        dlq,
-                        error = format!("{e:#}"),
-                        "the DLQ backlog watcher stopped; its gauges are no longer updated"
-                    );
-                }
-            })
-            .context("starting the DLQ backlog watcher")?;
-        Ok(Watcher { stop })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        let thread = Background::spawn("dlq-watch", move |stop| {
+            if let Err(e) = watch(&kafka, &dlq, every, stop, report) {
+                warn!(
+                    dlq,
+                    error = format!("{e:#}"),
+                    "the DLQ backlog watcher stopped; its gauges are no longer updated"
+                );
+            }
+        })
+        .context("starting the DLQ backlog watcher")?;
+        Ok(Watcher { _thread: thread })
     }
 }
 
