@@ -19,12 +19,14 @@
 
 use super::config::KafkaConfig;
 use super::logging::Logged;
+use crate::backoff::Setbacks;
 use rdkafka::client::Client;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -130,6 +132,64 @@ pub fn say_refused(
         retry_in = ?retry_in,
         "not authorised: {what}; retrying until the right is granted"
     );
+}
+
+/// Rights refused to a client while it runs, said as [`say_refused`] says them but at most once
+/// per back-off step however often the client reports them (a consumer reports a refused fetch
+/// per partition and fetch, a refused commit per commit), and `authorised again` once each is
+/// granted: for a loop that does not itself back off on a refusal because librdkafka retries
+/// for it (alert-sink's consumer).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// Per refused right: its setbacks in a row, and when it may be said again.
+    refused: BTreeMap<String, (Setbacks, Instant)>,
+}
+
+impl Refusals {
+    /// `right` was refused; `what` says what the refusal costs. Said when it is due; true when
+    /// it was.
+    pub fn refused(&mut self, kafka: &KafkaConfig, right: &str, what: &str) -> bool {
+        let now = Instant::now();
+        let (setbacks, due) = self
+            .refused
+            .entry(right.to_owned())
+            .or_insert_with(|| (Setbacks::default(), now));
+        if now < *due {
+            tracing::debug!(right = %right, "not authorised (said already)");
+            return false;
+        }
+        let retry_in = setbacks.set_back();
+        *due = now + retry_in;
+        say_refused(kafka, right, what, setbacks.in_a_row(), retry_in);
+        true
+    }
+
+    /// `right` worked again: `authorised again` if it had been refused.
+    pub fn granted(&mut self, right: &str, what: &str) {
+        if let Some((setbacks, _)) = self.refused.remove(right) {
+            tracing::info!(right = %right, after_refusals = setbacks.in_a_row(), "authorised again: {what}");
+        }
+    }
+
+    /// Whether `right` is refused now.
+    pub fn is_refused(&self, right: &str) -> bool {
+        self.refused.contains_key(right)
+    }
+
+    /// Whether `right` is refused and due to be said again: when a caller that hears of it only
+    /// once (a consumer reports a refused fetch once per partition, then waits) should ask.
+    pub fn due(&self, right: &str) -> bool {
+        self.refused
+            .get(right)
+            .is_some_and(|(_, due)| Instant::now() >= *due)
+    }
+
+    /// `right` could not be asked about: ask again after the current back-off step, unsaid.
+    pub fn defer(&mut self, right: &str) {
+        if let Some((setbacks, due)) = self.refused.get_mut(right) {
+            *due = Instant::now() + crate::backoff::after(setbacks.in_a_row().max(1));
+        }
+    }
 }
 
 /// [`check`] for async callers: on a blocking thread, since it waits on broker round trips.
@@ -323,5 +383,31 @@ mod tests {
         }
         assert_eq!(principal(&kafka).as_deref(), Some("User:pipeline"));
         assert_eq!(principal(&KafkaConfig::new("127.0.0.1:9092")), None);
+    }
+
+    #[test]
+    fn a_refusal_reported_per_fetch_is_said_once_per_backoff_step_until_granted() {
+        let kafka = KafkaConfig::new("127.0.0.1:1");
+        let mut r = Refusals::default();
+        let right = "Read on Topic notifications";
+        assert!(r.refused(&kafka, right, "fetches refused"));
+        // The consumer reports it again at once (another partition, another fetch): not said.
+        assert!(!r.refused(&kafka, right, "fetches refused"));
+        assert!(r.is_refused(right));
+        // Another right is its own.
+        assert!(r.refused(&kafka, "Read on Group g", "commits refused"));
+        // Due again after the first back-off step (100 ms).
+        std::thread::sleep(crate::backoff::after(1) + Duration::from_millis(20));
+        assert!(r.refused(&kafka, right, "fetches refused"));
+        assert!(!r.refused(&kafka, right, "fetches refused"));
+        assert!(!r.due(right));
+        std::thread::sleep(crate::backoff::after(2) + Duration::from_millis(20));
+        assert!(r.due(right));
+        r.defer(right);
+        assert!(!r.due(right) && r.is_refused(right));
+        r.granted(right, "records fetched");
+        assert!(!r.is_refused(right) && !r.due(right) && r.is_refused("Read on Group g"));
+        // Refused again later: said at once, the back-off from its start.
+        assert!(r.refused(&kafka, right, "fetches refused"));
     }
 }
