@@ -1006,6 +1006,13 @@ fn sink_right_revoked_while_running(
     .stderr(std::fs::File::create(&log_path).expect("log file"));
     let mut p = common::Pipeline::from(c.spawn().expect("starting alert-sink"), "0");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let running = |p: &mut common::Pipeline| {
+        assert!(
+            matches!(p.child.try_wait(), Ok(None)),
+            "alert-sink stopped: {}",
+            log()
+        );
+    };
     let wait_stored = |p: &mut common::Pipeline, n: u64| {
         let deadline = Instant::now() + EXIT;
         while db.count("alerts") < n as i64 {
@@ -1015,11 +1022,7 @@ fn sink_right_revoked_while_running(
                 db.count("alerts"),
                 log()
             );
-            assert!(
-                matches!(p.child.try_wait(), Ok(None)),
-                "alert-sink stopped: {}",
-                log()
-            );
+            running(p);
             std::thread::sleep(Duration::from_millis(200));
         }
     };
@@ -1043,11 +1046,7 @@ fn sink_right_revoked_while_running(
             "the refused {right} was never reported in the metrics: {}",
             log()
         );
-        assert!(
-            matches!(p.child.try_wait(), Ok(None)),
-            "alert-sink stopped: {}",
-            log()
-        );
+        running(&mut p);
         std::thread::sleep(Duration::from_millis(200));
     }
     // A fixed window with the right still refused: the sink stays up and says it now and then,
@@ -1056,11 +1055,7 @@ fn sink_right_revoked_while_running(
     let reports_at_start = price_alerts::metrics::scrape(&addr, &series);
     let started = Instant::now();
     while started.elapsed() < REFUSED_WINDOW {
-        assert!(
-            matches!(p.child.try_wait(), Ok(None)),
-            "alert-sink stopped: {}",
-            log()
-        );
+        running(&mut p);
         std::thread::sleep(Duration::from_millis(200));
     }
     let window: Vec<String> = log()
