@@ -28,6 +28,13 @@ ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$ROOT"
 export KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:9092}
 export KAFKA_CLUSTER_BOOTSTRAP=${KAFKA_CLUSTER_BOOTSTRAP:-127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094}
+# The start-up check of every binary a test starts waits this long for a broker to answer (the
+# binaries' --connect-timeout, 10 s by default). A fresh-clone run (2026-12-03) had dlq-replay give
+# up after 10 s with the load at 57 on two cores: a stall of the machine, not a broker that is
+# away. An orchestrator would restart it; the test instead fails, so the tests wait longer. Tests
+# that prove the check fails fast pass --connect-timeout themselves, and a refused login, TLS
+# handshake or token still ends the check at once.
+export KAFKA_CONNECT_TIMEOUT=${KAFKA_CONNECT_TIMEOUT:-60s}
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
 # The distribution's prometheus package: promtool checks the alert rules (tests/deploy.rs), the

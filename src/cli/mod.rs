@@ -51,7 +51,7 @@ pub struct KafkaArgs {
     pub config: Option<std::path::PathBuf>,
     /// How long a broker at --bootstrap has to answer at start before the process gives up,
     /// naming the address and the cause (refused, DNS, TLS, SASL).
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = duration, env = "KAFKA_CONNECT_TIMEOUT")]
     pub connect_timeout: Duration,
 }
 
