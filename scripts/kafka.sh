@@ -60,7 +60,8 @@
 #                              default 127.0.0.1:KAFKA_PORT (the first host:port of a list is used)
 #   KAFKA_AUTO_CREATE_TOPICS   auto.create.topics.enable of the broker; default false, so the code
 #                              under test must create its topics itself
-#   KAFKA_START_TIMEOUT        seconds `up` waits for the broker to answer; default 90
+#   KAFKA_START_TIMEOUT        seconds `up` waits for the broker to answer; default 150 (after an
+#                              unclean stop a broker registers only after about 60 s)
 #   KAFKA_STOP_TIMEOUT         seconds `down` waits after SIGTERM before SIGKILL; default 30
 #   KAFKA_HEAP_OPTS            broker heap options; default "-Xms512m -Xmx1g"
 #   KAFKA_JVM_OPTS             extra JVM options for the broker; default none
@@ -100,7 +101,7 @@ KAFKA_PORT=${KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 KAFKA_BOOTSTRAP=${KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}
 KAFKA_AUTO_CREATE_TOPICS=${KAFKA_AUTO_CREATE_TOPICS:-false}
-KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
+KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-150}
 KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}
 KAFKA_JVM_OPTS=${KAFKA_JVM_OPTS:-}
@@ -385,6 +386,11 @@ group.initial.rebalance.delay.ms=0
 # that is really gone is gone either way. The 3-broker cluster keeps the default: there,
 # fencing a dead broker is what moves its partitions.
 broker.session.timeout.ms=60000
+# After an unclean stop (SIGKILL, a machine restart), the restarted controller still holds the
+# old broker's registration until that session expires, 60 s above, and refuses the new one
+# until then. The broker gives up on registering after 60 s by default, so it lost that race
+# and exited (seen 2026-12-03 after a VM restart); it now waits long enough to win it.
+initial.broker.registration.timeout.ms=120000
 EOF
 }
 
