@@ -329,22 +329,19 @@ impl Shared {
 
     /// A record arrived: Read on the topic works.
     pub(super) fn fetched(&self) {
-        let right = self.topic_right();
-        if let Ok(mut r) = self.refusals.lock() {
-            if r.is_refused(&right) {
-                r.granted(&right, "records fetched");
-            }
-        }
+        self.granted(&self.topic_right(), "records fetched");
     }
 
     /// The group answered (a commit went through, partitions were assigned): Read on the group
     /// works.
     fn group_answered(&self, how: &str) {
-        let right = self.group_right();
+        self.granted(&self.group_right(), how);
+    }
+
+    /// `right` works: `authorised again` if it had been refused ([`Refusals::granted`]).
+    fn granted(&self, right: &str, how: &str) {
         if let Ok(mut r) = self.refusals.lock() {
-            if r.is_refused(&right) {
-                r.granted(&right, how);
-            }
+            r.granted(right, how);
         }
     }
 
@@ -359,11 +356,7 @@ impl Shared {
         }
         match access::refused(consumer.client(), &self.opts.topic, REFUSAL_PROBE_TIMEOUT) {
             Ok(true) => self.say_refused(&right),
-            Ok(false) => {
-                if let Ok(mut r) = self.refusals.lock() {
-                    r.granted(&right, "the topic may be read again");
-                }
-            }
+            Ok(false) => self.granted(&right, "the topic may be read again"),
             Err(e) => {
                 debug!(
                     error = format!("{e:#}"),
