@@ -299,8 +299,9 @@ fn each_missing_acl_is_named_at_start_and_nothing_is_written() {
 /// call: six deployments granting everything side by side overloaded two cores). The cases go in
 /// the order a first start meets them: those refused by the start-up check create nothing, so the
 /// DLQ does not exist yet when its Write is missing (Kafka answers a principal without Describe
-/// the same for a topic that exists and one that does not); then the DLQ's Create (the buckets
-/// get created); then the transactional id, refused after every topic exists.
+/// the same for a topic that exists and one that does not); then the Creates in the order the
+/// topics are created (buckets, DLQ, parking lot: each case creates the topics before the refused
+/// one); then the transactional id, refused after every topic exists.
 /// Not among the cases: `retry-read` and `retry-write`, each of which alone still grants Describe
 /// on the buckets, so no start-up check short of a real fetch or produce can tell (docs/security.md).
 #[test]
@@ -311,7 +312,9 @@ fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
         ("group-read", "lacks Read on Group {app}-deliver"),
         ("dlq-write", "lacks Write on Topic {output}.dlq"),
         ("parking-write", "lacks Write on Topic {output}.parking-lot"),
+        ("retry-create", "lacks Create on Topic {output}.retry.1s"),
         ("dlq-create", "lacks Create on Topic {output}.dlq"),
+        ("parking-create", "lacks Create on Topic {output}.parking-lot"),
         (
             "txn-write",
             "lacks Write on TransactionalId {app}-deliver-0",
