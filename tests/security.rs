@@ -314,7 +314,10 @@ fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
         ("parking-write", "lacks Write on Topic {output}.parking-lot"),
         ("retry-create", "lacks Create on Topic {output}.retry.1s"),
         ("dlq-create", "lacks Create on Topic {output}.dlq"),
-        ("parking-create", "lacks Create on Topic {output}.parking-lot"),
+        (
+            "parking-create",
+            "lacks Create on Topic {output}.parking-lot",
+        ),
         (
             "txn-write",
             "lacks Write on TransactionalId {app}-deliver-0",
@@ -394,6 +397,107 @@ fn deliver_write_revoked_while_running_aborts_reports_and_resumes() {
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn deliver_retry_write_revoked_while_running_aborts_reports_and_resumes() {
     deliver_write_revoked("sec-deliver-revoke-retry", "retry-write", 500, "retry.1s");
+}
+
+/// Read on the retry buckets taken away while alert-deliver runs, with a subscriber that answers
+/// 500 to everything: the records in the first bucket cannot be fetched. It names the refusal (log
+/// and metric) and keeps running, and new notifications still reach the first bucket; granted
+/// again, each notification reaches the second bucket exactly once. (Write on the buckets stays,
+/// so Describe does too and no metadata request tells which topic refuses: the refusal is named
+/// with the topics it may be, once: `ReadRights`.)
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
+    let s = secure();
+    let d = Deployment::new(&s, "sec-deliver-revoke-read", 1);
+    let admin = s.kafka("admin");
+    s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
+    let feed = Feed::new(&admin).expect("feed");
+    let load = |seqs: std::ops::Range<u64>| {
+        let records: Vec<(Option<Vec<u8>>, Vec<u8>)> = seqs
+            .map(|seq| {
+                let v = serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
+                (Some(b"SYM0".to_vec()), serde_json::to_vec(&v).expect("json"))
+            })
+            .collect();
+        feed.send_raw(&d.output, &records)
+            .expect("loading notifications");
+    };
+    let hook = Webhook::up(Behaviour::Status(500));
+    let subscriptions = d.subscriptions(&[("hook", hook.url())]);
+    let first = format!("{}.retry.1s", d.output);
+    let second = format!("{}.retry.2s", d.output);
+    let group = format!("{}-deliver", d.app);
+    let addr = common::free_addr();
+    let log = std::env::temp_dir().join(format!("{}.log", d.app));
+    let mut c = d.deliver(&s, &subscriptions, &["--metrics-addr", &addr]);
+    c.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut p = common::Pipeline::from(c.spawn().expect("starting alert-deliver"), "0");
+    let per_id = |topic: &str| {
+        let mut n: BTreeMap<String, usize> = BTreeMap::new();
+        for ((id, _, _), k) in handoffs(&admin, topic) {
+            *n.entry(id).or_default() += k;
+        }
+        n
+    };
+    let wait = |p: &mut common::Pipeline, what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + EXIT;
+        while !done() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            assert!(
+                matches!(p.child.try_wait(), Ok(None)),
+                "alert-deliver stopped instead of waiting for the right"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let main_committed = |to: i64| {
+        committed_offsets(&admin, &group, &d.output).expect("committed offsets") == vec![Some(to)]
+    };
+
+    load(1..6);
+    wait(
+        &mut p,
+        "five notifications handed to the first bucket",
+        &|| main_committed(5),
+    );
+    s.acls_all(&[d.deliver_acls("remove", &["--only", "retry-read"])]);
+    load(6..11);
+    wait(
+        &mut p,
+        "ten notifications handed to the first bucket",
+        &|| main_committed(10),
+    );
+    wait(&mut p, "the refused Read reported", &|| {
+        price_alerts::metrics::scrape(&addr, price_alerts::metrics::NOT_AUTHORISED) >= 1.0
+    });
+    assert!(
+        per_id(&second).len() < 10,
+        "the first bucket's records cannot all have moved on"
+    );
+
+    s.acls_all(&[d.deliver_acls("apply", &["--only", "retry-read"])]);
+    wait(&mut p, "every notification in the second bucket", &|| {
+        per_id(&second).len() == 10
+    });
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "stopped cleanly");
+    let ids: BTreeMap<String, usize> = (1..11)
+        .map(|seq| (format!("SYM0:{seq}:100:up"), 1))
+        .collect();
+    assert_eq!(per_id(&first), ids, "each notification in {first} once");
+    assert_eq!(per_id(&second), ids, "each notification in {second} once");
+    // "Read on Topic <first> or <second>", or with the notifications topic first when no
+    // notification arrived between the refusal and its tracing.
+    assert_log_names_refusal_and_recovery(&s, "alert-deliver", &log, &first);
+    let printed = std::fs::read_to_string(&log).expect("the log");
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.contains("not authorised") && l.contains("Read on Topic")),
+        "the refused right is a Read on a topic: {printed}"
+    );
 }
 
 /// alert-deliver with one subscriber answering `status` to everything, so each notification is

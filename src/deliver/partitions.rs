@@ -28,6 +28,7 @@
 //! A batch needs no state here: it is delivered and committed between two polls, so no
 //! rebalance falls inside one.
 
+use crate::kafka::access::ReadRights;
 use crate::kafka::logging;
 use crate::kafka::pause::{PauseFlag, Pauses, Tp};
 use anyhow::Context as _;
@@ -252,7 +253,12 @@ impl ClientContext for DeliverContext {
         logging::log(level, fac, log_message);
     }
 
+    /// A refused Read reaches the loop too, as a consumer error, which says it once per back-off
+    /// step ([`ReadRights::on_error`]); everything else as every client logs it.
     fn error(&self, error: KafkaError, reason: &str) {
+        if ReadRights::is_refusal(error.rdkafka_error_code()) {
+            return tracing::debug!(error = %error, reason, "not authorised");
+        }
         logging::error(&error, reason);
     }
 }

@@ -35,7 +35,7 @@ use super::partitions::{DeliverContext, Held, Partitions};
 use super::subscriptions::Subscriber;
 use crate::backoff::Setbacks;
 use crate::health::Health;
-use crate::kafka::access::{self, Needs};
+use crate::kafka::access::{self, Needs, ReadRights};
 use crate::kafka::logging::Logged;
 use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use crate::kafka::txn::{TxnErrorClass, TxnProducer};
@@ -205,6 +205,9 @@ struct Deliverer {
     backoff_until: Option<Instant>,
     /// The rights refused since the last commit ("Write on Topic …"), said again when one commits.
     refused: BTreeSet<String>,
+    /// Its Read rights (on the notifications, the buckets, the group), watched while it runs:
+    /// librdkafka retries refused fetches itself, and says each once.
+    rights: ReadRights,
 }
 
 fn run_blocking(
@@ -236,6 +239,13 @@ fn run_blocking(
     let mut topics = vec![opts.buckets.topic.clone()];
     topics.extend(opts.buckets.bucket_topics());
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let rights = ReadRights::new(
+        &opts.kafka,
+        topics.clone(),
+        &opts.group_id,
+        "fetches refused; its records wait until it is granted",
+        "the group refuses its heartbeats; hand-offs cannot commit until it is granted",
+    );
     consumer
         .subscribe(&names)
         .context("subscribing to the notifications and bucket topics")?;
@@ -267,6 +277,7 @@ fn run_blocking(
         setbacks: Setbacks::default(),
         backoff_until: None,
         refused: BTreeSet::new(),
+        rights,
     };
     health.ready();
     let watchdog = health.watchdog(
@@ -367,12 +378,24 @@ impl Deliverer {
                 // Stamped after the poll, whose rebalance callbacks ran before it returned.
                 Some(Ok(m)) => {
                     self.active_at = Instant::now();
+                    self.rights.fetched(m.topic());
                     deliveries += self.deliveries_of(&m);
                     polled.push((self.partitions()?.stamp(), m.detach()));
                 }
-                Some(Err(e)) => warn!(error = %e, "consumer error"),
+                // A right taken away while running: librdkafka retries; said per back-off step.
+                Some(Err(e)) => {
+                    if !self
+                        .rights
+                        .on_error(self.consumer.client(), e.rdkafka_error_code())
+                    {
+                        warn!(error = %e, "consumer error");
+                    }
+                }
                 None => break,
             }
+        }
+        if polled.is_empty() {
+            self.rights.recheck(self.consumer.client());
         }
         let mut partitions = self.partitions()?;
         let now = SystemTime::now();
@@ -618,6 +641,8 @@ impl Deliverer {
             }
         }
         let aborts = self.setbacks.reset();
+        self.rights
+            .group_answered("hand-off transaction committed its offsets");
         if !self.refused.is_empty() {
             let rights = std::mem::take(&mut self.refused);
             info!(rights = ?rights, after_aborts = aborts, "authorised again: hand-off transactions commit");

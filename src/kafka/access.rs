@@ -140,7 +140,7 @@ pub fn say_refused(
 /// granted: for a loop that does not itself back off on a refusal because librdkafka retries
 /// for it (alert-sink's consumer).
 #[derive(Debug, Default)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     /// Per refused right: its setbacks in a row, and when it may be said again.
     refused: BTreeMap<String, (Setbacks, Instant)>,
 }
@@ -172,7 +172,8 @@ impl Refusals {
     }
 
     /// Whether `right` is refused now.
-    pub fn is_refused(&self, right: &str) -> bool {
+    #[cfg(test)]
+    fn is_refused(&self, right: &str) -> bool {
         self.refused.contains_key(right)
     }
 
@@ -188,6 +189,233 @@ impl Refusals {
     pub fn defer(&mut self, right: &str) {
         if let Some((setbacks, due)) = self.refused.get_mut(right) {
             *due = Instant::now() + crate::backoff::after(setbacks.in_a_row().max(1));
+        }
+    }
+}
+
+/// Bound on the metadata round trip that asks which of a consumer's topics the broker refuses:
+/// short, since the consumer's loop waits for it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How soon a refused fetch that could not be traced to its topic (the broker did not answer) is
+/// traced again, while nothing arrives.
+const TRACE_AGAIN: Duration = Duration::from_secs(5);
+
+/// The Read rights a consumer needs while it runs (on each of its topics, on its group), watched
+/// for the loop of a consumer that does not itself back off on a refusal because librdkafka
+/// retries for it (alert-sink's, alert-deliver's): a right taken away is named with what it costs,
+/// once per back-off step for as long as it lasts ([`Refusals`]), and `authorised again` once it
+/// works.
+///
+/// librdkafka reports a refused fetch once per partition, without the topic, and then retries
+/// silently until the right is back. So the loop asks the broker again each back-off step while
+/// nothing arrives ([`ReadRights::recheck`]), and a consumer of several topics asks which one it
+/// was: the broker says so for a principal that may not even Describe the topic ([`refused`]).
+/// One that still may (Write implies Describe: alert-deliver's buckets with `retry-read` alone
+/// taken away) cannot be told from a metadata request; the refusal is then named once, with the
+/// topics that delivered nothing since (`Read on Topic a or b`), and `authorised again` when one
+/// of them delivers a record.
+pub struct ReadRights {
+    kafka: KafkaConfig,
+    topics: Vec<String>,
+    group: String,
+    /// What a refused fetch costs, and what a refused group costs ("nothing is stored …").
+    costs: (&'static str, &'static str),
+    state: std::sync::Mutex<ReadState>,
+}
+
+#[derive(Default)]
+struct ReadState {
+    refusals: Refusals,
+    /// Since when a refused fetch has not been traced to its topic (several topics).
+    untraced_since: Option<Instant>,
+    /// When the broker was last asked about every topic, to trace a refused fetch.
+    traced_at: Option<Instant>,
+    /// When each topic last delivered a record.
+    fetched_at: BTreeMap<String, Instant>,
+    /// The refusals named by elimination: the right as said, and the topics it may be.
+    guessed: Vec<(String, Vec<String>)>,
+}
+
+impl ReadRights {
+    /// `topics` and `group` as the consumer reads them; `fetch_cost` and `group_cost` say what a
+    /// refused Read on a topic and on the group cost.
+    pub fn new(
+        kafka: &KafkaConfig,
+        topics: Vec<String>,
+        group: &str,
+        fetch_cost: &'static str,
+        group_cost: &'static str,
+    ) -> Self {
+        ReadRights {
+            kafka: kafka.clone(),
+            topics,
+            group: group.to_owned(),
+            costs: (fetch_cost, group_cost),
+            state: Default::default(),
+        }
+    }
+
+    /// Whether `code` is a refused Read (on a topic or the group): for a context's error
+    /// callback, which leaves the saying to [`ReadRights::on_error`] and logs it at debug.
+    pub fn is_refusal(code: Option<RDKafkaErrorCode>) -> bool {
+        matches!(
+            code,
+            Some(
+                RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::GroupAuthorizationFailed
+            )
+        )
+    }
+
+    /// A consumer error from the loop's poll: a refused Read is said (when due) and true is
+    /// returned; anything else is the caller's. A refused fetch of a consumer of several topics
+    /// is traced to its topic ([`ReadRights::recheck`]).
+    pub fn on_error<C: ClientContext>(
+        &self,
+        client: &Client<C>,
+        code: Option<RDKafkaErrorCode>,
+    ) -> bool {
+        match code {
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                if let [topic] = self.topics.as_slice() {
+                    self.topic_refused(topic);
+                } else {
+                    if let Ok(mut st) = self.state.lock() {
+                        st.untraced_since.get_or_insert_with(Instant::now);
+                    }
+                    self.recheck(client);
+                }
+                true
+            }
+            Some(RDKafkaErrorCode::GroupAuthorizationFailed) => {
+                self.group_refused();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Read on `topic` was refused (a fetch, or a commit's partition error).
+    pub fn topic_refused(&self, topic: &str) {
+        self.say(&Self::topic_right(topic), self.costs.0);
+    }
+
+    /// Read on the group was refused (a heartbeat, a commit).
+    pub fn group_refused(&self) {
+        self.say(&self.group_right(), self.costs.1);
+    }
+
+    /// A record of `topic` arrived: Read on it works.
+    pub fn fetched(&self, topic: &str) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        match st.fetched_at.get_mut(topic) {
+            Some(at) => *at = now,
+            None => {
+                st.fetched_at.insert(topic.to_owned(), now);
+            }
+        }
+        st.refusals
+            .granted(&Self::topic_right(topic), "records fetched");
+        let (back, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.guessed)
+            .into_iter()
+            .partition(|(_, topics)| topics.iter().any(|t| t == topic));
+        st.guessed = still;
+        for (right, _) in back {
+            st.refusals.granted(&right, "records fetched");
+        }
+    }
+
+    /// The group answered (a commit went through, partitions were assigned): Read on it works.
+    pub fn group_answered(&self, how: &str) {
+        self.granted(&self.group_right(), how);
+    }
+
+    /// Nothing arrived: asks the broker about each topic whose refused Read is due to be said
+    /// again, and about every topic while a refused fetch is untraced (at most once per
+    /// [`TRACE_AGAIN`]); then says or clears each. The round stops at the first question the
+    /// broker does not answer, so it blocks the loop for at most [`PROBE_TIMEOUT`] more than the
+    /// answered ones.
+    pub fn recheck<C: ClientContext>(&self, client: &Client<C>) {
+        let (ask, since): (Vec<&String>, Option<Instant>) = {
+            let Ok(mut st) = self.state.lock() else {
+                return;
+            };
+            let trace = st.untraced_since.is_some()
+                && st.traced_at.is_none_or(|at| at.elapsed() >= TRACE_AGAIN);
+            if trace {
+                st.traced_at = Some(Instant::now());
+            }
+            let ask = self
+                .topics
+                .iter()
+                .filter(|t| trace || st.refusals.due(&Self::topic_right(t)))
+                .collect();
+            (ask, st.untraced_since.filter(|_| trace))
+        };
+        let mut traced = false;
+        for topic in ask {
+            let right = Self::topic_right(topic);
+            match refused(client, topic, PROBE_TIMEOUT) {
+                Ok(true) => {
+                    traced = true;
+                    self.topic_refused(topic);
+                }
+                Ok(false) => self.granted(&right, "the topic may be read again"),
+                Err(e) => {
+                    tracing::debug!(topic = %topic, error = format!("{e:#}"), "could not ask whether the topic is refused");
+                    if let Ok(mut st) = self.state.lock() {
+                        st.refusals.defer(&right);
+                    }
+                    return;
+                }
+            }
+        }
+        let Some(since) = since else {
+            return;
+        };
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        st.untraced_since = None;
+        if traced {
+            return;
+        }
+        // Describe is granted on each: the topics that delivered nothing since the refusal.
+        let quiet: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|t| st.fetched_at.get(*t).is_none_or(|at| *at < since))
+            .cloned()
+            .collect();
+        if quiet.is_empty() {
+            return;
+        }
+        let right = format!("Read on Topic {}", quiet.join(" or "));
+        st.refusals.refused(&self.kafka, &right, self.costs.0);
+        st.guessed.push((right, quiet));
+    }
+
+    fn topic_right(topic: &str) -> String {
+        format!("Read on Topic {topic}")
+    }
+
+    fn group_right(&self) -> String {
+        format!("Read on Group {}", self.group)
+    }
+
+    fn say(&self, right: &str, what: &str) {
+        if let Ok(mut st) = self.state.lock() {
+            st.refusals.refused(&self.kafka, right, what);
+        }
+    }
+
+    fn granted(&self, right: &str, how: &str) {
+        if let Ok(mut st) = self.state.lock() {
+            st.refusals.granted(right, how);
         }
     }
 }

@@ -60,7 +60,7 @@ use super::options::{HoldAt, SinkOptions};
 use super::record::Entry;
 use super::store::{hold_if, Batch, Store};
 use crate::health::Health;
-use crate::kafka::access::{self, Refusals};
+use crate::kafka::access::ReadRights;
 use crate::kafka::logging;
 use crate::kafka::pause::{PauseFlag, Pauses, Tp};
 use anyhow::{anyhow, Context as _};
@@ -260,10 +260,6 @@ impl State {
     }
 }
 
-/// Bound on the metadata round trip that asks whether Read on the topic is still refused: short,
-/// since the loop waits for it.
-const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// What the loop and the rebalance callback share.
 pub(super) struct Shared {
     pub(super) opts: SinkOptions,
@@ -271,9 +267,9 @@ pub(super) struct Shared {
     /// Readiness: not while a database outage keeps the partitions paused.
     pub(super) health: Health,
     state: Mutex<State>,
-    /// Its rights refused while running (Read on the topic, Read on the group), said once per
-    /// back-off step: librdkafka retries the fetches and the commits itself.
-    refusals: Mutex<Refusals>,
+    /// Its Read rights (on the topic, on the group), watched while it runs: librdkafka retries
+    /// refused fetches and commits itself.
+    pub(super) rights: ReadRights,
 }
 
 /// The consumer's context: the rebalance callbacks.
@@ -292,81 +288,15 @@ impl Shared {
             rt,
             health,
             state: Mutex::new(State::new(opts.topic.clone(), Some(store))),
-            refusals: Mutex::new(Refusals::default()),
+            rights: ReadRights::new(
+                &opts.kafka,
+                vec![opts.topic.clone()],
+                &opts.group_id,
+                "fetches refused; nothing is stored until it is granted",
+                "the group refuses its heartbeats and offsets (lag monitoring only: the database holds the sink's offsets)",
+            ),
             opts,
         })
-    }
-
-    /// The right a consumer error says was refused: Read on the topic (fetches) or on the group
-    /// (heartbeats, commits).
-    pub(super) fn refused_right(&self, code: Option<RDKafkaErrorCode>) -> Option<String> {
-        match code? {
-            RDKafkaErrorCode::TopicAuthorizationFailed => Some(self.topic_right()),
-            RDKafkaErrorCode::GroupAuthorizationFailed => Some(self.group_right()),
-            _ => None,
-        }
-    }
-
-    fn topic_right(&self) -> String {
-        format!("Read on Topic {}", self.opts.topic)
-    }
-
-    fn group_right(&self) -> String {
-        format!("Read on Group {}", self.opts.group_id)
-    }
-
-    /// Says that `right` was refused (when due: see [`Refusals`]).
-    pub(super) fn say_refused(&self, right: &str) {
-        let what = if right == self.topic_right() {
-            "fetches refused; nothing is stored until it is granted"
-        } else {
-            "the group refuses its heartbeats and offsets (lag monitoring only: the database holds the sink's offsets)"
-        };
-        if let Ok(mut r) = self.refusals.lock() {
-            r.refused(&self.opts.kafka, right, what);
-        }
-    }
-
-    /// A record arrived: Read on the topic works.
-    pub(super) fn fetched(&self) {
-        self.granted(&self.topic_right(), "records fetched");
-    }
-
-    /// The group answered (a commit went through, partitions were assigned): Read on the group
-    /// works.
-    fn group_answered(&self, how: &str) {
-        self.granted(&self.group_right(), how);
-    }
-
-    /// `right` works: `authorised again` if it had been refused ([`Refusals::granted`]).
-    fn granted(&self, right: &str, how: &str) {
-        if let Ok(mut r) = self.refusals.lock() {
-            r.granted(right, how);
-        }
-    }
-
-    /// While Read on the topic is refused and nothing arrives, asks the broker once per back-off
-    /// step whether it still refuses: librdkafka reports a refused fetch once per partition and
-    /// then waits silently, and the refusal is to be named (and the alert kept firing) as long as
-    /// it lasts. Once granted, librdkafka fetches again by itself.
-    pub(super) fn recheck_topic_read(&self, consumer: &BaseConsumer<SinkContext>) {
-        let right = self.topic_right();
-        if !self.refusals.lock().is_ok_and(|r| r.due(&right)) {
-            return;
-        }
-        match access::refused(consumer.client(), &self.opts.topic, REFUSAL_PROBE_TIMEOUT) {
-            Ok(true) => self.say_refused(&right),
-            Ok(false) => self.granted(&right, "the topic may be read again"),
-            Err(e) => {
-                debug!(
-                    error = format!("{e:#}"),
-                    "could not ask whether the topic is refused"
-                );
-                if let Ok(mut r) = self.refusals.lock() {
-                    r.defer(&right);
-                }
-            }
-        }
     }
 
     pub(super) fn context(self: &Arc<Self>) -> SinkContext {
@@ -735,13 +665,9 @@ impl ClientContext for SinkContext {
     }
 
     /// A refused right reaches the loop too, as a consumer error, which says it once per
-    /// back-off step ([`Shared::say_refused`]); everything else as every client logs it.
+    /// back-off step ([`ReadRights::on_error`]); everything else as every client logs it.
     fn error(&self, error: KafkaError, reason: &str) {
-        if self
-            .shared
-            .refused_right(error.rdkafka_error_code())
-            .is_some()
-        {
+        if ReadRights::is_refusal(error.rdkafka_error_code()) {
             return debug!(error = %error, reason, "not authorised");
         }
         logging::error(&error, reason);
@@ -764,7 +690,9 @@ impl ConsumerContext for SinkContext {
         };
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                shared.group_answered("partitions assigned by the group");
+                shared
+                    .rights
+                    .group_answered("partitions assigned by the group");
                 shared.on_assign(&mut st, consumer, tpl)
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -788,21 +716,26 @@ impl ConsumerContext for SinkContext {
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         // A refusal can come as the commit's error or only as its partitions' errors.
-        let refused = result
-            .as_ref()
-            .err()
-            .and_then(|e| self.shared.refused_right(e.rdkafka_error_code()))
-            .or_else(|| {
-                offsets.elements().iter().find_map(|e| {
-                    e.error()
-                        .err()
-                        .and_then(|e| self.shared.refused_right(e.rdkafka_error_code()))
-                })
-            });
-        match (refused, result) {
-            (Some(right), _) => self.shared.say_refused(&right),
-            (None, Ok(())) => self.shared.group_answered("offsets committed to the group"),
-            (None, Err(e)) => {
+        let rights = &self.shared.rights;
+        let mut refused = false;
+        if let Err(e) = &result {
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+                rights.group_refused();
+                refused = true;
+            }
+        }
+        for e in offsets.elements() {
+            match e.error().err().and_then(|e| e.rdkafka_error_code()) {
+                Some(RDKafkaErrorCode::TopicAuthorizationFailed) => rights.topic_refused(e.topic()),
+                Some(RDKafkaErrorCode::GroupAuthorizationFailed) => rights.group_refused(),
+                _ => continue,
+            }
+            refused = true;
+        }
+        match result {
+            _ if refused => {}
+            Ok(()) => rights.group_answered("offsets committed to the group"),
+            Err(e) => {
                 debug!(error = %e, "offset commit to the Kafka group failed (lag monitoring only)")
             }
         }

@@ -186,18 +186,22 @@ fn consume_until_stopped(
         match consumer.poll(timeout) {
             Some(Ok(m)) => {
                 quiet = false;
-                shared.fetched();
+                shared.rights.fetched(&shared.opts.topic);
                 let entry = Entry::of(&m, max_bytes);
                 shared.push(&mut *shared.lock()?, entry, rdkafka::Message::offset(&m));
             }
-            Some(Err(e)) => match shared.refused_right(e.rdkafka_error_code()) {
-                // A right taken away while running: librdkafka retries; said per back-off step.
-                Some(right) => shared.say_refused(&right),
-                None => warn!(error = %e, "consumer error"),
-            },
+            // A right taken away while running: librdkafka retries; said per back-off step.
+            Some(Err(e)) => {
+                if !shared
+                    .rights
+                    .on_error(consumer.client(), e.rdkafka_error_code())
+                {
+                    warn!(error = %e, "consumer error");
+                }
+            }
             None => {
                 quiet = true;
-                shared.recheck_topic_read(consumer);
+                shared.rights.recheck(consumer.client());
             }
         }
     }
