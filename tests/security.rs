@@ -326,15 +326,9 @@ fn each_missing_deliver_acl_is_named_at_start_and_nothing_is_delivered() {
     let s = secure();
     let d = Deployment::new(&s, "sec-deliver-no", 1);
     let admin = s.kafka("admin");
-    let records: Vec<(Option<Vec<u8>>, Vec<u8>)> = (1..=5u64)
-        .map(|seq| {
-            let v = serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
-            (Some(b"SYM0".to_vec()), serde_json::to_vec(&v).expect("json"))
-        })
-        .collect();
     Feed::new(&admin)
         .expect("feed")
-        .send_raw(&d.output, &records)
+        .send_raw(&d.output, &notifications(1..6))
         .expect("loading notifications");
     let hook = Webhook::up(Behaviour::Ok);
     let subscriptions = d.subscriptions(&[("fine", hook.url())]);
@@ -414,13 +408,7 @@ fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
     s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
     let feed = Feed::new(&admin).expect("feed");
     let load = |seqs: std::ops::Range<u64>| {
-        let records: Vec<(Option<Vec<u8>>, Vec<u8>)> = seqs
-            .map(|seq| {
-                let v = serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
-                (Some(b"SYM0".to_vec()), serde_json::to_vec(&v).expect("json"))
-            })
-            .collect();
-        feed.send_raw(&d.output, &records)
+        feed.send_raw(&d.output, &notifications(seqs))
             .expect("loading notifications");
     };
     let hook = Webhook::up(Behaviour::Status(500));
@@ -428,12 +416,7 @@ fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
     let first = format!("{}.retry.1s", d.output);
     let second = format!("{}.retry.2s", d.output);
     let group = format!("{}-deliver", d.app);
-    let addr = common::free_addr();
-    let log = std::env::temp_dir().join(format!("{}.log", d.app));
-    let mut c = d.deliver(&s, &subscriptions, &["--metrics-addr", &addr]);
-    c.stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let mut p = common::Pipeline::from(c.spawn().expect("starting alert-deliver"), "0");
+    let (mut p, addr, log) = deliver_logged(&s, &d, &subscriptions);
     let per_id = |topic: &str| {
         let mut n: BTreeMap<String, usize> = BTreeMap::new();
         for ((id, _, _), k) in handoffs(&admin, topic) {
@@ -510,13 +493,7 @@ fn deliver_write_revoked(test: &str, acl: &str, status: u16, suffix: &str) {
     s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
     let feed = Feed::new(&admin).expect("feed");
     let load = |seqs: std::ops::Range<u64>| {
-        let records: Vec<(Option<Vec<u8>>, Vec<u8>)> = seqs
-            .map(|seq| {
-                let v = serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
-                (Some(b"SYM0".to_vec()), serde_json::to_vec(&v).expect("json"))
-            })
-            .collect();
-        feed.send_raw(&d.output, &records)
+        feed.send_raw(&d.output, &notifications(seqs))
             .expect("loading notifications");
     };
     let hook = Webhook::up(Behaviour::Status(status));
@@ -535,12 +512,7 @@ fn deliver_write_revoked(test: &str, acl: &str, status: u16, suffix: &str) {
             std::thread::sleep(Duration::from_millis(200));
         }
     };
-    let addr = common::free_addr();
-    let log = std::env::temp_dir().join(format!("{}.log", d.app));
-    let mut c = d.deliver(&s, &subscriptions, &["--metrics-addr", &addr]);
-    c.stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let mut p = common::Pipeline::from(c.spawn().expect("starting alert-deliver"), "0");
+    let (mut p, addr, log) = deliver_logged(&s, &d, &subscriptions);
 
     load(1..6);
     wait_committed(5);
@@ -615,6 +587,36 @@ fn wait_refusals_reported(addr: &str, p: &mut common::Pipeline, who: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// alert-deliver of `d` started with its metrics served at a free address and its log in a file:
+/// the process, the address and the log's path.
+fn deliver_logged(
+    s: &common::secure::Secure,
+    d: &Deployment,
+    subscriptions: &std::path::Path,
+) -> (common::Pipeline, String, std::path::PathBuf) {
+    let addr = common::free_addr();
+    let log = std::env::temp_dir().join(format!("{}.log", d.app));
+    let mut c = d.deliver(s, subscriptions, &["--metrics-addr", &addr]);
+    c.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let p = common::Pipeline::from(c.spawn().expect("starting alert-deliver"), "0");
+    (p, addr, log)
+}
+
+/// Notifications of SYM0 with the sequence numbers `seqs` (ids `SYM0:<seq>:100:up`), keyed by
+/// symbol, as alert-deliver reads them.
+fn notifications(seqs: std::ops::Range<u64>) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    seqs.map(|seq| {
+        let v =
+            serde_json::json!({"id": format!("SYM0:{seq}:100:up"), "symbol": "SYM0", "seq": seq});
+        (
+            Some(b"SYM0".to_vec()),
+            serde_json::to_vec(&v).expect("json"),
+        )
+    })
+    .collect()
 }
 
 /// The distinct notification ids of `topic` (read_committed, by the super-user).
