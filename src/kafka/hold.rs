@@ -45,7 +45,13 @@ pub fn hold_before(
     }
     settle();
     let held = held_path(file);
-    if let Err(e) = std::fs::write(&held, std::process::id().to_string()) {
+    // Written whole, then renamed into place: a watcher that sees the file reads the pid, never
+    // the empty file between its creation and the write (a fresh-clone run read "" once).
+    let mut partial = held.clone().into_os_string();
+    partial.push(".partial");
+    let written = std::fs::write(&partial, std::process::id().to_string())
+        .and_then(|()| std::fs::rename(&partial, &held));
+    if let Err(e) = written {
         // The test waits for this file; without it, it fails with its own message.
         warn!(path = %held.display(), error = %e, "test hook: cannot write the held file");
     }
