@@ -417,10 +417,15 @@ fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
     let second = format!("{}.retry.2s", d.output);
     let group = format!("{}-deliver", d.app);
     let (mut p, addr, log) = deliver_logged(&s, &d, &subscriptions);
+    // Each id's hand-offs into `topic` from the bucket before it. (With the circuit open, a record
+    // due in the last bucket goes round it again, untried, with `retry.untried.passes` counting:
+    // by design, not a duplicate.)
     let per_id = |topic: &str| {
         let mut n: BTreeMap<String, usize> = BTreeMap::new();
-        for ((id, _, _), k) in handoffs(&admin, topic) {
-            *n.entry(id).or_default() += k;
+        for ((id, _, passes), k) in handoffs(&admin, topic) {
+            if passes == "0" {
+                *n.entry(id).or_default() += k;
+            }
         }
         n
     };
