@@ -171,6 +171,11 @@ impl Refusals {
         }
     }
 
+    /// Whether no right is refused.
+    pub fn is_empty(&self) -> bool {
+        self.refused.is_empty()
+    }
+
     /// Whether `right` is refused now.
     #[cfg(test)]
     fn is_refused(&self, right: &str) -> bool {
@@ -318,6 +323,10 @@ impl ReadRights {
                 st.fetched_at.insert(topic.to_owned(), now);
             }
         }
+        if st.refusals.is_empty() {
+            // The common case, once per record: no right to format and look up.
+            return;
+        }
         st.refusals
             .granted(&Self::topic_right(topic), "records fetched");
         let (back, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.guessed)
@@ -396,7 +405,9 @@ impl ReadRights {
         }
         let right = format!("Read on Topic {}", quiet.join(" or "));
         st.refusals.refused(&self.kafka, &right, self.costs.0);
-        st.guessed.push((right, quiet));
+        if !st.guessed.iter().any(|(r, _)| *r == right) {
+            st.guessed.push((right, quiet));
+        }
     }
 
     fn topic_right(topic: &str) -> String {
