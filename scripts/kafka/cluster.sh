@@ -112,7 +112,8 @@ format_node() { # NODE
   data=$(node_data "$1")
   [[ -f $data/meta.properties ]] && return 0
   mkdir -p "$data"
-  if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$STORAGE_TOOL_CLASS" format --cluster-id "$(cat "$CLUSTER/cluster.id")" \
+  tool_jvm "$STORAGE_TOOL_CLASS"
+  if ! "${TOOL_CMD[@]}" "$STORAGE_TOOL_CLASS" format --cluster-id "$(cat "$CLUSTER/cluster.id")" \
     --config "$(node_props "$1")" >"$(node_dir "$1")/format.log" 2>&1; then
     cat "$(node_dir "$1")/format.log" >&2
     die "formatting the KRaft storage of broker $1 in $data failed"
@@ -215,7 +216,8 @@ cluster_up() { # N
   ensure_jars
   echo "$size" >"$CLUSTER/brokers"
   if [[ ! -f $CLUSTER/cluster.id ]]; then
-    "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$STORAGE_TOOL_CLASS" random-uuid >"$CLUSTER/cluster.id"
+    tool_jvm "$STORAGE_TOOL_CLASS"
+    "${TOOL_CMD[@]}" "$STORAGE_TOOL_CLASS" random-uuid >"$CLUSTER/cluster.id"
   fi
   for ((node = 1; node <= size; node++)); do
     mkdir -p "$(node_dir "$node")"

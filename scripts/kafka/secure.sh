@@ -239,7 +239,8 @@ EOF
 
 # Is the secured broker ready? Kafka's own admin client, as the super-user, lists topics.
 secure_ready() {
-  timeout 20 "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$(classpath)" "$TOPIC_TOOL_CLASS" --bootstrap-server "$(secure_bootstrap)" \
+  tool_jvm "$TOPIC_TOOL_CLASS"
+  timeout 20 "${TOOL_CMD[@]}" "$TOPIC_TOOL_CLASS" --bootstrap-server "$(secure_bootstrap)" \
     --command-config "$SECURE/clients/admin.properties" --list >/dev/null 2>&1
 }
 
@@ -268,16 +269,15 @@ secure_up() {
     secure_make_credentials
     secure_make_oauth
     secure_write_server_properties
-    local cp
-    cp=$(classpath)
     if [[ ! -f $SECURE_DATA/meta.properties ]]; then
       local cluster_id user scram=()
+      tool_jvm "$STORAGE_TOOL_CLASS"
       for user in "${SECURE_USERS[@]}"; do
         scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$(secure_password "$user")]")
       done
-      cluster_id=$("$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" random-uuid)
+      cluster_id=$("${TOOL_CMD[@]}" "$STORAGE_TOOL_CLASS" random-uuid)
       log "formatting $SECURE_DATA (cluster id $cluster_id) with SCRAM users: ${SECURE_USERS[*]}"
-      if ! "$JAVA" ${TOOL_JVM[@]+"${TOOL_JVM[@]}"} -cp "$cp" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$SECURE_PROPS" \
+      if ! "${TOOL_CMD[@]}" "$STORAGE_TOOL_CLASS" format --cluster-id "$cluster_id" --config "$SECURE_PROPS" \
         "${scram[@]}" >"$SECURE/format.log" 2>&1; then
         cat "$SECURE/format.log" >&2
         die "formatting the secured broker's storage in $SECURE_DATA failed"
