@@ -578,11 +578,12 @@ impl Instances {
     }
 
     /// Zombie outcomes once the run is over, for a resumed zombie not seen to exit: the group
-    /// fenced it if it found its assignment lost after SIGCONT (its generation is gone, so its
-    /// offsets could not commit: KIP-447) and it went on as a new member; else it was not fenced.
-    /// Lost is read from the stage's own `partitions revoked … lost=true` line (pipeline, sink)
-    /// or from librdkafka's `Consumer group session timed out` warning (every stage: the
-    /// deliverer logs no rebalance line of its own).
+    /// fenced it if, after SIGCONT, it found its assignment lost or had the offsets of its stale
+    /// generation refused (its generation is gone, so its offsets could not commit: KIP-447), and
+    /// it went on; else it was not fenced. Read from the stage's own `partitions revoked …
+    /// lost=true` line (pipeline, sink), librdkafka's `Consumer group session timed out` warning
+    /// (every stage: the deliverer logs no rebalance line of its own), or the broker's refusal of
+    /// the offsets as librdkafka relays it ([`lost_after_pause`]).
     pub fn finish_zombies(&mut self) {
         let resumed: Vec<_> = self.resumed.drain(..).collect();
         for (n, _, log_len) in resumed {
@@ -594,7 +595,7 @@ impl Instances {
             if after.is_some_and(|t| lost_after_pause(&t)) {
                 self.figures.zombies_fenced += 1;
                 self.figures.zombie_outcomes.push(format!(
-                    "instance {id} found its assignment lost after SIGCONT and rejoined"
+                    "instance {id} found its assignment lost or its generation refused after SIGCONT, and rejoined"
                 ));
             } else {
                 self.figures
@@ -630,10 +631,17 @@ impl Instances {
     }
 }
 
-/// Whether an instance's log after SIGCONT shows that it found its assignment lost.
+/// Whether an instance's log after SIGCONT shows that the group fenced it: it found its
+/// assignment lost, or the group refused the offsets of its stale generation (KIP-447: a member
+/// whose generation has moved on cannot commit). The second is all a zombie sees when the group
+/// was not expelling it: a coordinator that takes the group over during the pause times every
+/// member's session from the takeover, and a rebalance meanwhile still moves the generation on.
 fn lost_after_pause(log: &str) -> bool {
     (log.contains("partitions revoked") && log.contains("lost=true"))
         || log.contains("Consumer group session timed out")
+        // Kafka's messages for ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID, as librdkafka relays them.
+        || log.contains("Specified group generation id is not valid")
+        || log.contains("The coordinator is not aware of this member")
 }
 
 /// `text` without terminal colour codes (ESC [ ... letter), which the instances' log fields carry.
@@ -743,6 +751,26 @@ mod tests {
         assert!(super::lost_after_pause(sink) && super::lost_after_pause(deliver));
         assert!(!super::lost_after_pause(
             "INFO partitions revoked partitions=[0] lost=false"
+        ));
+    }
+
+    /// A short chaos run (2026-12-03): the group coordinator moved while the zombie was paused,
+    /// so the new coordinator timed its session from the move and did not expel it; a rebalance
+    /// had still moved the generation on, and the zombie's stale offsets were refused on waking.
+    #[test]
+    fn offsets_refused_for_a_stale_generation_fence_the_zombie() {
+        let pipeline =
+            "WARN price_alerts::pipeline::commit: commit failed; aborting and rewinding \
+                        error=send_offsets_to_transaction failed (Abortable): Transaction error: \
+                        Failed to commit offsets to transaction on broker 127.0.0.1:19093/2: \
+                        t-market-updates((null))[3](Broker: Specified group generation id is not \
+                        valid)";
+        let unknown = "WARN librdkafka: [thrd:main]: Failed to commit offsets to transaction on \
+                       broker 127.0.0.1:19093/2: t[0](Broker: The coordinator is not aware of \
+                       this member)";
+        assert!(super::lost_after_pause(pipeline) && super::lost_after_pause(unknown));
+        assert!(!super::lost_after_pause(
+            "DEBUG transaction committed records=365 notifications=47 offsets={3: 835}"
         ));
     }
 
