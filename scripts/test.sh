@@ -183,14 +183,19 @@ done
 logs=$(mktemp -d)
 # Each lane's output goes to its own file, printed whole when the lane ends (interleaved output
 # would be unreadable), followed by how long each test file took.
+# Each test binary's start is stamped with the time of day ("Running tests/x.rs (...) at
+# 11:02:33", as the pressure samples below): the timeline says which files ran beside which, and
+# when the machine was busy or idle.
 run_lane() { # name args...
   local name=$1 rc=0; shift
-  run_tests "$@" >"$logs/$name.log" 2>&1 || rc=$?
+  run_tests "$@" 2>&1 | while IFS= read -r line; do
+    if [[ $line == *" Running "* ]]; then printf '%s at %(%T)T\n' "$line" -1; else printf '%s\n' "$line"; fi
+  done >"$logs/$name.log" || rc=$?
   { echo "=== test.sh: lane $name (exit $rc)"; cat "$logs/$name.log"; } >&2
   return $rc
 }
 timings() {
-  cat "$logs"/*.log 2>/dev/null | awk '/Running /{f=$2} /test result/{print "  " f ": " $NF}' >&2 || true
+  cat "$logs"/*.log 2>/dev/null | awk '/ Running /{f=$2; at=$NF} /test result/{print "  " f ": " $NF " (from " at ")"}' >&2 || true
 }
 # While the tests run, the machine's pressure (PSI, the share of the last 10 s in which tasks
 # waited: for a CPU, for memory (all tasks at once), for I/O (all at once)) and load, every 2 s.
