@@ -80,8 +80,8 @@ pub struct DeliverArgs {
     /// How long a graceful shutdown may take before exiting non-zero.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub shutdown_timeout: Duration,
-    /// Stop once idle this long: nothing polled, and no retry waiting in a bucket for its due
-    /// time (demos, benchmarks).
+    /// Stop once idle this long: nothing polled, no retry waiting in a bucket for its due time,
+    /// and every partition it owns read to its end (demos, benchmarks).
     #[arg(long, value_parser = duration)]
     pub exit_when_idle: Option<Duration>,
     /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9898).
