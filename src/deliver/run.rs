@@ -37,6 +37,7 @@ use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs, ReadRights};
 use crate::kafka::logging::Logged;
+use crate::kafka::read::{Ends, END_TIMEOUT};
 use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
 use crate::kafka::txn::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
@@ -63,9 +64,6 @@ const WATERMARK_TIMEOUT: Duration = Duration::from_millis(100);
 const SLOW_BATCH: Duration = Duration::from_secs(1);
 /// Bound on reading the committed offsets after a commit in doubt.
 const REWIND_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bound on each broker request of the `--exit-when-idle` check (a partition's end, the group's
-/// committed offsets): a request not answered in time means "not idle yet, look again".
-const END_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a deliverer did, for its exit line and the tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -203,9 +201,8 @@ struct Deliverer {
     active_at: Instant,
     /// The assignment stamp seen at `active_at`.
     active_stamp: u64,
-    /// A read_uncommitted reader whose watermark requests give each partition's end, records of
-    /// transactions not decided yet included (`--exit-when-idle`; made at its first use).
-    end_probe: Option<crate::kafka::read::Reader>,
+    /// Whether every partition owned is read to its end (`--exit-when-idle`).
+    ends: Ends,
     /// Aborts since the last commit, and until when the loop waits before the next attempt.
     setbacks: Setbacks,
     backoff_until: Option<Instant>,
@@ -268,6 +265,7 @@ fn run_blocking(
         stop: Arc::clone(&stop),
         ..TestHooks::default()
     };
+    let read_to_end = Ends::new(&opts.kafka);
     let mut d = Deliverer {
         opts,
         rt,
@@ -280,7 +278,7 @@ fn run_blocking(
         hook,
         active_at: Instant::now(),
         active_stamp: 0,
-        end_probe: None,
+        ends: read_to_end,
         setbacks: Setbacks::default(),
         backoff_until: None,
         refused: BTreeSet::new(),
@@ -339,10 +337,9 @@ impl Deliverer {
 
     /// Whether `--exit-when-idle` is due: partitions owned, none held (no retry waits for its
     /// due time), nothing polled and no assignment change for that long, and every partition
-    /// owned read to its end. Quiet alone proves nothing: a fresh-clone suite run saw a deliverer
-    /// stop 3.4 s after handing ten retries to its first bucket, none fetched back yet (the broker
-    /// was slow). A record read back from a bucket holds its partition until due, so nothing
-    /// handed off is left behind. Not at its end: quiet for another spell, then asked again.
+    /// owned read to its end ([`Ends`]). A record read back from a bucket holds its partition
+    /// until due, so nothing handed off is left behind. Not at its end: quiet for another spell,
+    /// then asked again.
     fn idle(&mut self) -> anyhow::Result<bool> {
         let Some(idle) = self.opts.exit_when_idle else {
             return Ok(false);
@@ -358,62 +355,20 @@ impl Deliverer {
         if !settled || self.active_at.elapsed() < idle {
             return Ok(false);
         }
-        let at_end = self.read_to_end().unwrap_or_else(|e| {
-            debug!(
-                error = format!("{e:#}"),
-                "--exit-when-idle: the partitions' ends not read"
-            );
-            false
-        });
+        let at_end = self
+            .ends
+            .reached(&self.consumer, END_TIMEOUT)
+            .unwrap_or_else(|e| {
+                debug!(
+                    error = format!("{e:#}"),
+                    "--exit-when-idle: the partitions' ends not read"
+                );
+                false
+            });
         if !at_end {
             self.active_at = Instant::now();
         }
         Ok(at_end)
-    }
-
-    /// Whether this instance has read every partition it owns to its end: its position at or past
-    /// the high watermark (read_uncommitted, so a transaction of its own that is committed but
-    /// whose marker is not written yet still counts as unread; librdkafka moves the position past
-    /// transaction markers). A partition it has read nothing of yet is at its end when empty, or
-    /// when the group's committed offset is there already.
-    fn read_to_end(&mut self) -> anyhow::Result<bool> {
-        if self.end_probe.is_none() {
-            self.end_probe = Some(crate::kafka::read::reader(
-                &self.opts.kafka,
-                crate::kafka::Isolation::ReadUncommitted,
-            )?);
-        }
-        let Some(probe) = self.end_probe.as_ref() else {
-            return Ok(false);
-        };
-        let positions = self.consumer.position().context("the positions")?;
-        let mut unread = rdkafka::TopicPartitionList::new();
-        let mut ends = BTreeMap::new();
-        for e in positions.elements() {
-            let (low, high) = probe
-                .fetch_watermarks(e.topic(), e.partition(), END_TIMEOUT)
-                .with_context(|| format!("the end of {} [{}]", e.topic(), e.partition()))?;
-            match e.offset() {
-                Offset::Offset(at) if at >= high => {}
-                Offset::Offset(_) => return Ok(false),
-                _ if low == high => {}
-                _ => {
-                    unread.add_partition(e.topic(), e.partition());
-                    ends.insert((e.topic().to_owned(), e.partition()), high);
-                }
-            }
-        }
-        if unread.count() == 0 {
-            return Ok(true);
-        }
-        let committed = self
-            .consumer
-            .committed_offsets(unread, END_TIMEOUT)
-            .context("the group's committed offsets")?;
-        Ok(committed.elements().iter().all(|e| {
-            let end = ends.get(&(e.topic().to_owned(), e.partition()));
-            matches!((e.offset(), end), (Offset::Offset(at), Some(&end)) if at >= end)
-        }))
     }
 
     /// The per-partition state (never held across a poll: the rebalance callbacks lock it).

@@ -352,6 +352,78 @@ pub fn count_visible_records(
     )
 }
 
+/// Bound on each broker request of [`Ends::reached`] (a partition's end, the group's committed
+/// offsets): a request not answered in time means "not known to be at the end, look again".
+pub const END_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether a group member has read every partition assigned to it to its end: the check behind
+/// alert-deliver's `--exit-when-idle`. Quiet for a while proves nothing on a slow broker: a
+/// fresh-clone suite run saw alert-deliver stop 3.4 s after handing ten retries to its first
+/// bucket, none fetched back yet. A member that has been quiet asks this, and stops only on `true`.
+///
+/// The end is the high watermark, read by a read_uncommitted probe of its own: a transaction
+/// committed whose markers are not written yet still counts as unread (a read_committed member's
+/// own watermark requests would give the last stable offset). librdkafka moves a member's
+/// position past transaction markers, so a partition read to its end has its position there. A
+/// partition the member has read nothing of yet is at its end when empty, or when the group's
+/// committed offset is there already.
+pub struct Ends {
+    kafka: KafkaConfig,
+    probe: Option<Reader>,
+}
+
+impl Ends {
+    /// Ends read through clients of `kafka`; the probe is made at the first [`Ends::reached`].
+    pub fn new(kafka: &KafkaConfig) -> Self {
+        Ends {
+            kafka: kafka.clone(),
+            probe: None,
+        }
+    }
+
+    /// Whether `member` has read each partition assigned to it to its end. Each broker request
+    /// is bounded by `timeout`; an error means "not known to be at the end".
+    pub fn reached<C: ConsumerContext>(
+        &mut self,
+        member: &BaseConsumer<C>,
+        timeout: Duration,
+    ) -> anyhow::Result<bool> {
+        if self.probe.is_none() {
+            self.probe = Some(reader(&self.kafka, Isolation::ReadUncommitted)?);
+        }
+        let Some(probe) = self.probe.as_ref() else {
+            return Ok(false);
+        };
+        let positions = member.position().context("the member's positions")?;
+        let mut unread = rdkafka::TopicPartitionList::new();
+        let mut ends = BTreeMap::new();
+        for e in positions.elements() {
+            let (low, high) = probe
+                .fetch_watermarks(e.topic(), e.partition(), timeout)
+                .with_context(|| format!("the end of {} [{}]", e.topic(), e.partition()))?;
+            match e.offset() {
+                Offset::Offset(at) if at >= high => {}
+                Offset::Offset(_) => return Ok(false),
+                _ if low == high => {}
+                _ => {
+                    unread.add_partition(e.topic(), e.partition());
+                    ends.insert((e.topic().to_owned(), e.partition()), high);
+                }
+            }
+        }
+        if unread.count() == 0 {
+            return Ok(true);
+        }
+        let committed = member
+            .committed_offsets(unread, timeout)
+            .context("the group's committed offsets")?;
+        Ok(committed.elements().iter().all(|e| {
+            let end = ends.get(&(e.topic().to_owned(), e.partition()));
+            matches!((e.offset(), end), (Offset::Offset(at), Some(&end)) if at >= end)
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Progress;
