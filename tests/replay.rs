@@ -577,7 +577,8 @@ fn a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once() {
 /// heal of issue 20, `TxnProducer::fenced`). When the broker stalls while the first replay has a
 /// transaction open (a fresh-clone suite run: the broker silent for 20 s), the first therefore
 /// fences the second in return, and the second, whose transaction is young, stops. Which replay
-/// stops is timing; that exactly one does, and nothing is replayed twice, is the property.
+/// stops is timing; so is whether one stops at all (see the last case below): that nothing is
+/// replayed twice is the property.
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_second_replay_fences_the_first() {
@@ -601,18 +602,33 @@ fn a_second_replay_fences_the_first() {
     let first = first.wait_with_output().unwrap();
     let first_err = String::from_utf8_lossy(&first.stderr);
     eprintln!("the first replay: {:?}\n{first_err}", first.status);
+    let second_err = String::from_utf8_lossy(&second.stderr);
     let codes = (first.status.code(), second.status.code());
-    let fenced = match codes {
-        (Some(1), Some(0)) => first_err.into_owned(),
-        (Some(0), Some(1)) => String::from_utf8_lossy(&second.stderr).into_owned(),
-        _ => panic!(
-            "exactly one replay stops fenced (exit 1), the other finishes (exit 0): {codes:?}"
+    match codes {
+        (Some(1), Some(0)) => assert!(
+            first_err.contains("fenced"),
+            "the one stopped says so: {first_err}"
         ),
-    };
-    assert!(
-        fenced.contains("fenced"),
-        "the one stopped says so: {fenced}"
-    );
+        (Some(0), Some(1)) => assert!(
+            second_err.contains("fenced"),
+            "the one stopped says so: {second_err}"
+        ),
+        // Both finished: the fence met a transaction that was failing already (a fresh-clone
+        // suite run: the broker stalled, the first replay's record timed out 32 s after its
+        // start, and its epoch bump found the second's newer producer). A replay whose
+        // transaction fails abortably starts again from the ledger, fencing in its turn; it found
+        // every dead letter handled by the other and replayed nothing.
+        (Some(0), Some(0)) => assert!(
+            [&first_err, &second_err]
+                .iter()
+                .any(|e| e.contains("starting again from the ledger")),
+            "both finished, neither started again from the ledger:\n{first_err}\n{second_err}"
+        ),
+        _ => panic!(
+            "one replay stops fenced (exit 1) or starts again from the ledger, the other \
+             finishes (exit 0): {codes:?}"
+        ),
+    }
     s.assert_once(&s.coords(|_| true), "two replays, each dead letter once");
 }
 
