@@ -265,8 +265,8 @@ fn run_blocking(
         stop: Arc::clone(&stop),
         ..TestHooks::default()
     };
-    let read_to_end = Ends::new(&opts.kafka);
     let mut d = Deliverer {
+        ends: Ends::new(&opts.kafka),
         opts,
         rt,
         client,
@@ -278,7 +278,6 @@ fn run_blocking(
         hook,
         active_at: Instant::now(),
         active_stamp: 0,
-        ends: read_to_end,
         setbacks: Setbacks::default(),
         backoff_until: None,
         refused: BTreeSet::new(),

@@ -388,11 +388,9 @@ impl Ends {
         member: &BaseConsumer<C>,
         timeout: Duration,
     ) -> anyhow::Result<bool> {
-        if self.probe.is_none() {
-            self.probe = Some(reader(&self.kafka, Isolation::ReadUncommitted)?);
-        }
-        let Some(probe) = self.probe.as_ref() else {
-            return Ok(false);
+        let probe = match &mut self.probe {
+            Some(probe) => probe,
+            slot @ None => slot.insert(reader(&self.kafka, Isolation::ReadUncommitted)?),
         };
         let positions = member.position().context("the member's positions")?;
         let mut unread = rdkafka::TopicPartitionList::new();
