@@ -368,6 +368,98 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     );
 }
 
+/// The database holds the sink's offsets; the Kafka group's are for lag monitoring, and they must
+/// reach the stored ones even when nothing more arrives. Here the only batch is stored and the
+/// instance dies before its Kafka commit; its successor finds nothing to read. Without a commit of
+/// the stored offsets that is not tied to a new batch, the group shows lag on partitions that are
+/// fully stored, for as long as they stay quiet.
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn the_groups_offsets_reach_the_stored_ones_when_nothing_more_arrives() {
+    let _cluster = ClusterUse::shared();
+    let input = notifications(30, 6_000, 41);
+    let prefix = common::prefix("sink-group-offsets");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 3);
+    let mut sink = SinkRun::new("sink_group_offsets", &topic);
+    // Everything in one batch (written once nothing arrived for 2 s); static membership, so the
+    // successor takes the partitions back at once.
+    sink.extra = s(&[
+        "--max-batch",
+        "1000000",
+        "--commit-interval",
+        "60s",
+        "--linger",
+        "2s",
+        "--static-membership",
+    ]);
+    let records: Vec<_> = input.iter().map(record).collect();
+    let landed = load_slowly(topic.clone(), records, 1, Duration::ZERO)
+        .join()
+        .expect("loader");
+    let ends = next_offsets(&landed);
+    let file = std::env::temp_dir().join(format!("{prefix}hold"));
+    let mut first = sink.spawn(
+        "0",
+        &s(&[
+            "--test-hold",
+            "after-db-commit:1",
+            "--test-hold-file",
+            file.to_str().unwrap(),
+        ]),
+    );
+    let held = wait_hold(&file, &mut first);
+    assert_eq!(held, ends, "the first batch holds every record");
+    assert_eq!(sink.stored(), ends, "and it is stored");
+    first.signal("KILL");
+    assert!(
+        !first.wait(EXIT).success(),
+        "SIGKILL ends the process abnormally"
+    );
+    assert!(
+        kafka_committed(&sink.group, &topic)
+            .iter()
+            .enumerate()
+            .all(|(p, o)| *o < ends[&(p as i32)]),
+        "killed before its Kafka commit: the group is behind the database"
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let second = sink.spawn(
+        "0",
+        &s(&["--metrics-addr", &addr, "--lag-watch-interval", "1s"]),
+    );
+    let want: Vec<i64> = (0..3).map(|p| ends[&p]).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kafka_committed(&sink.group, &topic) != want {
+        assert!(
+            Instant::now() < deadline,
+            "the group's offsets never reached the stored ones: group {:?}, stored {want:?}",
+            kafka_committed(&sink.group, &topic)
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    let end_sum = want.iter().sum::<i64>() as f64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape(&addr, "alerts_group_committed_offset") != end_sum {
+        assert!(Instant::now() < deadline, "the lag gauges never showed it");
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(scrape(&addr, "alerts_group_lag"), 0.0);
+    assert_eq!(
+        scrape(&addr, "alerts_sink_rows_inserted_total"),
+        0.0,
+        "nothing redone"
+    );
+    second.signal("TERM");
+    let status = second.wait(EXIT);
+    assert!(
+        status.success(),
+        "the successor's exit after SIGTERM: {status}"
+    );
+    assert_stored_exactly(&sink.db, &input);
+}
+
 /// The password in a `postgres://user:password@host/db` URL (what no output may show).
 fn password_of(url: &str) -> String {
     url.split("://")

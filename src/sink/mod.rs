@@ -29,12 +29,14 @@
 //! - [`db`]: connecting (TLS), migrations, what a database error means.
 //! - [`store`]: one batch in one transaction; why a redo is harmless and offsets never go back.
 //! - [`partitions`]: the batch, outages (pause, reconnect, resume) and rebalances.
+//! - [`group_offsets`]: the stored offsets committed to the Kafka group until it has them.
 //! - [`run`](mod@run): start-up, the poll loop, shutdown.
 //! - [`metrics`]: the sink's counters and readiness.
 //! - [`check`]: the table against the verifier's expected notifications.
 
 pub mod check;
 pub mod db;
+pub mod group_offsets;
 pub mod metrics;
 pub mod options;
 pub mod partitions;

@@ -55,6 +55,7 @@
 //! `Handle::block_on`, bounded by the write timeout.
 
 use super::db::{self, DbError};
+use super::group_offsets::GroupOffsets;
 use super::metrics as m;
 use super::options::{HoldAt, SinkOptions};
 use super::record::Entry;
@@ -137,6 +138,8 @@ pub(super) struct State {
     unsynced: BTreeSet<i32>,
     /// Batches committed so far (numbers the test hold).
     batches_written: u64,
+    /// Stored offsets of owned partitions not yet acknowledged by the Kafka group.
+    group: GroupOffsets,
     stats: SinkStats,
     /// An error of the rebalance callback, reported after `poll` returns.
     fatal: Option<anyhow::Error>,
@@ -156,6 +159,7 @@ impl State {
             pauses: Pauses::default(),
             unsynced: BTreeSet::new(),
             batches_written: 0,
+            group: GroupOffsets::default(),
             stats: SinkStats::default(),
             fatal: None,
         }
@@ -212,6 +216,7 @@ impl State {
         for p in parts {
             self.unsynced.remove(p);
         }
+        self.group.revoked(parts);
         self.pauses.revoked(&self.tps(parts));
         self.gauges();
         dropped
@@ -428,15 +433,38 @@ impl Shared {
         );
         hold_if(hold, HoldAt::AfterDbCommit, &st.batch);
         let batch = st.written();
-        if self.opts.commit_to_kafka {
-            // For lag monitoring only: the sink starts from the stored offsets, not from these.
-            let mut tpl = TopicPartitionList::new();
-            for (&p, &o) in &batch.next_offsets {
-                tpl.add_partition_offset(topic, p, Offset::Offset(o))?;
-            }
-            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                debug!(error = %e, "offsets not committed to the Kafka group (lag monitoring only)");
-            }
+        // Committed to the group by the loop's next `commit_group`, or by the revoke or the
+        // shutdown that wrote the batch.
+        st.group.stored(batch.next_offsets);
+        Ok(())
+    }
+
+    /// Commits the stored offsets the Kafka group does not have yet, for lag monitoring only
+    /// (the sink starts from the stored offsets, never from these): when due (new offsets, or
+    /// [`group_offsets::RETRY`](super::group_offsets::RETRY) after an unanswered or refused
+    /// commit), or at once with `now` (the partitions are about to go).
+    pub(super) fn commit_group(
+        &self,
+        st: &mut State,
+        consumer: &BaseConsumer<SinkContext>,
+        now: bool,
+    ) -> anyhow::Result<()> {
+        if !self.opts.commit_to_kafka {
+            return Ok(());
+        }
+        let at = Instant::now();
+        let due = if now {
+            st.group.take(at)
+        } else {
+            st.group.take_due(at)
+        };
+        let Some(offsets) = due else { return Ok(()) };
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in offsets {
+            tpl.add_partition_offset(&self.opts.topic, p, Offset::Offset(o))?;
+        }
+        if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+            debug!(error = %e, "offsets not committed to the Kafka group (lag monitoring only); trying again");
         }
         Ok(())
     }
@@ -539,6 +567,8 @@ impl Shared {
             Err(e) => return Err(anyhow!(e).context("reading the stored offsets")),
         };
         let unsynced = st.take_unsynced();
+        st.group
+            .stored(unsynced.iter().filter_map(|p| Some((*p, *stored.get(p)?))));
         let mut tpl = TopicPartitionList::new();
         for &p in &unsynced {
             tpl.add_partition_offset(
@@ -596,6 +626,9 @@ impl Shared {
                         .map_or(Offset::Beginning, |&o| Offset::Offset(o));
                     tpl.set_partition_offset(&self.opts.topic, p, at)?;
                 }
+                // The group may lag them (a crash between the two commits): it gets them too.
+                st.group
+                    .stored(parts.iter().filter_map(|p| Some((*p, *stored.get(p)?))));
                 info!(partitions = ?parts, stored = ?stored, "partitions assigned: starting at the stored offsets");
             }
             Err(e) if e.is_unavailable() => {
@@ -630,6 +663,10 @@ impl Shared {
         } else {
             Ok(())
         };
+        if !lost {
+            // Still this member's to commit, under the generation that owned them.
+            self.commit_group(st, consumer, true)?;
+        }
         let dropped = st.revoked(&parts);
         info!(partitions = ?parts, lost, buffered, dropped, "partitions revoked");
         unassign(consumer, tpl).context("unassigning partitions")?;
@@ -731,6 +768,19 @@ impl ConsumerContext for SinkContext {
                 _ => continue,
             }
             refused = true;
+        }
+        if result.is_ok() {
+            // `try_lock`: a commit answered while the state is held (never expected: callbacks
+            // run inside `poll`, which the loop calls unlocked) is simply committed again.
+            if let Ok(mut st) = self.shared.state.try_lock() {
+                for e in offsets.elements() {
+                    if let (true, Offset::Offset(o)) = (e.error().is_ok(), e.offset()) {
+                        if e.topic() == self.shared.opts.topic {
+                            st.group.acknowledged(e.partition(), o);
+                        }
+                    }
+                }
+            }
         }
         match result {
             _ if refused => {}

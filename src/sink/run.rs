@@ -172,6 +172,7 @@ fn consume_until_stopped(
             if shared.batch_due(&st, quiet) {
                 shared.flush(&mut st, consumer)?;
             }
+            shared.commit_group(&mut st, consumer, false)?;
             if shared
                 .opts
                 .exit_when_idle
@@ -214,6 +215,7 @@ fn close(shared: &Shared, consumer: &BaseConsumer<SinkContext>) -> anyhow::Resul
         let mut st = shared.lock()?;
         shared.flush(&mut st, consumer)?;
     }
+    // The revoke that leaving serves commits the group's offsets.
     consumer.unsubscribe();
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline && shared.owns_partitions(&*shared.lock()?) {
