@@ -626,9 +626,15 @@ fn a_hanging_subscriber_does_not_hold_up_the_healthy_one() {
         hanging.requests().len(),
         ids.len()
     );
+    // Head-of-line blocking holds up every healthy delivery of each batch that waits for a
+    // hanging call (4 s, the request timeout) until the breaker opens: a batch or more of the
+    // stream, over 1% of it. One wait of seconds alone is the broker's: in a fresh-clone suite run
+    // (2026-12-03) the group coordinator stalled while every produce of the feed went through (a
+    // hand-off commit of 9.9 s, the session timed out), and one healthy delivery waited 10.2 s
+    // with p99 at 0.91 s. So the bound is on the 99th percentile.
     assert!(
-        max < Duration::from_secs(2),
-        "the healthy subscriber waited {max:?}: head-of-line blocking"
+        p99 < Duration::from_secs(2),
+        "the healthy subscriber's p99 was {p99:?} (max {max:?}): head-of-line blocking"
     );
 }
 
