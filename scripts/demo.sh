@@ -27,6 +27,8 @@ SYMBOLS=${SYMBOLS:-50}
 FAIL_FOR=${FAIL_FOR:-8s}
 KAFKA_SH=${KAFKA_SH:-scripts/kafka.sh}
 
+command -v cargo >/dev/null || { echo "demo.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+scripts/prereqs.sh
 "$KAFKA_SH" status >/dev/null 2>&1 || "$KAFKA_SH" up
 cargo build --locked --release --bins
 BIN="$ROOT/target/release"

@@ -37,17 +37,9 @@ export KAFKA_CLUSTER_BOOTSTRAP=${KAFKA_CLUSTER_BOOTSTRAP:-127.0.0.1:19092,127.0.
 export KAFKA_CONNECT_TIMEOUT=${KAFKA_CONNECT_TIMEOUT:-60s}
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
-# The distribution's prometheus package: promtool checks the alert rules (tests/deploy.rs), the
-# prometheus server scrapes the stages and fires them (tests/prometheus.rs); install it when we may.
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "test.sh: installing promtool and prometheus (the prometheus package)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  else
-    echo "test.sh: promtool or prometheus not found: install the prometheus package (apt-get install prometheus)" >&2
-    exit 1
-  fi
-fi
+# What the build and the tests need from the system (librdkafka's headers, Java and Maven,
+# promtool and prometheus, PostgreSQL), installed when missing and we may.
+scripts/prereqs.sh
 
 # PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
 # running (and stopped again at the end); a DATABASE_URL given by the caller is used as it is.
