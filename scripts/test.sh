@@ -166,13 +166,14 @@ done
 logs=$(mktemp -d)
 # Each lane's output goes to its own file, printed whole when the lane ends (interleaved output
 # would be unreadable), followed by how long each test file took.
-# Each test binary's start is stamped with the time of day ("Running tests/x.rs (...) at
-# 11:02:33", as the pressure samples below): the timeline says which files ran beside which, and
-# when the machine was busy or idle.
+# Each test binary's start and each test's end are stamped with the time of day ("Running
+# tests/x.rs (...) at 11:02:33", "test x ... ok at 11:03:10", as the pressure samples below): the
+# timeline says which tests ran beside which, how long each took, and when the machine was busy.
 run_lane() { # name args...
   local name=$1 rc=0; shift
   run_tests "$@" 2>&1 | while IFS= read -r line; do
-    if [[ $line == *" Running "* ]]; then printf '%s at %(%T)T\n' "$line" -1; else printf '%s\n' "$line"; fi
+    if [[ $line == *" Running "* || $line == "test "*" ... "* ]]; then printf '%s at %(%T)T\n' "$line" -1
+    else printf '%s\n' "$line"; fi
   done >"$logs/$name.log" || rc=$?
   { echo "=== test.sh: lane $name (exit $rc)"; cat "$logs/$name.log"; } >&2
   return $rc
