@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # scripts/test.sh: runs every test of the project, the broker tests included, against real Apache
-# Kafka brokers, in two phases so that a phase's tests run beside the brokers they need and no
-# others (two cores do not carry five broker JVMs and the tests without stalls):
-#   1. the unit tests and every broker test on the local single broker (scripts/kafka.sh up), the
-#      security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL,
-#      SCRAM users, an OAUTHBEARER listener, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR,
-#      KAFKA_SECURE_CA and KAFKA_SECURE_OAUTH_* tell the tests where it is);
-#   2. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore,
+# Kafka brokers, in three lanes side by side, each a `cargo test` of two threads:
+#   a. the security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure:
+#      SASL_SSL, SCRAM users, an OAUTHBEARER listener, ACLs; KAFKA_SECURE_BOOTSTRAP,
+#      KAFKA_SECURE_DIR, KAFKA_SECURE_CA and KAFKA_SECURE_OAUTH_* tell the tests where it is), and
+#      a few long files on the local single broker (scripts/kafka.sh up);
+#   b. the unit tests and every other broker test, on the single broker;
+#   c. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore,
 #      coordinator.
-# A broker that is not running is started for its phase and stopped again after it; one that was
-# already running is reused and left alone. With arguments (a selection such as --test pipeline)
-# every broker is started and the selection runs once.
+# A broker that is not running is started here, before the lanes, and stopped again at the end;
+# one that was already running is reused and left alone. With arguments (a selection such as
+# --test pipeline) every broker is started and the selection runs once.
 #
 # Broker tests are #[ignore]d under a plain `cargo test` (no broker there); here they run with
 # --include-ignored, so none is silently skipped.
@@ -73,10 +73,11 @@ if [ -z "${DATABASE_URL:-}" ]; then
   DATABASE_URL=$(scripts/postgres.sh url)
   export DATABASE_URL
 fi
-# The brokers a phase needs, and only those: on two cores, five idle-but-alive broker JVMs beside
-# the tests were enough to stall clients past their timeouts (issue 19). Each is started here when
-# none answers (and stopped again when its phase ends); one that was already running is reused
-# and left alone.
+# Each broker is started here when none answers (and stopped again at the end); one that was
+# already running is reused and left alone. They all start before any test runs: on 2026-12-02
+# one fresh-clone run failed 4 tests while five broker JVMs started beside the tests (issue 19).
+# Running, they cost little: over a whole suite (2026-12-03, 9.4 min) the single broker used 81
+# CPU seconds, the secured one 67, the cluster's 21, 53 and 64 (printed at the end of each run).
 scripts/kafka.sh classpath >/dev/null
 start_brokers() { # single | cluster | secure ...
   local pids=() which
@@ -90,16 +91,6 @@ start_brokers() { # single | cluster | secure ...
   local pid rc=0
   for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || rc=1; done
   return $rc
-}
-stop_started() { # single | cluster | secure ...: those this script started
-  local which
-  for which in "$@"; do
-    case $which in
-      single) if [ "$started" = 1 ]; then scripts/kafka.sh down --wipe >/dev/null || true; started=0; fi ;;
-      cluster) if [ "$cluster_started" = 1 ]; then scripts/kafka.sh down --brokers 3 --wipe >/dev/null || true; cluster_started=0; fi ;;
-      secure) if [ "$secure_started" = 1 ]; then scripts/kafka.sh down --secure --wipe >/dev/null || true; secure_started=0; fi ;;
-    esac
-  done
 }
 
 SECONDS=0
@@ -135,23 +126,24 @@ for f in tests/*.rs bench/tests/*.rs; do
 done
 cluster_args=()
 for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
-# Phase 1 runs in two lanes side by side: its tests mostly wait (for sessions to expire, brokers
-# to answer, children to exit), so two cargo test processes of two threads each keep two cores
-# busy without stalling anyone. Lane A takes these long files; lane B everything else (a new
-# file lands there).
-# In a fresh-clone run on an idle machine (2026-12-02), lane A's files took 345 s and lane B's
+# The three lanes run side by side: their tests mostly wait (for sessions to expire, brokers to
+# answer, children to exit), so three cargo test processes of two threads each keep two cores
+# busy. Until 2026-12-03 the cluster's tests ran after the others, alone with their three brokers
+# (7.5 min after 8.6); beside them the suite takes the longest lane's time, 8-9 min. Lane A takes
+# these long files, lane B everything else (a new file lands there). Their balance, measured:
+# in a fresh-clone run on an idle machine (2026-12-02), lane A's files took 345 s and lane B's
 # 450 s, so pipeline (42 s) moved to lane A. On 2026-12-03 (security grown by the stages' rights
 # revoked while running) lane A's took 501 s and lane B's 370 s: pipeline, operability and topics
 # (74 s) went back to lane B. Later that day, with Kafka's tools on class-data archives and two
 # tests no longer waiting out a session and a transaction timeout, lane A's took 355 s and lane
 # B's 524 s: oidc (86 s) moved to lane A.
 lane_a_tests=(security failures replay oidc)
-# tests/prometheus.rs (issue 21) runs in lane B, which had about 90 s less to do than lane A in
-# the last fresh-clone runs. It used to take 134-505 s and load the machine for all of it (a
-# 5-minute freeze, members that waited out session timeouts); alone it takes 55-70 s now. Where it
-# ran before, and failed: beside both lanes (a load of 57, the broker stalled), after the lanes on
-# the same broker (it stalled under the suite's thousands of partitions), beside the cluster's
-# tests (a load of 188), alone first (passed once, failed once, and added its minutes).
+# tests/prometheus.rs (issue 21) runs in lane B. It used to take 134-505 s and load the machine
+# for all of it (a 5-minute freeze, members that waited out session timeouts); it takes 55-90 s
+# now, beside the other lanes too. Where its earlier form ran and failed: beside the other lanes
+# (a load of 57, the broker stalled), after them on the same broker (it stalled under the
+# suite's thousands of partitions), alone first (passed once, failed once, and added its
+# minutes).
 lane_a=() lane_b=()
 set -- "${single_args[@]}"
 while [ $# -gt 0 ]; do
@@ -197,8 +189,8 @@ sample_pressure() {
   done >"$pressure_log" 2>/dev/null
 }
 # A report only: nothing in it may end the script (under pipefail, `head` closing a pipe early
-# makes the pipeline fail with SIGPIPE, and set -e would stop the suite before its cluster phase).
-stall_report() { # the gc.log files of the phase's brokers (wiped with them when they stop)
+# makes the pipeline fail with SIGPIPE, and set -e would stop the suite before its timings).
+stall_report() { # the gc.log files of the brokers (wiped with them when they stop)
   {
     echo "test.sh: samples with memory or I/O stalls (full avg10 >= 5%), or a load above 20:"
     awk '$7 >= 5 || $9 >= 5 || $3 > 20' "$pressure_log" 2>/dev/null | head -40 || true
@@ -237,16 +229,24 @@ if [ -w /proc/sys/vm/drop_caches ]; then
   if [ -w /proc/sys/vm/compact_memory ]; then echo 1 >/proc/sys/vm/compact_memory 2>/dev/null || true; fi
 fi
 failed=0
-# Phase 1: the unit tests and every broker test but the cluster's (the bench crate's too), in two
-# lanes.
-run_lane a "${lane_a[@]}" & lane_a_pid=$!
-run_lane b "${lane_b[@]}" || failed=1
-wait "$lane_a_pid" || failed=1
-if [ "$failed" = 1 ]; then stall_report .kafka/gc.log .kafka/secure/gc.log; fi
-stop_started single secure
-# Phase 2: the cluster's tests, alone with their three brokers.
+# The cluster starts after the build, whose CPU and writeback it would otherwise share.
 start_brokers cluster
-run_lane cluster "${cluster_args[@]}" || { failed=1; stall_report .kafka/cluster/broker-*/gc.log; }
+broker_cpu() { # the CPU seconds each running broker of this checkout has used
+  local f pid
+  for f in .kafka/broker.pid .kafka/secure/broker.pid .kafka/cluster/broker-*/broker.pid; do
+    pid=$(cat "$f" 2>/dev/null) || continue
+    [ -r "/proc/$pid/stat" ] || continue
+    awk -v f="$f" -v hz="$(getconf CLK_TCK)" '{ printf "  %s: %.0f CPU s\n", f, ($14 + $15) / hz }' "/proc/$pid/stat"
+  done >&2
+}
+run_lane a "${lane_a[@]}" & lane_a_pid=$!
+run_lane cluster "${cluster_args[@]}" & cluster_pid=$!
+run_lane b "${lane_b[@]}" || { echo "test.sh: lane b returned $?" >&2; failed=1; }
+wait "$lane_a_pid" || { echo "test.sh: lane a returned $?" >&2; failed=1; }
+wait "$cluster_pid" || { echo "test.sh: lane cluster returned $?" >&2; failed=1; }
+echo "test.sh: broker CPU:" >&2
+broker_cpu
+if [ "$failed" = 1 ]; then stall_report .kafka/gc.log .kafka/secure/gc.log .kafka/cluster/broker-*/gc.log; fi
 echo "test.sh: time per test file:" >&2
 timings
 if [ "$failed" = 1 ]; then

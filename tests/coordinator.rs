@@ -22,7 +22,7 @@
 //! from the new coordinator within seconds of the move.
 //!
 //! They take turns (a lock in this file: each takes a broker down). `scripts/test.sh` runs four
-//! of them in its cluster phase (the pipeline's kill and freeze, alert-deliver's freeze, the
+//! of them in its cluster lane (the pipeline's kill and freeze, alert-deliver's freeze, the
 //! offsets clients' freeze) and skips the others by name, for time; by hand, all seven:
 //! `cargo test --test coordinator -- --include-ignored --test-threads=1`. Whatever else shares
 //! the cluster must wait meanwhile; a lock held with `flock` must be taken with `-o`, or a broker
