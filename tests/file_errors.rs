@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 /// What the operating system says of a missing file.
 const ENOENT: &str = "No such file or directory (os error 2)";
@@ -23,11 +24,19 @@ fn existing() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml").to_owned()
 }
 
-/// A valid rules file of the test's own.
+/// A valid rules file of this test process, written once: tests run side by side, and one that
+/// wrote it again (truncate, then write) while another's binary read it gave that binary an empty
+/// file ("missing field `symbols`", seen in a fresh-clone suite run).
 fn rules() -> PathBuf {
-    let path = std::env::temp_dir().join(format!("file-errors-rules-{}.toml", std::process::id()));
-    std::fs::write(&path, "[symbols]\nBBCA = [\"10000\"]\n").expect("writing the rules");
-    path
+    static RULES: OnceLock<PathBuf> = OnceLock::new();
+    RULES
+        .get_or_init(|| {
+            let path =
+                std::env::temp_dir().join(format!("file-errors-rules-{}.toml", std::process::id()));
+            std::fs::write(&path, "[symbols]\nBBCA = [\"10000\"]\n").expect("writing the rules");
+            path
+        })
+        .clone()
 }
 
 fn bin(name: &str) -> PathBuf {
