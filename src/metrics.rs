@@ -31,6 +31,7 @@ pub const TRANSIENT_FAILURES: &str = "alerts_transient_failures_total";
 pub const TRANSACTIONS_COMMITTED: &str = "alerts_transactions_committed_total";
 pub const TRANSACTIONS_ABORTED: &str = "alerts_transactions_aborted_total";
 pub const COMMIT_SECONDS: &str = "alerts_commit_seconds";
+pub const COMMIT_STEP_SECONDS: &str = "alerts_commit_step_seconds";
 pub const PARTITIONS_RESTORED: &str = "alerts_partitions_restored_total";
 pub const RESTORE_SECONDS: &str = "alerts_restore_seconds";
 pub const RESTORE_RECORDS: &str = "alerts_restore_records_total";
@@ -55,6 +56,20 @@ pub const TXN_CALLS: &[&str] = &[
     "abort_transaction",
 ];
 
+/// The steps of a commit, the `step` label of [`COMMIT_STEP_SECONDS`]. Exactly-once: `state`
+/// (the batch's state records handed to the producer), `send_offsets` (AddOffsetsToTxn and
+/// TxnOffsetCommit), `end_transaction` (the records still in flight, then EndTxn). At least once:
+/// `flush` (the outputs, then the state records, acknowledged; twice a batch), `state`,
+/// `commit_offsets` (the group's OffsetCommit). Where a batch's time goes besides processing:
+/// pipeline-bench sets their sums against the run's time.
+pub const COMMIT_STEPS: &[&str] = &[
+    "state",
+    "send_offsets",
+    "end_transaction",
+    "flush",
+    "commit_offsets",
+];
+
 /// How a metric is exposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -74,6 +89,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (TRANSACTIONS_COMMITTED, Kind::Counter, "Transactions committed."),
     (TRANSACTIONS_ABORTED, Kind::Counter, "Transactions aborted (their input is redone)."),
     (COMMIT_SECONDS, Kind::Histogram, "Time to commit a transaction: state, offsets, EndTxn."),
+    (COMMIT_STEP_SECONDS, Kind::Histogram, "Time of each step of a commit that succeeded, by step (state, send_offsets, end_transaction; at least once: flush, state, commit_offsets)."),
     (PARTITIONS_RESTORED, Kind::Counter, "Input partitions whose state was restored from the changelog."),
     (RESTORE_SECONDS, Kind::Histogram, "Time to restore a batch of partitions from the changelog."),
     (RESTORE_RECORDS, Kind::Counter, "Changelog records read by restores (with the restore time: the restore rate)."),
@@ -124,6 +140,9 @@ pub fn describe() {
     for name in [COMMIT_SECONDS, RESTORE_SECONDS] {
         let _ = histogram!(name);
     }
+    for step in COMMIT_STEPS {
+        let _ = histogram!(COMMIT_STEP_SECONDS, "step" => *step);
+    }
 }
 
 /// Describes the named metrics of [`CATALOGUE`] only: for another binary that emits a few of them
@@ -167,6 +186,11 @@ pub fn committed(
         counter!(DEAD_LETTERED, "class" => *class).increment(*n);
     }
     histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
+}
+
+/// One step of a commit took `took` (see [`COMMIT_STEPS`]).
+pub fn commit_step(step: &'static str, took: Duration) {
+    histogram!(COMMIT_STEP_SECONDS, "step" => step).record(took.as_secs_f64());
 }
 
 /// A transaction aborted (or, at least once, a batch given up).

@@ -241,6 +241,7 @@ fn health_endpoints_and_metrics_from_the_start() {
         ("alerts_ticks_dead_lettered_total", "counter"),
         ("alerts_transactions_aborted_total", "counter"),
         ("alerts_commit_seconds", "histogram"),
+        ("alerts_commit_step_seconds", "histogram"),
         ("alerts_dlq_oldest_unhandled_age_seconds", "gauge"),
     ] {
         assert!(
@@ -256,6 +257,7 @@ fn health_endpoints_and_metrics_from_the_start() {
         "alerts_ticks_committed_total 0",
         r#"alerts_ticks_dead_lettered_total{class="poison"} 0"#,
         "alerts_fenced_total 0",
+        r#"alerts_commit_step_seconds_count{step="end_transaction"} 0"#,
     ] {
         assert!(
             metrics.lines().any(|l| l == series),

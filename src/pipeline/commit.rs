@@ -341,6 +341,7 @@ impl Committer {
             return Ok(());
         }
         let topics = &self.settings.topics;
+        let started = Instant::now();
         for (&p, symbols) in &txn.dirty {
             let Some(states) = state.get(p) else { continue };
             for symbol in symbols {
@@ -358,6 +359,7 @@ impl Committer {
                     .map_err(|e| TxnError::new("produce state", e))?;
             }
         }
+        m::commit_step("state", started.elapsed());
         if self.settings.guarantee == Guarantee::ExactlyOnce {
             let group = consumer.group_metadata().ok_or_else(|| {
                 TxnError::with_class(
@@ -376,7 +378,9 @@ impl Committer {
                     let _ = self.producer.flush(Duration::from_secs(30));
                 },
             );
+            let started = Instant::now();
             self.producer.send_offsets(&self.offsets_of(txn)?, group)?;
+            m::commit_step("send_offsets", started.elapsed());
         }
         txn.staged = true;
         Ok(())
@@ -398,6 +402,7 @@ impl Committer {
     /// At least once: waits until everything produced is acknowledged, and fails (abortable: the
     /// batch is redone) if any record could not be delivered.
     fn flush_acknowledged(&self) -> Result<(), TxnError> {
+        let started = Instant::now();
         let failures = self.producer.delivery_failures();
         self.producer
             .flush(self.settings.transaction_timeout)
@@ -410,6 +415,7 @@ impl Committer {
                 TxnCause::Undelivered(undelivered),
             ));
         }
+        m::commit_step("flush", started.elapsed());
         Ok(())
     }
 
@@ -453,7 +459,9 @@ impl Committer {
             Guarantee::ExactlyOnce => {
                 self.stage(session, consumer)?;
                 self.maybe_crash(session);
+                let ending = Instant::now();
                 self.producer.commit()?;
+                m::commit_step("end_transaction", ending.elapsed());
             }
             Guarantee::AtLeastOnce => {
                 // Outputs acknowledged first; state and offsets second. A crash in between repeats
@@ -468,9 +476,11 @@ impl Committer {
                     .map(|t| self.offsets_of(t))
                     .transpose()?
                     .unwrap_or_default();
+                let committing = Instant::now();
                 consumer.commit(&tpl, CommitMode::Sync).map_err(|e| {
                     TxnError::with_class("commit offsets", TxnErrorClass::Abortable, e)
                 })?;
+                m::commit_step("commit_offsets", committing.elapsed());
             }
         }
         let Some(txn) = session.txn.take() else {
