@@ -31,6 +31,7 @@ use price_alerts::kafka::topics::Topics;
 use price_alerts::kafka::KafkaConfig;
 use price_alerts::tools::generate::{generate, GenOptions};
 use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -150,6 +151,10 @@ pub struct RunResult {
     pub config: Config,
     pub repeat: usize,
     pub ticks_per_sec: f64,
+    /// Where the backlog's time went: commits per second, the share of the time spent inside
+    /// commits (the loop neither polls nor processes meanwhile), and each commit step's mean per
+    /// commit in ms (the pipeline's `alerts_commit_step_seconds`).
+    pub backlog: CommitTimeline,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub latency_samples: usize,
@@ -173,10 +178,11 @@ impl std::fmt::Display for RunResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} #{}: {:.0} ticks/s, latency p50 {:.0} ms p99 {:.0} ms ({} samples; {:.1} commits/s of {:.1} ms, {} over 100 ms), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
+            "{} #{}: {:.0} ticks/s ({}), latency p50 {:.0} ms p99 {:.0} ms ({} samples; {:.1} commits/s of {:.1} ms, {} over 100 ms), peak RSS {:.0} MiB (start-up {:.0}, processing {:.0})",
             self.config.label(),
             self.repeat,
             self.ticks_per_sec,
+            self.backlog,
             self.latency_p50_ms,
             self.latency_p99_ms,
             self.latency_samples,
@@ -197,6 +203,8 @@ pub struct Summary {
     pub ticks_per_sec: f64,
     pub ticks_per_sec_min: f64,
     pub ticks_per_sec_max: f64,
+    /// Medians of the repeats' backlog timelines, field by field.
+    pub backlog: CommitTimeline,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub paced_commits_per_sec: f64,
@@ -235,6 +243,12 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 ticks_per_sec: median(&tps)?,
                 ticks_per_sec_min: tps.iter().copied().fold(f64::INFINITY, f64::min),
                 ticks_per_sec_max: tps.iter().copied().fold(0.0, f64::max),
+                backlog: CommitTimeline::median(
+                    results
+                        .iter()
+                        .filter(|r| &r.config == c)
+                        .map(|r| &r.backlog),
+                )?,
                 latency_p50_ms: median(&of(|r| r.latency_p50_ms))?,
                 latency_p99_ms: median(&of(|r| r.latency_p99_ms))?,
                 paced_commits_per_sec: median(&of(|r| r.paced_commits_per_sec))?,
@@ -265,17 +279,18 @@ pub fn write_outputs(
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | variant | ticks/s (median) | min-max | latency p50 | latency p99 | paced commits/s | paced commit mean | paced commits > 100 ms | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | variant | ticks/s (median) | min-max | backlog: commits/s, time in commits, steps (mean ms) | latency p50 | latency p99 | paced commits/s | paced commit mean | paced commits > 100 ms | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         out.push_str(&format!(
-            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
+            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
             s.config.guarantee,
             s.config.commit_interval_ms,
             if s.config.variant.name.is_empty() { "as shipped" } else { &s.config.variant.name },
             s.ticks_per_sec,
             s.ticks_per_sec_min,
             s.ticks_per_sec_max,
+            s.backlog,
             s.latency_p50_ms,
             s.latency_p99_ms,
             s.paced_commits_per_sec,
@@ -357,6 +372,7 @@ fn measure(
     let ready = Instant::now();
     let startup_peak_rss_mib = child.peak_rss_mib();
     child.reset_peak_rss()?;
+    let at_ready = CommitTotals::scrape(&metrics_addr);
     let ticks_per_sec = loop {
         let pos: i64 = committed_offsets(kafka, app_id, &topics.input)?
             .into_iter()
@@ -370,12 +386,17 @@ fn measure(
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    let backlog = CommitTimeline::between(
+        &at_ready,
+        &CommitTotals::scrape(&metrics_addr),
+        total as f64 / ticks_per_sec,
+    );
 
     // Latency: paced ticks while a read_committed consumer tails the notifications.
     let tail = LatencyTail::start(kafka, &topics.notifications, opts.partitions)?;
     let slices = PACED_SLICES_PER_SEC;
     let per_slice = (opts.latency_rate / slices).max(1);
-    let commits_before = commit_totals(&metrics_addr);
+    let commits_before = CommitTotals::scrape(&metrics_addr);
     let started = Instant::now();
     for (i, chunk) in paced.chunks(per_slice).enumerate() {
         landed.extend(feed.send_ticks(&topics.input, chunk)?);
@@ -397,7 +418,7 @@ fn measure(
         std::thread::sleep(Duration::from_millis(20));
     }
     let (paced_commits_per_sec, paced_commit_mean_ms, paced_slow_commits) = {
-        let now = commit_totals(&metrics_addr);
+        let now = CommitTotals::scrape(&metrics_addr);
         let (count, sum) = (
             now.count - commits_before.count,
             now.sum - commits_before.sum,
@@ -429,6 +450,7 @@ fn measure(
         config: config.clone(),
         repeat,
         ticks_per_sec,
+        backlog,
         latency_p50_ms: percentile(&latencies, 50.0).unwrap_or(f64::NAN),
         latency_p99_ms: percentile(&latencies, 99.0).unwrap_or(f64::NAN),
         latency_samples: latencies.len(),
@@ -448,21 +470,106 @@ fn measure(
 /// measured the pacing as much as the pipeline.
 const PACED_SLICES_PER_SEC: usize = 100;
 
-/// The pipeline's commits so far: how many, their total duration in seconds, and how many took
-/// at most 100 ms.
+/// The pipeline's commits so far: how many, their total duration in seconds, how many took at
+/// most 100 ms, and each step's total duration in seconds.
+#[derive(Debug, Clone, Default)]
 struct CommitTotals {
     count: f64,
     sum: f64,
     within_100ms: f64,
+    steps: BTreeMap<&'static str, f64>,
 }
 
-fn commit_totals(metrics_addr: &str) -> CommitTotals {
-    let name = price_alerts::metrics::COMMIT_SECONDS;
-    let scrape = |series: String| price_alerts::metrics::scrape(metrics_addr, &series);
-    CommitTotals {
-        count: scrape(format!("{name}_count")),
-        sum: scrape(format!("{name}_sum")),
-        within_100ms: scrape(format!("{name}_bucket{{le=\"0.1\"}}")),
+impl CommitTotals {
+    fn scrape(metrics_addr: &str) -> CommitTotals {
+        use price_alerts::metrics::{COMMIT_SECONDS, COMMIT_STEPS, COMMIT_STEP_SECONDS};
+        let scrape = |series: String| price_alerts::metrics::scrape(metrics_addr, &series);
+        CommitTotals {
+            count: scrape(format!("{COMMIT_SECONDS}_count")),
+            sum: scrape(format!("{COMMIT_SECONDS}_sum")),
+            within_100ms: scrape(format!("{COMMIT_SECONDS}_bucket{{le=\"0.1\"}}")),
+            steps: COMMIT_STEPS
+                .iter()
+                .map(|&step| {
+                    let sum = scrape(format!("{COMMIT_STEP_SECONDS}_sum{{step=\"{step}\"}}"));
+                    (step, sum)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Where a phase's time went, from the commit totals at its start and end and its length.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CommitTimeline {
+    pub commits_per_sec: f64,
+    /// Seconds inside commits per second of the phase.
+    pub share_in_commits: f64,
+    /// Each step's mean per commit, in ms; steps the mode does not take are left out.
+    pub steps_ms: BTreeMap<String, f64>,
+}
+
+impl CommitTimeline {
+    fn between(before: &CommitTotals, after: &CommitTotals, seconds: f64) -> CommitTimeline {
+        let commits = after.count - before.count;
+        let per_commit_ms = |sum: f64| {
+            if commits > 0.0 {
+                sum / commits * 1e3
+            } else {
+                f64::NAN
+            }
+        };
+        CommitTimeline {
+            commits_per_sec: commits / seconds,
+            share_in_commits: (after.sum - before.sum) / seconds,
+            steps_ms: after
+                .steps
+                .iter()
+                .map(|(&step, &sum)| (step, sum - before.steps.get(step).copied().unwrap_or(0.0)))
+                .filter(|&(_, took)| took > 0.0)
+                .map(|(step, took)| (step.to_owned(), per_commit_ms(took)))
+                .collect(),
+        }
+    }
+
+    /// Field by field, the median over `timelines`; `None` when there are none.
+    fn median<'a>(timelines: impl Iterator<Item = &'a CommitTimeline>) -> Option<CommitTimeline> {
+        let all: Vec<&CommitTimeline> = timelines.collect();
+        let of = |f: &dyn Fn(&CommitTimeline) -> Option<f64>| -> Option<f64> {
+            median(&all.iter().filter_map(|t| f(t)).collect::<Vec<f64>>())
+        };
+        let steps: BTreeSet<&String> = all.iter().flat_map(|t| t.steps_ms.keys()).collect();
+        Some(CommitTimeline {
+            commits_per_sec: of(&|t| Some(t.commits_per_sec))?,
+            share_in_commits: of(&|t| Some(t.share_in_commits))?,
+            steps_ms: steps
+                .into_iter()
+                .filter_map(|step| Some((step.clone(), of(&|t| t.steps_ms.get(step).copied())?)))
+                .collect(),
+        })
+    }
+}
+
+impl std::fmt::Display for CommitTimeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} commits/s, {:.1} % in commits",
+            self.commits_per_sec,
+            self.share_in_commits * 100.0
+        )?;
+        // In the order a commit takes them.
+        let mut steps: Vec<(&String, &f64)> = self.steps_ms.iter().collect();
+        steps.sort_by_key(|(step, _)| {
+            price_alerts::metrics::COMMIT_STEPS
+                .iter()
+                .position(|s| s == step)
+                .unwrap_or(usize::MAX)
+        });
+        for (i, (step, ms)) in steps.into_iter().enumerate() {
+            write!(f, "{} {step} {ms:.1}", if i == 0 { ":" } else { "," })?;
+        }
+        Ok(())
     }
 }
 
@@ -488,6 +595,69 @@ mod tests {
         assert!(before.args.is_empty());
         assert!("no-equals".parse::<Variant>().is_err());
         assert!("bad=env:NOVALUE".parse::<Variant>().is_err());
+    }
+
+    #[test]
+    fn a_timeline_is_the_difference_of_two_scrapes_per_commit_and_per_second() {
+        let before = CommitTotals {
+            count: 10.0,
+            sum: 0.5,
+            within_100ms: 10.0,
+            steps: [
+                ("state", 0.1),
+                ("send_offsets", 0.1),
+                ("end_transaction", 0.3),
+                ("flush", 0.0),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let after = CommitTotals {
+            count: 30.0,
+            sum: 1.5,
+            within_100ms: 30.0,
+            steps: [
+                ("state", 0.2),
+                ("send_offsets", 0.3),
+                ("end_transaction", 1.0),
+                ("flush", 0.0),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let t = CommitTimeline::between(&before, &after, 4.0);
+        assert_eq!(t.commits_per_sec, 5.0);
+        assert_eq!(t.share_in_commits, 0.25);
+        // 0.1 s, 0.2 s and 0.7 s over 20 commits; a step not taken is left out.
+        let ms: Vec<(&str, i64)> = t
+            .steps_ms
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.round() as i64))
+            .collect();
+        assert_eq!(
+            ms,
+            [("end_transaction", 35), ("send_offsets", 10), ("state", 5)]
+        );
+        assert_eq!(
+            t.to_string(),
+            "5.0 commits/s, 25.0 % in commits: state 5.0, send_offsets 10.0, end_transaction 35.0"
+        );
+        let other = CommitTimeline {
+            commits_per_sec: 7.0,
+            share_in_commits: 0.35,
+            steps_ms: [("state".to_owned(), 1.0)].into_iter().collect(),
+        };
+        let third = CommitTimeline {
+            commits_per_sec: 6.0,
+            ..other.clone()
+        };
+        let m = CommitTimeline::median([&t, &other, &third].into_iter()).unwrap();
+        assert_eq!(m.commits_per_sec, 6.0);
+        assert_eq!(m.share_in_commits, 0.35);
+        assert_eq!(m.steps_ms["state"], 1.0);
+        // A step only one repeat took: the median of what there is.
+        assert_eq!(m.steps_ms["end_transaction"].round(), 35.0);
+        assert!(CommitTimeline::median(std::iter::empty()).is_none());
     }
 
     #[test]
