@@ -52,6 +52,7 @@ cleanup() {
   if [ "$pg_started" = 1 ]; then scripts/postgres.sh down >/dev/null || true; fi
   if [ -n "$log_root" ]; then rm -rf "$log_root"; fi
   if [ -n "$sampler_pid" ]; then kill "$sampler_pid" 2>/dev/null || true; fi
+  if [ -n "${logs:-}" ]; then rm -rf "$logs"; fi
 }
 trap cleanup EXIT
 # The log dirs of the brokers started here go on a tmpfs (/dev/shm) when it has 4 GiB free, so
