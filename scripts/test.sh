@@ -130,7 +130,7 @@ for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
 # The three lanes run side by side: their tests mostly wait (for sessions to expire, brokers to
 # answer, children to exit), so three cargo test processes of two threads each keep two cores
 # busy. Until 2026-12-03 the cluster's tests ran after the others, alone with their three brokers
-# (7.5 min after 8.6); beside them the suite takes the longest lane's time, 8-9 min. Lane A takes
+# (7.5 min after 8.6); beside them the suite takes the longest lane's time, 8.7-10.1 min. Lane A takes
 # these long files, lane B everything else (a new file lands there). Their balance, measured:
 # in a fresh-clone run on an idle machine (2026-12-02), lane A's files took 345 s and lane B's
 # 450 s, so pipeline (42 s) moved to lane A. On 2026-12-03 (security grown by the stages' rights
