@@ -188,9 +188,12 @@ pub fn committed(
     histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
 }
 
-/// One step of a commit took `took` (see [`COMMIT_STEPS`]).
-pub fn commit_step(step: &'static str, took: Duration) {
-    histogram!(COMMIT_STEP_SECONDS, "step" => step).record(took.as_secs_f64());
+/// Runs one step of a commit, `step` of [`COMMIT_STEPS`], and records its time if it succeeds.
+pub fn commit_step<T, E>(step: &'static str, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    let started = std::time::Instant::now();
+    let done = f()?;
+    histogram!(COMMIT_STEP_SECONDS, "step" => step).record(started.elapsed().as_secs_f64());
+    Ok(done)
 }
 
 /// A transaction aborted (or, at least once, a batch given up).

@@ -341,25 +341,26 @@ impl Committer {
             return Ok(());
         }
         let topics = &self.settings.topics;
-        let started = Instant::now();
-        for (&p, symbols) in &txn.dirty {
-            let Some(states) = state.get(p) else { continue };
-            for symbol in symbols {
-                let Some(s) = states.get(symbol) else {
-                    continue;
-                };
-                // Serializing a decimal string and an integer cannot fail.
-                let value = serde_json::to_vec(s).unwrap_or_default();
-                let record = BaseRecord::to(&topics.changelog)
-                    .partition(p)
-                    .key(symbol.as_bytes())
-                    .payload(value.as_slice());
-                self.producer
-                    .send(record)
-                    .map_err(|e| TxnError::new("produce state", e))?;
+        m::commit_step("state", || {
+            for (&p, symbols) in &txn.dirty {
+                let Some(states) = state.get(p) else { continue };
+                for symbol in symbols {
+                    let Some(s) = states.get(symbol) else {
+                        continue;
+                    };
+                    // Serializing a decimal string and an integer cannot fail.
+                    let value = serde_json::to_vec(s).unwrap_or_default();
+                    let record = BaseRecord::to(&topics.changelog)
+                        .partition(p)
+                        .key(symbol.as_bytes())
+                        .payload(value.as_slice());
+                    self.producer
+                        .send(record)
+                        .map_err(|e| TxnError::new("produce state", e))?;
+                }
             }
-        }
-        m::commit_step("state", started.elapsed());
+            Ok(())
+        })?;
         if self.settings.guarantee == Guarantee::ExactlyOnce {
             let group = consumer.group_metadata().ok_or_else(|| {
                 TxnError::with_class(
@@ -378,9 +379,9 @@ impl Committer {
                     let _ = self.producer.flush(Duration::from_secs(30));
                 },
             );
-            let started = Instant::now();
-            self.producer.send_offsets(&self.offsets_of(txn)?, group)?;
-            m::commit_step("send_offsets", started.elapsed());
+            m::commit_step("send_offsets", || {
+                self.producer.send_offsets(&self.offsets_of(txn)?, group)
+            })?;
         }
         txn.staged = true;
         Ok(())
@@ -402,21 +403,21 @@ impl Committer {
     /// At least once: waits until everything produced is acknowledged, and fails (abortable: the
     /// batch is redone) if any record could not be delivered.
     fn flush_acknowledged(&self) -> Result<(), TxnError> {
-        let started = Instant::now();
-        let failures = self.producer.delivery_failures();
-        self.producer
-            .flush(self.settings.transaction_timeout)
-            .map_err(|e| TxnError::with_class("flush", TxnErrorClass::Abortable, e))?;
-        let undelivered = self.producer.delivery_failures() - failures;
-        if undelivered > 0 {
-            return Err(TxnError::with_class(
-                "delivery",
-                TxnErrorClass::Abortable,
-                TxnCause::Undelivered(undelivered),
-            ));
-        }
-        m::commit_step("flush", started.elapsed());
-        Ok(())
+        m::commit_step("flush", || {
+            let failures = self.producer.delivery_failures();
+            self.producer
+                .flush(self.settings.transaction_timeout)
+                .map_err(|e| TxnError::with_class("flush", TxnErrorClass::Abortable, e))?;
+            let undelivered = self.producer.delivery_failures() - failures;
+            if undelivered > 0 {
+                return Err(TxnError::with_class(
+                    "delivery",
+                    TxnErrorClass::Abortable,
+                    TxnCause::Undelivered(undelivered),
+                ));
+            }
+            Ok(())
+        })
     }
 
     fn offsets_of(&self, txn: &OpenTxn) -> Result<TopicPartitionList, TxnError> {
@@ -459,9 +460,7 @@ impl Committer {
             Guarantee::ExactlyOnce => {
                 self.stage(session, consumer)?;
                 self.maybe_crash(session);
-                let ending = Instant::now();
-                self.producer.commit()?;
-                m::commit_step("end_transaction", ending.elapsed());
+                m::commit_step("end_transaction", || self.producer.commit())?;
             }
             Guarantee::AtLeastOnce => {
                 // Outputs acknowledged first; state and offsets second. A crash in between repeats
@@ -476,11 +475,11 @@ impl Committer {
                     .map(|t| self.offsets_of(t))
                     .transpose()?
                     .unwrap_or_default();
-                let committing = Instant::now();
-                consumer.commit(&tpl, CommitMode::Sync).map_err(|e| {
-                    TxnError::with_class("commit offsets", TxnErrorClass::Abortable, e)
+                m::commit_step("commit_offsets", || {
+                    consumer.commit(&tpl, CommitMode::Sync).map_err(|e| {
+                        TxnError::with_class("commit offsets", TxnErrorClass::Abortable, e)
+                    })
                 })?;
-                m::commit_step("commit_offsets", committing.elapsed());
             }
         }
         let Some(txn) = session.txn.take() else {

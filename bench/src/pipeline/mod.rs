@@ -472,7 +472,7 @@ const PACED_SLICES_PER_SEC: usize = 100;
 
 /// The pipeline's commits so far: how many, their total duration in seconds, how many took at
 /// most 100 ms, and each step's total duration in seconds.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 struct CommitTotals {
     count: f64,
     sum: f64,
