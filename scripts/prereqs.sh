@@ -12,8 +12,8 @@
 #     OIDC tests fail): the reason this script exists;
 #   - the prometheus package: promtool checks the alert rules, the server fires them
 #     (tests/deploy.rs, tests/prometheus.rs);
-#   - PostgreSQL's server binaries (alert-sink's tests and the demo; scripts/postgres.sh), openssl
-#     (test certificates).
+#   - openssl (test certificates). PostgreSQL's server binaries are scripts/postgres.sh's to find
+#     or install (it is run on its own too).
 #
 # A build of librdkafka made before its headers were installed lacks what they bring, and cargo
 # does not build it again by itself: when this script installs a build header, it removes the
@@ -33,7 +33,6 @@ has_pc openssl || { need libssl-dev; build_headers=1; }
 has_pc zlib || { need zlib1g-dev; build_headers=1; }
 has_pc libcurl || { need libcurl4-openssl-dev; build_headers=1; }
 { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need prometheus
-compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || [ -n "${PG_BIN:-}" ] || need postgresql
 command -v openssl >/dev/null || need openssl
 
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -38,7 +38,7 @@ export KAFKA_CONNECT_TIMEOUT=${KAFKA_CONNECT_TIMEOUT:-60s}
 
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
 # What the build and the tests need from the system (librdkafka's headers, Java and Maven,
-# promtool and prometheus, PostgreSQL), installed when missing and we may.
+# promtool and prometheus), installed when missing and we may; scripts/postgres.sh installs PostgreSQL.
 scripts/prereqs.sh
 
 # PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
