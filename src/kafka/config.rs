@@ -100,6 +100,22 @@ pub const COORDINATOR_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 /// again), so only a silent or stalled broker trips it; a stall costs a reconnection.
 pub const OFFSETS_CLIENT_SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a client on a coordinator's path waits for a broker's ApiVersion answer before it
+/// drops that connection (librdkafka's `api.version.request.timeout.ms`: 10 s): the transactional
+/// producer, and the clients that ask a group's coordinator for committed offsets. ApiVersion is
+/// the first request on every connection, answered by the broker's network thread before
+/// anything else, in milliseconds; a frozen broker (SIGSTOP, a hung VM) accepts the TCP connection
+/// and never answers it. A producer made again after a stuck call asks FindCoordinator at once;
+/// when the frozen broker is also the active controller, KRaft fences it only after electing
+/// another controller and a full broker session (22-24 s on the 3-broker cluster, against 16-18 s
+/// otherwise), so the new producer may still be told the frozen broker, and waited 10 s on its
+/// connection before asking again. Measured on tests/coordinator.rs's freeze case with that
+/// broker the controller: the new producer registered 8.6-10.6 s after the fencing and the
+/// instance healed 31.3-32.8 s after the freeze with 10 s; with 3 s, 1.0 s after the fencing and
+/// 27.0 s (issue 19: a loaded fresh-clone run went past the 40 s bound). A timed-out ApiVersion
+/// costs a reconnection, and the next connection asks again (`api.version.fallback.ms` is 0).
+pub const API_VERSION_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Records the transactional producer may hold, queued or in flight (librdkafka: 100,000). One
 /// transaction of the default batch (5,000 ticks) writes at most one state record per tick and a
 /// notification per crossed threshold; 32,768 holds more than that, and the commit drains the
@@ -316,6 +332,16 @@ impl KafkaConfig {
             "socket.timeout.ms",
             OFFSETS_CLIENT_SOCKET_TIMEOUT.as_millis().to_string(),
         );
+        Self::leave_a_silent_broker(c);
+    }
+
+    /// Drops a connection whose broker does not answer ApiVersion within
+    /// [`API_VERSION_TIMEOUT`].
+    fn leave_a_silent_broker(c: &mut ClientConfig) {
+        c.set(
+            "api.version.request.timeout.ms",
+            API_VERSION_TIMEOUT.as_millis().to_string(),
+        );
     }
 
     fn finish(&self, mut c: ClientConfig) -> ClientConfig {
@@ -448,6 +474,7 @@ impl KafkaConfig {
         );
         // Implied by transactional.id; set so that the configuration reads as what it is.
         c.set("enable.idempotence", "true");
+        Self::leave_a_silent_broker(&mut c);
         // Statistics every 5 s name the transaction coordinator, which the line about a stuck
         // call reports (crate::kafka::txn); cheap at that rate.
         c.set("statistics.interval.ms", "5000");
@@ -576,6 +603,7 @@ mod tests {
         let probe = k.group_probe("g", crate::kafka::Isolation::ReadCommitted);
         assert_eq!(probe.get("coordinator.query.interval.ms"), Some("5000"));
         assert_eq!(probe.get("socket.timeout.ms"), Some("5000"));
+        assert_eq!(probe.get("api.version.request.timeout.ms"), Some("3000"));
         assert_eq!(probe.get("group.id"), Some("g"));
         assert_eq!(probe.get("isolation.level"), Some("read_committed"));
         probe
@@ -586,7 +614,12 @@ mod tests {
         for c in [consumer, reader] {
             assert_eq!(c.get("coordinator.query.interval.ms"), None);
             assert_eq!(c.get("socket.timeout.ms"), None);
+            assert_eq!(c.get("api.version.request.timeout.ms"), None);
         }
+        let txn = k
+            .transactional_producer("t", DEFAULT_TRANSACTION_TIMEOUT)
+            .unwrap();
+        assert_eq!(txn.get("api.version.request.timeout.ms"), Some("3000"));
         let k = k
             .with_overrides(&["coordinator.query.interval.ms=60000"])
             .unwrap();
