@@ -61,7 +61,9 @@ impl Health {
 
     /// The processing loop made progress.
     pub fn beat(&self) {
-        let ms = self.inner.started.elapsed().as_millis() as u64;
+        // Rounded up: a stall is never measured longer than it is, so the watchdog never fires
+        // before its bound (rounded down, it fired 0.15 ms early in a test).
+        let ms = self.inner.started.elapsed().as_micros().div_ceil(1000) as u64;
         self.inner.last_beat_ms.store(ms, Ordering::Relaxed);
     }
 
@@ -298,8 +300,10 @@ mod tests {
         });
         let mut last_beat = Duration::ZERO;
         while started.elapsed() < beat_for {
-            h.beat();
+            // Read before the beat: a thread preempted between the two would otherwise note
+            // a later beat than the watchdog saw.
             last_beat = started.elapsed();
+            h.beat();
             std::thread::sleep(Duration::from_millis(5));
         }
         // (when it fired, when the loop last beat): a loaded machine may pause the beating loop
@@ -327,6 +331,20 @@ mod tests {
             at < last_beat + Duration::from_secs(2),
             "fired at {at:?}, last beat at {last_beat:?}"
         );
+    }
+
+    /// The time since the last beat is never longer than it is: the watchdog must not fire
+    /// before its bound.
+    #[test]
+    fn a_stall_is_never_measured_longer_than_it_is() {
+        let h = Health::new(Duration::from_secs(60));
+        for _ in 0..100 {
+            let before = Instant::now();
+            h.beat();
+            let measured = h.since_progress();
+            let at_most = before.elapsed();
+            assert!(measured <= at_most, "{measured:?} > {at_most:?}");
+        }
     }
 
     #[test]
