@@ -44,6 +44,10 @@ struct Cli {
     /// An extra argument for alert-deliver (repeatable, e.g. --deliver-arg=--max-batch=1000).
     #[arg(long = "deliver-arg", allow_hyphen_values = true)]
     deliver_args: Vec<String>,
+    /// The runners' RUST_LOG (their logs go under OUT/logs): `price_alerts=debug` gives
+    /// alert-deliver's line per batch, with its deliveries' and its transaction's time.
+    #[arg(long, default_value = "warn")]
+    runner_log: String,
     /// Where to write results.json, results.md, the plot and the runners' logs.
     #[arg(long, default_value = "bench/out/deliver")]
     out: PathBuf,
@@ -119,6 +123,7 @@ fn run() -> anyhow::Result<()> {
         latency_for: cli.latency_for,
         log_dir: cli.out.join("logs"),
         deliver_args: cli.deliver_args,
+        runner_log: cli.runner_log,
     };
     let results = bench::run(&opts, |r| {
         eprintln!(

@@ -69,6 +69,8 @@ pub struct Options {
     pub log_dir: PathBuf,
     /// Extra arguments for alert-deliver (e.g. `--max-batch 1000`), to find where its time goes.
     pub deliver_args: Vec<String>,
+    /// The runners' RUST_LOG.
+    pub runner_log: String,
 }
 
 /// Who delivers.
@@ -348,7 +350,7 @@ fn start(
         }
     };
     c.args(["--bootstrap", &opts.kafka.bootstrap])
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", &opts.runner_log)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?);
