@@ -100,21 +100,21 @@ pub const COORDINATOR_QUERY_INTERVAL: Duration = Duration::from_secs(5);
 /// again), so only a silent or stalled broker trips it; a stall costs a reconnection.
 pub const OFFSETS_CLIENT_SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a client on a coordinator's path waits for a broker's ApiVersion answer before it
-/// drops that connection (librdkafka's `api.version.request.timeout.ms`: 10 s): the transactional
+/// How long a client on a coordinator's path waits for a broker's ApiVersion answer before it drops
+/// that connection (librdkafka's `api.version.request.timeout.ms`: 10 s): the transactional
 /// producer, and the clients that ask a group's coordinator for committed offsets. ApiVersion is
 /// the first request on every connection, and a live broker answers it in milliseconds; a frozen
-/// broker (SIGSTOP, a hung VM) accepts the TCP connection and never answers it. A producer made again after a stuck call asks FindCoordinator at once;
-/// when the frozen broker is also the active controller, KRaft fences it only after electing
-/// another controller and a full broker session (22-24 s on the 3-broker cluster, against 16-18 s
-/// otherwise), so the new producer may still be told the frozen broker, and waited 10 s on its
-/// connection before asking again. Measured on tests/coordinator.rs's freeze case with that
-/// broker the controller: the new producer registered 8.6-10.6 s after the fencing and the
-/// instance healed 31.3-32.8 s after the freeze with 10 s; with 3 s, about 1 s after the fencing
-/// and 26.0-28.6 s (issue 19: a loaded fresh-clone run went past the 40 s bound). A timed-out
-/// ApiVersion costs a reconnection, and the next connection asks again (`api.version.fallback.ms`
-/// is 0); a live broker whose request threads stall past 3 s (seen once under the suite's load)
-/// costs the same.
+/// broker (SIGSTOP, a hung VM) accepts the TCP connection and never answers it. A producer made
+/// again after a stuck call asks FindCoordinator at once; when the frozen broker is also the active
+/// controller, KRaft fences it only after electing another controller and a full broker session
+/// (22-24 s on the 3-broker cluster, against 16-18 s otherwise), so the new producer may still be
+/// told the frozen broker, and waited 10 s on its connection before asking again. Measured on
+/// tests/coordinator.rs's freeze case with that broker the controller: the new producer registered
+/// 7.9-8.6 s after the fencing and the instance healed 31.3-32.8 s after the freeze with 10 s; with
+/// 3 s, 1.0 s after the fencing, and every run healed within 21.6-28.6 s (issue 19: a loaded
+/// fresh-clone run went past the 40 s bound). A timed-out ApiVersion costs a reconnection, and the next
+/// connection asks again (`api.version.fallback.ms` is 0); a live broker whose request threads
+/// stall past 3 s (seen once under the suite's load) costs the same.
 pub const API_VERSION_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Records the transactional producer may hold, queued or in flight (librdkafka: 100,000). One
