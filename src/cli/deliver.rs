@@ -106,6 +106,10 @@ pub struct DeliverArgs {
     /// send_offsets_to_transaction (writing <FILE>.held with the pid) until it is removed.
     #[arg(long, hide = true)]
     pub test_hold_send_offsets: Option<std::path::PathBuf>,
+    /// TEST ONLY: every abort of a hand-off transaction fails fatally, leaving it open on the
+    /// broker.
+    #[arg(long, hide = true)]
+    pub test_aborts_fail_fatally: bool,
 }
 
 impl DeliverArgs {
@@ -170,6 +174,7 @@ impl DeliverArgs {
             test_abort_handoff_txn: self.test_abort_handoff_txn,
             test_abort_handoffs_while: self.test_abort_handoffs_while.clone(),
             test_hold_send_offsets: self.test_hold_send_offsets.clone(),
+            test_aborts_fail_fatally: self.test_aborts_fail_fatally,
         })
     }
 }

@@ -112,6 +112,9 @@ pub struct PipelineArgs {
     /// (writing <FILE>.held with the pid) until it is removed.
     #[arg(long, hide = true)]
     pub test_hold_send_offsets: Option<std::path::PathBuf>,
+    /// TEST ONLY: every abort of an open transaction fails fatally, leaving it open on the broker.
+    #[arg(long, hide = true)]
+    pub test_aborts_fail_fatally: bool,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -192,6 +195,7 @@ impl PipelineArgs {
                     stall_on_shutdown: self.test_stall_on_shutdown,
                     abort_after_revoke: self.test_abort_after_revoke,
                     hold_send_offsets: self.test_hold_send_offsets.clone(),
+                    aborts_fail_fatally: self.test_aborts_fail_fatally,
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,

@@ -121,6 +121,9 @@ pub struct TestHooks {
     /// While this file exists, hold right before each `send_offsets_to_transaction`
     /// ([`crate::kafka::hold`]).
     pub hold_send_offsets: Option<std::path::PathBuf>,
+    /// Every abort of a hand-off transaction fails fatally without reaching the broker
+    /// ([`TxnProducer::fail_next_abort`]).
+    pub aborts_fail_fatally: bool,
     /// The process's stop flag: a held hand-off lets go when the process is asked to stop.
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -235,6 +238,9 @@ pub fn commit(
     }
     let mut written = buckets.bucket_topics();
     written.extend([buckets.dlq(), buckets.parking_lot()]);
+    if hook.aborts_fail_fatally {
+        producer.fail_next_abort();
+    }
     match producer.abort_naming_refused(&written, Some(&error), REFUSAL_PROBE_TIMEOUT) {
         Ok(refused) => Err(Failed {
             error: Box::new(error),

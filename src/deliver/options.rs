@@ -75,4 +75,7 @@ pub struct DeliverOptions {
     /// TEST ONLY: while this file exists, hold right before each hand-off transaction's
     /// send_offsets_to_transaction ([`crate::kafka::hold`]).
     pub test_hold_send_offsets: Option<std::path::PathBuf>,
+    /// TEST ONLY: every abort of a hand-off transaction fails fatally, leaving it open on the
+    /// broker ([`crate::kafka::txn::TxnProducer::fail_next_abort`]).
+    pub test_aborts_fail_fatally: bool,
 }

@@ -262,6 +262,7 @@ fn run_blocking(
         abort_txn: opts.test_abort_handoff_txn,
         abort_while: opts.test_abort_handoffs_while.clone(),
         hold_send_offsets: opts.test_hold_send_offsets.clone(),
+        aborts_fail_fatally: opts.test_aborts_fail_fatally,
         stop: Arc::clone(&stop),
         ..TestHooks::default()
     };

@@ -145,16 +145,7 @@ pub enum TxnErrorClass {
 /// (docs/security.md has the reasoning).
 pub fn classify(err: &KafkaError) -> TxnErrorClass {
     match err {
-        _ if matches!(
-            err.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-                    | RDKafkaErrorCode::ClusterAuthorizationFailed
-            )
-        ) =>
-        {
-            TxnErrorClass::Fatal
-        }
+        _ if lacks_a_right(err) => TxnErrorClass::Fatal,
         KafkaError::Transaction(e) if e.is_fatal() => TxnErrorClass::Fatal,
         KafkaError::Transaction(e) if e.txn_requires_abort() => TxnErrorClass::Abortable,
         KafkaError::Transaction(e) if e.is_retriable() => TxnErrorClass::Retriable,
@@ -165,6 +156,18 @@ pub fn classify(err: &KafkaError) -> TxnErrorClass {
         }
         _ => TxnErrorClass::Fatal,
     }
+}
+
+/// Whether `err` refuses this instance a transactional id or cluster right, which only an
+/// operator can grant.
+fn lacks_a_right(err: &KafkaError) -> bool {
+    matches!(
+        err.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+        )
+    )
 }
 
 /// What went wrong under a transactional step. Most causes are Kafka's; the others are named for
@@ -276,6 +279,12 @@ impl TxnError {
                     | RDKafkaErrorCode::InvalidProducerEpoch
             )
         )
+    }
+
+    /// Whether the transactional id or a cluster right is refused ([`classify`]): registering
+    /// again would be refused too.
+    pub fn is_unauthorized(&self) -> bool {
+        matches!(&self.cause, TxnCause::Kafka(e) if lacks_a_right(e))
     }
 
     /// Whether a newer instance with the same transactional id (or group instance id) took over:
@@ -571,6 +580,8 @@ pub struct TxnProducer {
     fences_in_a_row: AtomicU32,
     /// When the open transaction began (the last `begin`).
     began: Mutex<Option<Instant>>,
+    /// The next abort fails fatally without asking the broker ([`TxnProducer::fail_next_abort`]).
+    fail_next_abort: AtomicBool,
 }
 
 impl TxnProducer {
@@ -587,6 +598,7 @@ impl TxnProducer {
             txn_timeout,
             fences_in_a_row: AtomicU32::new(0),
             began: Mutex::new(None),
+            fail_next_abort: AtomicBool::new(false),
         };
         Ok(Arc::new(p))
     }
@@ -638,11 +650,12 @@ impl TxnProducer {
         Arc::clone(&self.generation().producer)
     }
 
-    /// The topics whose records were refused for lack of Write (TOPIC_AUTHORIZATION_FAILED, in a
-    /// delivery report or at once from `send`) since the last call.
-    pub fn take_refused(&self) -> BTreeSet<String> {
-        let producer = self.producer();
-        let refused = producer
+    /// The topics whose records `generation` saw refused for lack of Write
+    /// (TOPIC_AUTHORIZATION_FAILED, in a delivery report or at once from `send`) since the last
+    /// call.
+    fn take_refused(generation: &Generation) -> BTreeSet<String> {
+        let refused = generation
+            .producer
             .context()
             .refused
             .lock()
@@ -720,6 +733,7 @@ impl TxnProducer {
             txn_timeout: DRAIN_TIMEOUT,
             fences_in_a_row: AtomicU32::new(0),
             began: Mutex::new(None),
+            fail_next_abort: AtomicBool::new(false),
         }))
     }
 
@@ -822,28 +836,65 @@ impl TxnProducer {
     /// same); every caller aborts through here, so none can forget the flush. Delivery errors
     /// of that flush are expected and change nothing: the transaction is aborted anyway.
     ///
-    /// A producer with a stuck call (or whose abort sticks), or fenced once since the last commit,
-    /// is made again instead ([`TxnProducer::restart`]): the new registration aborts what the old
-    /// one left open.
+    /// An abort that does not complete is completed by making the producer again
+    /// ([`TxnProducer::restart`]): its registration aborts what the old one left open. So is a
+    /// producer with a stuck call, or one fenced once since the last commit. That includes an
+    /// abort librdkafka failed fatally: EndTxn answered INVALID_TXN_STATE on the 3-broker cluster,
+    /// after an AddOffsetsToTxn had timed out on a stalled coordinator, and alert-deliver used to
+    /// exit there. Whatever is wrong with the old producer's state, a new registration starts from
+    /// the broker's. Only a fence by another holder of the transactional id, or a missing right,
+    /// is returned: registering again would take the id back, or be refused.
     pub fn abort(&self) -> Result<(), TxnError> {
+        self.abort_or_restart().map(|_| ())
+    }
+
+    /// [`TxnProducer::abort`]; returns whether the abort itself failed (not stuck, not fenced
+    /// after a timeout) and the producer was made again for it.
+    fn abort_or_restart(&self) -> Result<bool, TxnError> {
         self.report_failures();
         let generation = self.generation();
         if generation.stuck().is_none() && !generation.fenced.load(Ordering::Relaxed) {
             if let Err(e) = self.flush(self.txn_timeout) {
                 debug!(error = %e, "flush before abort did not complete");
             }
-            let aborted =
+            let aborted = if self.fail_next_abort.swap(false, Ordering::Relaxed) {
+                Err(TxnError::with_class(
+                    "abort_transaction",
+                    TxnErrorClass::Fatal,
+                    TxnCause::Injected("test hook: the abort fails fatally"),
+                ))
+            } else {
                 generation.call("abort_transaction", call_deadline(self.txn_timeout), |p| {
                     p.abort_transaction(Timeout::Never)
-                });
+                })
+            };
             match self.fenced(&generation, aborted) {
+                Ok(()) => return Ok(false),
+                // A fence after a timed-out transaction is abortable ([`TxnProducer::fenced`]).
                 Err(e) if e.is_stuck() || e.class == TxnErrorClass::Abortable => {}
-                done => return done,
+                Err(e) if e.is_fenced() || e.is_unauthorized() => return Err(e),
+                Err(e) => {
+                    warn!(error = %e, "the abort failed; making the transactional producer again, which aborts what is left open");
+                    self.restart_after_abort()?;
+                    return Ok(true);
+                }
             }
         }
+        self.restart_after_abort()?;
+        Ok(false)
+    }
+
+    fn restart_after_abort(&self) -> Result<(), TxnError> {
         self.restart().inspect_err(|e| {
-            error!(error = %e, "the transactional producer could not be made again after a stuck call");
+            error!(error = %e, "the transactional producer could not be made again after an abort that did not complete");
         })
+    }
+
+    /// TEST ONLY (the stages' hidden `--test-aborts-fail-fatally`): the next [`TxnProducer::abort`]
+    /// fails fatally instead of sending EndTxn, as one answered INVALID_TXN_STATE does, leaving
+    /// the transaction open on the broker.
+    pub fn fail_next_abort(&self) {
+        self.fail_next_abort.store(true, Ordering::Relaxed);
     }
 
     /// Aborts the open transaction, as [`TxnProducer::abort`], and returns the topics of
@@ -852,44 +903,30 @@ impl TxnProducer {
     /// AddPartitionsToTxn fails it with TOPIC_AUTHORIZATION_FAILED, and purges its records
     /// without a delivery report that names the topic, so the broker is asked which it refuses.
     ///
-    /// If the abort fails fatally because of such a refusal, the producer is made again instead.
-    /// A transaction whose only AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_FAILED) has
-    /// nothing registered on the broker, yet librdkafka 2.12 still sends EndTxn (it counts the
-    /// request, not what it added); the broker answers INVALID_TXN_STATE and librdkafka makes
-    /// that fatal. Nothing is open on the broker then, so a producer made again with the same
-    /// transactional id is what a restart of the process would give, without leaving the group.
-    /// Only then (the records of such a transaction may have been purged without a report, so
-    /// the broker is asked, `probe` bounding each question); any other fatal error is returned.
+    /// An abort that fails is completed by making the producer again ([`TxnProducer::abort`]);
+    /// the broker is then asked too, `probe` bounding each question. A transaction whose only
+    /// AddPartitionsToTxn was refused (TOPIC_AUTHORIZATION_FAILED) has nothing registered on the
+    /// broker, yet librdkafka 2.12 still sends EndTxn (it counts the request, not what it added);
+    /// the broker answers INVALID_TXN_STATE, librdkafka makes that fatal, and the records of such
+    /// a transaction may have been purged without a report that names their topic.
     pub fn abort_naming_refused(
         &self,
         written: &[String],
         cause: Option<&TxnError>,
         probe: Duration,
     ) -> Result<BTreeSet<String>, TxnError> {
-        let aborted = self.abort();
-        let mut refused = self.take_refused();
+        // The refusals are the aborted producer's, even when the abort makes a new one.
+        let generation = self.generation();
+        let failed = self.abort_or_restart()?;
+        let mut refused = Self::take_refused(&generation);
         let topic_refused = cause.is_some_and(|e| {
             matches!(&e.cause, TxnCause::Kafka(k)
                 if k.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed))
         });
-        if refused.is_empty() && topic_refused {
+        if refused.is_empty() && (topic_refused || failed) {
             refused = self.refused_writes(written, probe);
         }
-        match aborted {
-            Ok(()) => Ok(refused),
-            Err(e) if e.class == TxnErrorClass::Fatal && !e.is_fenced() => {
-                if refused.is_empty() {
-                    refused = self.refused_writes(written, probe);
-                }
-                if refused.is_empty() {
-                    return Err(e);
-                }
-                warn!(error = %e, "abort failed after a refused Write; making the transactional producer again");
-                self.restart()?;
-                Ok(refused)
-            }
-            Err(e) => Err(e),
-        }
+        Ok(refused)
     }
 
     /// Enqueues one record. A full local queue is waited out (the polling thread drains it);

@@ -598,6 +598,9 @@ impl Committer {
         // an EndTxn(abort) with records in flight with INVALID_TXN_STATE).
         let t = &self.settings.topics;
         let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
+        if self.settings.hooks.aborts_fail_fatally {
+            self.producer.fail_next_abort();
+        }
         self.producer
             .abort_naming_refused(&written, None, REFUSAL_PROBE_TIMEOUT)
     }

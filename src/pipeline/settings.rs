@@ -47,6 +47,9 @@ pub struct TestHooks {
     /// While this file exists, hold right before each `send_offsets_to_transaction` (see
     /// [`crate::kafka::hold`]): the test breaks the group coordinator meanwhile.
     pub hold_send_offsets: Option<std::path::PathBuf>,
+    /// Every abort of an open transaction fails fatally without reaching the broker, as one
+    /// answered INVALID_TXN_STATE does ([`crate::kafka::txn::TxnProducer::fail_next_abort`]).
+    pub aborts_fail_fatally: bool,
 }
 
 /// What one processor instance is.
