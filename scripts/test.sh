@@ -178,14 +178,28 @@ timings() {
 # waited: for a CPU, for memory (all tasks at once), for I/O (all at once)) and load, every 2 s.
 # Tests here fail when a broker goes silent for 15-30 s; when one fails, stall_report says whether
 # the machine stalled at that time, and whether the brokers' JVMs paused themselves (gc.log).
+# The three red runs of 2026-12-03 each had a load of 20-124 on the 2 cores for a minute, and the
+# four green ones none: with more than 8 threads runnable (or waiting on I/O) at a sample, the
+# sample also names the processes they belong to (command[pid]:threads), to find what piles up.
 pressure_log=$logs/pressure.txt
 sample_pressure() {
   [ -r /proc/pressure/memory ] || return 0
+  local loadavg runnable
   while :; do
-    printf '%s load %s cpu-some %s mem-full %s io-full %s\n' "$(date +%T)" "$(cut -d' ' -f1 /proc/loadavg)" \
+    read -r -a loadavg </proc/loadavg
+    runnable=${loadavg[3]%/*}
+    printf '%s load %s cpu-some %s mem-full %s io-full %s runnable %s' "$(date +%T)" "${loadavg[0]}" \
       "$(awk '/^some/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/cpu)" \
       "$(awk '/^full/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/memory)" \
-      "$(awk '/^full/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/io)"
+      "$(awk '/^full/ { sub("avg10=", "", $2); print $2 }' /proc/pressure/io)" "$runnable"
+    if [ "$runnable" -gt 8 ]; then
+      local n pid
+      while read -r n pid; do
+        printf ' %s[%s]:%s' "$(cat "/proc/$pid/comm" 2>/dev/null)" "$pid" "$n"
+      done < <(ps -eLo stat=,pid= 2>/dev/null | awk '$1 ~ /^[RD]/ { n[$2]++ } END { for (p in n) print n[p], p }' \
+        | sort -rn | head -4)
+    fi
+    echo
     sleep 2
   done >"$pressure_log" 2>/dev/null
 }
@@ -193,8 +207,8 @@ sample_pressure() {
 # makes the pipeline fail with SIGPIPE, and set -e would stop the suite before its timings).
 stall_report() { # the gc.log files of the brokers (wiped with them when they stop)
   {
-    echo "test.sh: samples with memory or I/O stalls (full avg10 >= 5%), or a load above 20:"
-    awk '$7 >= 5 || $9 >= 5 || $3 > 20' "$pressure_log" 2>/dev/null | head -40 || true
+    echo "test.sh: samples with memory or I/O stalls (full avg10 >= 5%), a load above 20, or more than 8 threads runnable:"
+    awk '$7 >= 5 || $9 >= 5 || $3 > 20 || $11 > 8' "$pressure_log" 2>/dev/null | head -40 || true
     local gc
     for gc in "$@"; do
       [ -f "$gc" ] || continue
