@@ -1251,6 +1251,96 @@ fn aborted_hand_off_reads_a_held_partition_again(test: &str, extra: &[&str]) {
     }
 }
 
+/// The end of `topic` [0] as a read_committed reader sees it (the last stable offset).
+fn committed_end(topic: &str) -> i64 {
+    use rdkafka::consumer::Consumer;
+    let reader =
+        price_alerts::kafka::read::reader(&kafka(), Isolation::ReadCommitted).expect("a reader");
+    reader
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .expect("the watermarks")
+        .1
+}
+
+/// The bucket gauges: a held (paused) bucket partition's lag is its end minus the held head, and
+/// it follows records that arrive while the partition stays paused; the oldest age is the held
+/// head's. The ends are read beside the loop (`deliver::gauges`), not in it.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn bucket_gauges_follow_a_held_partition_while_it_stays_paused() {
+    let failing = Webhook::up(Behaviour::Status(503));
+    let setup = Setup::new(
+        "deliver-gauges",
+        1,
+        "1s,2s,60s",
+        &[("failing", failing.url())],
+    );
+    let bucket = setup.bucket("1s");
+    let mut deliverer = setup.spawn_with(&[]);
+    setup.wait_ready(&mut deliverer);
+    let lag = || {
+        gauge(
+            &setup.metrics_addr,
+            "alerts_deliver_bucket_lag",
+            "topic",
+            &bucket,
+        )
+    };
+    let age = || {
+        gauge(
+            &setup.metrics_addr,
+            "alerts_deliver_bucket_oldest_age_seconds",
+            "topic",
+            &bucket,
+        )
+    };
+    // Five retries due in two minutes: the first holds the partition, paused, at offset 0.
+    let before = SystemTime::now();
+    let due = before + Duration::from_secs(120);
+    produce_retries(
+        &bucket,
+        "failing",
+        &(0..5).map(|i| (i, due)).collect::<Vec<_>>(),
+    );
+    // Five records and the commit marker, which reaches the partition after EndTxn returns.
+    let end = 6;
+    wait_until("the bucket's stable end", Duration::from_secs(30), || {
+        committed_end(&bucket) == end
+    });
+    // A refresh every 5 s, its ends read at most 5 s before it: within 30 s on a loaded machine.
+    wait_until(
+        "the lag of the held partition",
+        Duration::from_secs(30),
+        || lag() == end as f64,
+    );
+    let oldest = age();
+    assert!(
+        oldest > 0.0 && oldest <= before.elapsed().expect("clock").as_secs_f64() + 1.0,
+        "the held head's age: {oldest} s"
+    );
+    // More arrive behind the held head, while the partition stays paused.
+    produce_retries(
+        &bucket,
+        "failing",
+        &(5..12).map(|i| (i, due)).collect::<Vec<_>>(),
+    );
+    let end = 14;
+    wait_until("the bucket's stable end", Duration::from_secs(30), || {
+        committed_end(&bucket) == end
+    });
+    wait_until(
+        "the lag with the records behind the head",
+        Duration::from_secs(30),
+        || lag() == end as f64,
+    );
+    assert!(failing.requests().is_empty(), "nothing was due yet");
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+}
+
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {

@@ -32,12 +32,14 @@
 //! - [`partitions`]: what the deliverer keeps per partition between polls (held heads, pauses)
 //!   and its fate on assign, revoke, abort and due; the consumer context whose rebalance
 //!   callbacks reach it.
-//! - [`run`](mod@run): start-up, the poll loop with its due-time pauses, shutdown.
+//! - [`run`](mod@run): start-up, the poll loop with its due-time pauses, shutdown; `gauges`: the
+//!   buckets' ends, read beside the loop for the lag gauges.
 //! - [`options`], [`metrics`].
 
 pub mod breaker;
 pub mod buckets;
 mod dispatch;
+mod gauges;
 pub mod handoff;
 pub mod http;
 pub mod metrics;

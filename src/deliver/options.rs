@@ -57,9 +57,10 @@ pub struct DeliverOptions {
     pub retention: Duration,
     /// How long a graceful shutdown may take before exiting non-zero.
     pub shutdown_timeout: Duration,
-    /// Watch the DLQ and the parking lot for their backlog gauges: where metrics are served
-    /// (`--metrics-addr`). The watchers read both topics and their replay ledgers, rights the
-    /// `deliver` role has only with `scripts/acls.sh … --dlq-gauges`.
+    /// Where metrics are served (`--metrics-addr`): watch the DLQ and the parking lot for their
+    /// backlog gauges, and read the buckets' ends for their lag gauges, each on a thread of its
+    /// own. The backlog watchers read both topics and their replay ledgers, rights the `deliver`
+    /// role has only with `scripts/acls.sh … --dlq-gauges`.
     pub backlog_gauges: bool,
     /// Stop once nothing was polled for this long, partitions owned and none held (no retry
     /// waiting for its due time): demos and benchmarks.

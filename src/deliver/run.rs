@@ -27,6 +27,7 @@
 
 use super::buckets::{from_millis, Next, RetryState, Stage};
 use super::dispatch::{Dispatcher, Job, Lane};
+use super::gauges::BucketEnds;
 use super::handoff::{self, rewind_positions, Batch, Failed, Handoff, Target, TestHooks};
 use super::http::{self, Outcome};
 use super::metrics as m;
@@ -58,8 +59,6 @@ use tracing::{debug, info, warn};
 const POLL_SLICE: Duration = Duration::from_millis(100);
 /// How often the bucket gauges are refreshed.
 const GAUGES_EVERY: Duration = Duration::from_secs(5);
-/// Bound on one watermark request of the bucket gauges.
-const WATERMARK_TIMEOUT: Duration = Duration::from_millis(100);
 /// A batch slower than this is logged with where its time went (deliveries or the commit).
 const SLOW_BATCH: Duration = Duration::from_secs(1);
 /// Bound on reading the committed offsets after a commit in doubt.
@@ -194,6 +193,8 @@ struct Deliverer {
     /// Per subscriber: itself, its `max_in_flight` bound and its circuit breaker.
     lanes: HashMap<String, Lane>,
     stats: DeliverStats,
+    /// The buckets' ends, read beside the loop, where the gauges are served ([`BucketEnds`]).
+    bucket_ends: Option<BucketEnds>,
     gauges_at: Instant,
     hook: TestHooks,
     /// The last poll that returned a record, or the last change of assignment
@@ -266,8 +267,13 @@ fn run_blocking(
         stop: Arc::clone(&stop),
         ..TestHooks::default()
     };
+    let bucket_ends = opts
+        .backlog_gauges
+        .then(|| BucketEnds::spawn(&opts.kafka, opts.buckets.bucket_topics(), GAUGES_EVERY))
+        .transpose()?;
     let mut d = Deliverer {
         ends: Ends::new(&opts.kafka),
+        bucket_ends,
         opts,
         rt,
         client,
@@ -765,8 +771,12 @@ impl Deliverer {
             .collect())
     }
 
-    /// Sets each bucket's lag (owned partitions) and the age of its oldest held record.
+    /// Sets each bucket's lag (owned partitions) and the age of its oldest held record, from the
+    /// ends last read beside the loop: nothing here waits on the broker.
     fn bucket_gauges(&self) {
+        let Some(ends) = &self.bucket_ends else {
+            return;
+        };
         let Ok(assigned) = self.consumer.assignment() else {
             return;
         };
@@ -791,13 +801,9 @@ impl Deliverer {
                             _ => None,
                         })
                 });
-                // A short bound: the loop must not wait long on a gauge (a partition whose
-                // watermarks do not come in time is left out of this refresh).
-                if let (Ok((_, high)), Some(pos)) = (
-                    self.consumer.fetch_watermarks(&topic, p, WATERMARK_TIMEOUT),
-                    position,
-                ) {
-                    lag += (high - pos).max(0);
+                // A partition whose end has not been read yet is left out.
+                if let (Some(end), Some(pos)) = (ends.end(&topic, p), position) {
+                    lag += (end - pos).max(0);
                 }
             }
             let oldest = held

@@ -332,11 +332,10 @@ fn start(
                 .arg(subscriptions)
                 .args(["--topic", topic, "--app-id", app])
                 .args(&opts.deliver_args);
-            if case.outage != Outage::None {
-                let addr = format!("127.0.0.1:{}", free_port()?);
-                c.args(["--metrics-addr", &addr]);
-                metrics = Some(addr);
-            }
+            // Served as in production, where they are scraped: the gauges' readers run too.
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            c.args(["--metrics-addr", &addr]);
+            metrics = Some(addr);
             c
         }
         Runner::Reference => {
@@ -370,7 +369,7 @@ fn warm_up(
     topic: &str,
     metrics: Option<&str>,
 ) -> anyhow::Result<Option<f64>> {
-    let Some(addr) = metrics else {
+    let Some(addr) = metrics.filter(|_| case.outage != Outage::None) else {
         return Ok(None);
     };
     Feed::new(&opts.kafka)?.send_raw(topic, &crate::sink::notifications(WARM_UP, 1))?;
