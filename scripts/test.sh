@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # scripts/test.sh: runs every test of the project, the broker tests included, against real Apache
-# Kafka brokers, in three lanes side by side, each a `cargo test` of two threads:
-#   a. the security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure:
-#      SASL_SSL, SCRAM users, an OAUTHBEARER listener, ACLs; KAFKA_SECURE_BOOTSTRAP,
-#      KAFKA_SECURE_DIR, KAFKA_SECURE_CA and KAFKA_SECURE_OAUTH_* tell the tests where it is), and
-#      a few long files on the local single broker (scripts/kafka.sh up);
-#   b. the unit tests and every other broker test, on the single broker;
-#   c. the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3): chaos, restore,
-#      coordinator.
-# A broker that is not running is started here, before the lanes, and stopped again at the end;
+# Kafka brokers, side by side:
+#   - the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3: chaos, restore,
+#     coordinator), one `cargo test` of two threads;
+#   - beside them, a pool of four per-test processes for every other test: the unit tests, the
+#     broker tests on the local single broker (scripts/kafka.sh up), and the security and OIDC
+#     tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM users, an
+#     OAUTHBEARER listener, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR, KAFKA_SECURE_CA and
+#     KAFKA_SECURE_OAUTH_* tell the tests where it is).
+# A broker that is not running is started here, before the tests, and stopped again at the end;
 # one that was already running is reused and left alone. With arguments (a selection such as
 # --test pipeline) every broker is started and the selection runs once.
 #
@@ -20,8 +20,9 @@
 #
 # Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), KAFKA_CLUSTER_BOOTSTRAP (default the
 # cluster's 127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094), DATABASE_URL (default the cluster of
-# scripts/postgres.sh); extra arguments go to `cargo test`
-# before `--` (e.g. scripts/test.sh --test pipeline).
+# scripts/postgres.sh), POOL_SLOTS (tests of the pool at a time, 4), POOL_TEST_TIMEOUT (seconds a
+# test of the pool may take, 900); extra arguments go to `cargo test` before `--` (e.g.
+# scripts/test.sh --test pipeline).
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -127,37 +128,63 @@ for f in tests/*.rs bench/tests/*.rs; do
 done
 cluster_args=()
 for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
-# The three lanes run side by side: their tests mostly wait (for sessions to expire, brokers to
-# answer, children to exit), so three cargo test processes of two threads each keep two cores
-# busy. Until 2026-12-03 the cluster's tests ran after the others, alone with their three brokers
-# (7.5 min after 8.6); beside them the suite takes the longest lane's time, 8.7-10.1 min. Lane A takes
-# these long files, lane B everything else (a new file lands there). Their balance, measured:
-# in a fresh-clone run on an idle machine (2026-12-02), lane A's files took 345 s and lane B's
-# 450 s, so pipeline (42 s) moved to lane A. On 2026-12-03 (security grown by the stages' rights
-# revoked while running) lane A's took 501 s and lane B's 370 s: pipeline, operability and topics
-# (74 s) went back to lane B. Later that day, with Kafka's tools on class-data archives and two
-# tests no longer waiting out a session and a transaction timeout, lane A's took 355 s and lane
-# B's 524 s: oidc (86 s) moved to lane A.
-lane_a_tests=(security failures replay oidc)
-# tests/prometheus.rs (issue 21) runs in lane B. It used to take 134-505 s and load the machine
-# for all of it (a 5-minute freeze, members that waited out session timeouts); it takes 55-90 s
-# now, beside the other lanes too. Where its earlier form ran and failed: beside the other lanes
-# (a load of 57, the broker stalled), after them on the same broker (it stalled under the
-# suite's thousands of partitions), alone first (passed once, failed once, and added its
-# minutes).
-lane_a=() lane_b=()
-set -- "${single_args[@]}"
-while [ $# -gt 0 ]; do
-  case $1 in
-    --test)
-      if [[ " ${lane_a_tests[*]} " == *" $2 "* ]]; then lane_a+=(--test "$2")
-      else lane_b+=(--test "$2"); fi
-      shift 2 ;;
-    *) lane_b+=("$1"); shift ;;
-  esac
-done
+# The cluster's tests run as one `cargo test` of two threads (they take turns at stopping a broker
+# of the shared cluster, with a lock inside their process). Every other test runs beside them in
+# a pool of per-test processes: each is its test binary run for that one test (`--exact`),
+# POOL_SLOTS (4) at a time, the longest known first; a unit-test binary runs whole. The tests
+# mostly wait (for sessions to expire, brokers to answer, children to exit), so six at a time keep
+# two cores busy.
+# Until 2026-12-04 these ran as two lanes of whole files, each a `cargo test` of two threads. A
+# file runs its tests two at a time and the next file waits for its last one, so a file whose
+# long test ran alone (prometheus's 92 s, sink's PostgreSQL crash, deliver's moved partition)
+# left a thread idle: in a fresh-clone run (ci27) the lanes took 536 and 569 s beside the
+# cluster's 494. The pool keeps the same four tests running at once, without those gaps.
+pool_slots=${POOL_SLOTS:-4} pool_test_timeout=${POOL_TEST_TIMEOUT:-900}
+# The longest tests of the pool, longest first (60-95 s each in fresh-clone runs): started first,
+# so that the pool does not end with one of them running alone. The pool prints its longest tests
+# at the end; one that grows long belongs here.
+slow_first=(shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_panel_answers
+  postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters
+  end_to_end_over_sasl_ssl_with_exactly_the_documented_acls
+  a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again
+  short_lived_tokens_are_refreshed_and_a_longer_run_keeps_working
+  tokens_refused_while_running_then_issued_again_the_run_completes_exactly_once
+  end_to_end_over_oauthbearer_each_binary_its_own_client
+  sink_group_read_revoked_while_running_reports_and_resumes
+  sink_input_read_revoked_while_running_reports_and_resumes
+  a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once)
+# The pool's jobs, one per line: the package's dir, a label, the test ("-": the whole binary) and
+# the executable, separated by tabs. The binaries are built already; `--list` names their tests.
+pool_jobs() { # cargo test selection...
+  local dir kind name exe t slow listed
+  local -A slow_job=()
+  local -a rest=()
+  # A failure here ends the script (set -e): a list that cannot be made must not pass as empty.
+  cargo test --locked --workspace --no-run --message-format=json "$@" >"$logs/artifacts.json"
+  jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null)
+    | [(.manifest_path | rtrimstr("/Cargo.toml")), .target.kind[0], .target.name, .executable] | @tsv' \
+    "$logs/artifacts.json" >"$logs/binaries"
+  while IFS=$'\t' read -r dir kind name exe; do
+    if [ "$kind" != test ]; then
+      rest+=("$dir"$'\t'"$kind $name"$'\t'-$'\t'"$exe")
+      continue
+    fi
+    listed=$("$exe" --list --include-ignored --format terse)
+    while IFS= read -r t; do
+      t=${t%: test}
+      [[ " ${skipped[*]} " == *" $t "* ]] && continue
+      if [[ " ${slow_first[*]} " == *" $t "* ]]; then slow_job[$t]="$dir"$'\t'"$name"$'\t'"$t"$'\t'"$exe"
+      else rest+=("$dir"$'\t'"$name"$'\t'"$t"$'\t'"$exe"); fi
+    done < <(grep ': test$' <<<"$listed" || true)
+  done <"$logs/binaries"
+  [ ${#rest[@]} -gt 0 ] || { echo "test.sh: no test found for the pool" >&2; return 1; }
+  for slow in "${slow_first[@]}"; do
+    if [ -n "${slow_job[$slow]:-}" ]; then printf '%s\n' "${slow_job[$slow]}"; fi
+  done
+  printf '%s\n' "${rest[@]}"
+}
 logs=$(mktemp -d)
-# Each lane's output goes to its own file, printed whole when the lane ends (interleaved output
+# The cluster lane's output goes to a file, printed whole when the lane ends (interleaved output
 # would be unreadable), followed by how long each test file took.
 # Each test binary's start and each test's end are stamped with the time of day ("Running
 # tests/x.rs (...) at 11:02:33", "test x ... ok at 11:03:10", as the pressure samples below): the
@@ -171,8 +198,62 @@ run_lane() { # name args...
   { echo "=== test.sh: lane $name (exit $rc)"; cat "$logs/$name.log"; } >&2
   return $rc
 }
+# The pool: runs the jobs of pool_jobs, `slots` at a time. Each test's line is printed as it ends
+# ("test.sh: deliver some_test ... ok in 12.3 s (from 11:02:33)", the time of day as in the
+# pressure samples below: which tests ran beside which, and when the machine was busy); the whole
+# output of each one that failed follows the pool. A subshell, so that `wait -n` waits for the
+# pool's own jobs only, not for the cluster's lane beside it.
+run_pool() ( # slots jobs-file
+  local slots=$1 n i=0 running=0 rc failed=0
+  local -a jobs
+  mapfile -t jobs <"$2"
+  n=${#jobs[@]}
+  echo "test.sh: the pool: $n tests and unit-test binaries, $slots at a time" >&2
+  while [ "$i" -lt "$n" ] || [ "$running" -gt 0 ]; do
+    while [ "$running" -lt "$slots" ] && [ "$i" -lt "$n" ]; do
+      pool_job "$i" "${jobs[i]}" &
+      i=$((i + 1)) running=$((running + 1))
+    done
+    rc=0
+    wait -n || rc=$?
+    running=$((running - 1))
+    [ "$rc" = 0 ] || failed=1
+  done
+  while IFS=$'\t' read -r label test out; do
+    echo "=== test.sh: $label $test FAILED; its output:" >&2
+    cat "$out" >&2
+  done < <(cat "$logs/pool-failed" 2>/dev/null)
+  return "$failed"
+)
+pool_job() { # index job
+  local dir label test exe out=$logs/job-$1.out rc=0 start verdict=ok
+  IFS=$'\t' read -r dir label test exe <<<"$2"
+  start=$EPOCHREALTIME
+  if [ "$test" = - ]; then
+    (cd "$dir" && exec "$exe" --include-ignored --test-threads=2 "${skip_args[@]}") >"$out" 2>&1 || rc=$?
+  else
+    # A test that hangs fails after POOL_TEST_TIMEOUT instead of holding the suite until CI's.
+    (cd "$dir" && exec timeout --kill-after=10 "$pool_test_timeout" "$exe" --include-ignored \
+      --test-threads=1 --exact "$test") >"$out" 2>&1 || rc=$?
+    # A name that matches no test passes with "0 passed": a test that did not run.
+    if [ "$rc" = 0 ] && ! grep -q '^test result: ok\. 1 passed' "$out"; then rc=1; fi
+  fi
+  local took
+  took=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  if [ "$rc" != 0 ]; then
+    verdict="FAILED (exit $rc)"
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then verdict="FAILED (no end after $pool_test_timeout s)"; fi
+    printf '%s\t%s\t%s\n' "$label" "$test" "$out" >>"$logs/pool-failed"
+  fi
+  printf '%s %s %s\n' "$took" "$label" "$test" >>"$logs/pool-times"
+  printf 'test.sh: %s %s ... %s in %s s (from %(%T)T)\n' "$label" "$test" "$verdict" "$took" "${start%.*}" >&2
+  return "$rc"
+}
 timings() {
+  echo "test.sh: time per test file of the cluster's lane:" >&2
   cat "$logs"/*.log 2>/dev/null | awk '/ Running /{f=$2; at=$NF} /test result/{print "  " f ": " $NF " (from " at ")"}' >&2 || true
+  echo "test.sh: the pool's longest tests (s):" >&2
+  sort -rn "$logs/pool-times" 2>/dev/null | head -15 | sed 's/^/  /' >&2 || true
 }
 # While the tests run, the machine's pressure (PSI, the share of the last 10 s in which tasks
 # waited: for a CPU, for memory (all tasks at once), for I/O (all at once)) and load, every 2 s.
@@ -254,18 +335,17 @@ broker_cpu() { # the CPU seconds each running broker of this checkout has used
     awk -v f="$f" -v hz="$(getconf CLK_TCK)" '{ printf "  %s: %.0f CPU s\n", f, ($14 + $15) / hz }' "/proc/$pid/stat"
   done >&2
 }
-run_lane a "${lane_a[@]}" & lane_a_pid=$!
+pool_jobs "${single_args[@]}" >"$logs/pool-jobs"
+tests_from=$SECONDS
 run_lane cluster "${cluster_args[@]}" & cluster_pid=$!
-run_lane b "${lane_b[@]}" || { echo "test.sh: lane b returned $?" >&2; failed=1; }
-wait "$lane_a_pid" || { echo "test.sh: lane a returned $?" >&2; failed=1; }
+run_pool "$pool_slots" "$logs/pool-jobs" || { echo "test.sh: the pool returned $?" >&2; failed=1; }
 wait "$cluster_pid" || { echo "test.sh: lane cluster returned $?" >&2; failed=1; }
 echo "test.sh: broker CPU:" >&2
 broker_cpu
 if [ "$failed" = 1 ]; then stall_report .kafka/gc.log .kafka/secure/gc.log .kafka/cluster/broker-*/gc.log; fi
-echo "test.sh: time per test file:" >&2
 timings
 if [ "$failed" = 1 ]; then
-  echo "test.sh: some tests failed (${SECONDS}s)" >&2
+  echo "test.sh: some tests failed (${SECONDS}s; the tests $((SECONDS - tests_from)) s)" >&2
   exit 1
 fi
-echo "test.sh: all tests passed in ${SECONDS}s"
+echo "test.sh: all tests passed in ${SECONDS}s: the tests $((SECONDS - tests_from)) s, after $tests_from s of build and broker starts"
