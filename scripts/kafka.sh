@@ -72,6 +72,9 @@
 #                              and C1 alone with one GC thread halves its CPU time (AclCommand:
 #                              5.3 s -> 2.6 s of user time), which two cores shared with brokers
 #                              and tests feel; a long-running tool (a benchmark) wants it empty
+#   KAFKA_TOOL_SLOTS           how many `tool` JVMs of this checkout run at once (default 2, the
+#                              cores of the machines here; 0: no bound); the others wait their
+#                              turn (see tool_slot)
 #   KAFKA_NOFILE               open-file limit (ulimit -n) every broker started here gets; default
 #                              100000 (see raise_open_files)
 #   KAFKA_WIPE                 1: `down` deletes .kafka/data as with --wipe
@@ -682,12 +685,33 @@ cmd_classpath() {
   classpath
 }
 
+# At most KAFKA_TOOL_SLOTS `tool` JVMs of this checkout run at once; the others wait for a slot.
+# scripts/acls.sh starts one AclCommand JVM per entry of a role, side by side, and the security
+# tests apply several roles at once: in a fresh-clone suite run (2026-12-04, ci28) dozens of tool
+# JVMs starting together held the load at 30-40 on two cores for minutes, starving the brokers
+# and the binaries under test, and three tests failed. Their CPU is the same in turns; the
+# brokers keep their share. A slot is a lock file held with flock on fd 9, which the JVM inherits
+# (exec), so the slot is free again when the JVM ends, however it ends.
+tool_slot() {
+  local slots=${KAFKA_TOOL_SLOTS:-2} i
+  [[ $slots =~ ^[0-9]+$ ]] || die "KAFKA_TOOL_SLOTS must be a number, not '$slots'"
+  ((slots > 0)) && command -v flock >/dev/null && mkdir -p "$STATE/tool-slots" 2>/dev/null || return 0
+  for ((i = 0; i < slots; i++)); do
+    exec 9>"$STATE/tool-slots/$i"
+    flock -n 9 && return 0
+  done
+  # All taken: wait for one, spread by PID.
+  exec 9>"$STATE/tool-slots/$(($$ % slots))"
+  flock 9
+}
+
 cmd_tool() {
   (($#)) || die "usage: scripts/kafka.sh tool CLASS [ARGS...]  (e.g. org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list)"
   need_java
   ensure_jars
   local cls=$1 rc=0
   shift
+  tool_slot
   tool_jvm "$cls" --dump
   [[ -n $TOOL_ARCHIVE ]] || exec "${TOOL_CMD[@]}" "$cls" "$@"
   "${TOOL_CMD[@]}" "$cls" "$@" || rc=$?
