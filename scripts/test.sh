@@ -3,9 +3,9 @@
 # Kafka brokers, side by side:
 #   - the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3: chaos, restore,
 #     coordinator), one `cargo test` of two threads;
-#   - beside them, a pool of four per-test processes for every other test: the unit tests, the
-#     broker tests on the local single broker (scripts/kafka.sh up), and the security and OIDC
-#     tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM users, an
+#   - beside them, two lanes of per-test processes, two at a time each, for every other test: the
+#     unit tests, the broker tests on the local single broker (scripts/kafka.sh up), and (lane a)
+#     the security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM users, an
 #     OAUTHBEARER listener, ACLs; KAFKA_SECURE_BOOTSTRAP, KAFKA_SECURE_DIR, KAFKA_SECURE_CA and
 #     KAFKA_SECURE_OAUTH_* tell the tests where it is).
 # A broker that is not running is started here, before the tests, and stopped again at the end;
@@ -20,8 +20,7 @@
 #
 # Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), KAFKA_CLUSTER_BOOTSTRAP (default the
 # cluster's 127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094), DATABASE_URL (default the cluster of
-# scripts/postgres.sh), POOL_SLOTS (tests of the pool at a time, 4), POOL_TEST_TIMEOUT (seconds a
-# test of the pool may take, 900); extra arguments go to `cargo test` before `--` (e.g.
+# scripts/postgres.sh), POOL_TEST_TIMEOUT (seconds a test of lanes a and b may take, 900); extra arguments go to `cargo test` before `--` (e.g.
 # scripts/test.sh --test pipeline).
 set -euo pipefail
 
@@ -128,21 +127,27 @@ for f in tests/*.rs bench/tests/*.rs; do
 done
 cluster_args=()
 for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
-# The cluster's tests run as one `cargo test` of two threads (they take turns at stopping a broker
-# of the shared cluster, with a lock inside their process). Every other test runs beside them in
-# a pool of per-test processes: each is its test binary run for that one test (`--exact`),
-# POOL_SLOTS (4) at a time, the longest known first; a unit-test binary runs whole. The tests
-# mostly wait (for sessions to expire, brokers to answer, children to exit), so six at a time keep
-# two cores busy.
-# Until 2026-12-04 these ran as two lanes of whole files, each a `cargo test` of two threads. A
-# file runs its tests two at a time and the next file waits for its last one, so a file whose
-# long test ran alone (prometheus's 92 s, sink's PostgreSQL crash, deliver's moved partition)
-# left a thread idle: in a fresh-clone run (ci27) the lanes took 536 and 569 s beside the
-# cluster's 494. The pool keeps the same four tests running at once, without those gaps.
-pool_slots=${POOL_SLOTS:-4} pool_test_timeout=${POOL_TEST_TIMEOUT:-900}
-# The longest tests of the pool, longest first (60-95 s each in fresh-clone runs): started first,
-# so that the pool does not end with one of them running alone. The pool prints its longest tests
-# at the end; one that grows long belongs here.
+# Three lanes run side by side, two tests at a time each: the tests mostly wait (for sessions to
+# expire, brokers to answer, children to exit), so six at a time keep two cores busy.
+#   - The cluster's tests, one `cargo test` of two threads: they take turns at stopping a broker of
+#     the shared cluster, with a lock inside their process.
+#   - Lanes a and b: every other test, each lane a pool of per-test processes. A test is its test
+#     binary run for that one test (`--exact`), two at a time, the longest known first; a
+#     unit-test binary runs whole. Lane a takes the secured broker's tests and a few long files,
+#     lane b the rest (a new file lands there).
+# Until 2026-12-04 lanes a and b ran whole files, each a `cargo test` of two threads. A file runs
+# its tests two at a time and the next file waits for its last one, so a file whose long test ran
+# alone (prometheus's 92 s, sink's PostgreSQL crash, deliver's moved partition) left a thread idle:
+# in a fresh-clone run (ci27) the lanes took 536 and 569 s beside the cluster's 494. One pool of
+# four for both (ci28) started every long test at once: the secured broker's end to end, two OIDC
+# runs, the revoked rights, Prometheus, with the chaos run beside them, and the load stayed at
+# 30-40 on the two cores for minutes (the samples named dozens of short-lived Kafka tool JVMs,
+# scripts/acls.sh's); three tests failed. The secured broker's tests stay two at a time, as before.
+lane_a_tests=(security failures replay oidc)
+pool_test_timeout=${POOL_TEST_TIMEOUT:-900}
+# The longest tests of lanes a and b, longest first (60-190 s each in fresh-clone runs): each lane
+# starts its own first, so that it does not end with one of them running alone. The longest are
+# printed at the end; a test that grows long belongs here.
 slow_first=(shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_panel_answers
   postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters
   end_to_end_over_sasl_ssl_with_exactly_the_documented_acls
@@ -177,7 +182,7 @@ pool_jobs() { # cargo test selection...
       else rest+=("$dir"$'\t'"$name"$'\t'"$t"$'\t'"$exe"); fi
     done < <(grep ': test$' <<<"$listed" || true)
   done <"$logs/binaries"
-  [ ${#rest[@]} -gt 0 ] || { echo "test.sh: no test found for the pool" >&2; return 1; }
+  [ ${#rest[@]} -gt 0 ] || { echo "test.sh: no test found for a lane" >&2; return 1; }
   for slow in "${slow_first[@]}"; do
     if [ -n "${slow_job[$slow]:-}" ]; then printf '%s\n' "${slow_job[$slow]}"; fi
   done
@@ -198,20 +203,20 @@ run_lane() { # name args...
   { echo "=== test.sh: lane $name (exit $rc)"; cat "$logs/$name.log"; } >&2
   return $rc
 }
-# The pool: runs the jobs of pool_jobs, `slots` at a time. Each test's line is printed as it ends
-# ("test.sh: deliver some_test ... ok in 12.3 s (from 11:02:33)", the time of day as in the
-# pressure samples below: which tests ran beside which, and when the machine was busy); the whole
-# output of each one that failed follows the pool. A subshell, so that `wait -n` waits for the
-# pool's own jobs only, not for the cluster's lane beside it.
-run_pool() ( # slots jobs-file
-  local slots=$1 n i=0 running=0 rc failed=0
+# A lane of per-test processes: runs the jobs of pool_jobs, `slots` at a time. Each test's line is
+# printed as it ends ("test.sh: deliver some_test ... ok in 12.3 s (from 11:02:33)", the time of
+# day as in the pressure samples below: which tests ran beside which, and when the machine was
+# busy); the whole output of each one that failed follows when the lane ends. A subshell, so that
+# `wait -n` waits for the lane's own jobs only, not for the other lanes beside it.
+run_pool() ( # name slots jobs-file
+  local name=$1 slots=$2 n i=0 running=0 rc failed=0
   local -a jobs
-  mapfile -t jobs <"$2"
+  mapfile -t jobs <"$3"
   n=${#jobs[@]}
-  echo "test.sh: the pool: $n tests and unit-test binaries, $slots at a time" >&2
+  echo "test.sh: lane $name: $n tests and unit-test binaries, $slots at a time" >&2
   while [ "$i" -lt "$n" ] || [ "$running" -gt 0 ]; do
     while [ "$running" -lt "$slots" ] && [ "$i" -lt "$n" ]; do
-      pool_job "$i" "${jobs[i]}" &
+      pool_job "$name-$i" "${jobs[i]}" &
       i=$((i + 1)) running=$((running + 1))
     done
     rc=0
@@ -222,10 +227,10 @@ run_pool() ( # slots jobs-file
   while IFS=$'\t' read -r label test out; do
     echo "=== test.sh: $label $test FAILED; its output:" >&2
     cat "$out" >&2
-  done < <(cat "$logs/pool-failed" 2>/dev/null)
+  done < <(grep -h "/job-$name-" "$logs/pool-failed" 2>/dev/null)
   return "$failed"
 )
-pool_job() { # index job
+pool_job() { # id job
   local dir label test exe out=$logs/job-$1.out rc=0 start verdict=ok
   IFS=$'\t' read -r dir label test exe <<<"$2"
   start=$EPOCHREALTIME
@@ -252,7 +257,7 @@ pool_job() { # index job
 timings() {
   echo "test.sh: time per test file of the cluster's lane:" >&2
   cat "$logs"/*.log 2>/dev/null | awk '/ Running /{f=$2; at=$NF} /test result/{print "  " f ": " $NF " (from " at ")"}' >&2 || true
-  echo "test.sh: the pool's longest tests (s):" >&2
+  echo "test.sh: the longest tests of lanes a and b (s):" >&2
   sort -rn "$logs/pool-times" 2>/dev/null | head -15 | sed 's/^/  /' >&2 || true
 }
 # While the tests run, the machine's pressure (PSI, the share of the last 10 s in which tasks
@@ -335,10 +340,24 @@ broker_cpu() { # the CPU seconds each running broker of this checkout has used
     awk -v f="$f" -v hz="$(getconf CLK_TCK)" '{ printf "  %s: %.0f CPU s\n", f, ($14 + $15) / hz }' "/proc/$pid/stat"
   done >&2
 }
-pool_jobs "${single_args[@]}" >"$logs/pool-jobs"
+lane_a=() lane_b=()
+set -- "${single_args[@]}"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --test)
+      if [[ " ${lane_a_tests[*]} " == *" $2 "* ]]; then lane_a+=(--test "$2")
+      else lane_b+=(--test "$2"); fi
+      shift 2 ;;
+    *) lane_b+=("$1"); shift ;;
+  esac
+done
+pool_jobs "${lane_a[@]}" >"$logs/jobs-a"
+pool_jobs "${lane_b[@]}" >"$logs/jobs-b"
 tests_from=$SECONDS
 run_lane cluster "${cluster_args[@]}" & cluster_pid=$!
-run_pool "$pool_slots" "$logs/pool-jobs" || { echo "test.sh: the pool returned $?" >&2; failed=1; }
+run_pool a 2 "$logs/jobs-a" & lane_a_pid=$!
+run_pool b 2 "$logs/jobs-b" || { echo "test.sh: lane b returned $?" >&2; failed=1; }
+wait "$lane_a_pid" || { echo "test.sh: lane a returned $?" >&2; failed=1; }
 wait "$cluster_pid" || { echo "test.sh: lane cluster returned $?" >&2; failed=1; }
 echo "test.sh: broker CPU:" >&2
 broker_cpu
