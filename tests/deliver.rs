@@ -1294,45 +1294,32 @@ fn bucket_gauges_follow_a_held_partition_while_it_stays_paused() {
             &bucket,
         )
     };
-    // Five retries due in two minutes: the first holds the partition, paused, at offset 0.
+    // Retries due in two minutes: the first holds the partition, paused, at offset 0.
     let before = SystemTime::now();
     let due = before + Duration::from_secs(120);
-    produce_retries(
-        &bucket,
-        "failing",
-        &(0..5).map(|i| (i, due)).collect::<Vec<_>>(),
-    );
-    // Five records and the commit marker, which reaches the partition after EndTxn returns.
-    let end = 6;
-    wait_until("the bucket's stable end", Duration::from_secs(30), || {
-        committed_end(&bucket) == end
-    });
-    // A refresh every 5 s, its ends read at most 5 s before it: within 30 s on a loaded machine.
-    wait_until(
-        "the lag of the held partition",
-        Duration::from_secs(30),
-        || lag() == end as f64,
-    );
+    // Writes retries `seqs` in one transaction; once the bucket's stable end is `end` (the commit
+    // marker reaches the partition after EndTxn returns), the lag must come to `end` too: a
+    // refresh every 5 s, its ends read at most 5 s before it, so within 30 s on a loaded machine.
+    let add = |seqs: std::ops::Range<u64>, end: i64, what: &str| {
+        produce_retries(
+            &bucket,
+            "failing",
+            &seqs.map(|i| (i, due)).collect::<Vec<_>>(),
+        );
+        wait_until("the bucket's stable end", Duration::from_secs(30), || {
+            committed_end(&bucket) == end
+        });
+        wait_until(what, Duration::from_secs(30), || lag() == end as f64);
+    };
+    // Five records and a marker.
+    add(0..5, 6, "the lag of the held partition");
     let oldest = age();
     assert!(
         oldest > 0.0 && oldest <= before.elapsed().expect("clock").as_secs_f64() + 1.0,
         "the held head's age: {oldest} s"
     );
-    // More arrive behind the held head, while the partition stays paused.
-    produce_retries(
-        &bucket,
-        "failing",
-        &(5..12).map(|i| (i, due)).collect::<Vec<_>>(),
-    );
-    let end = 14;
-    wait_until("the bucket's stable end", Duration::from_secs(30), || {
-        committed_end(&bucket) == end
-    });
-    wait_until(
-        "the lag with the records behind the head",
-        Duration::from_secs(30),
-        || lag() == end as f64,
-    );
+    // Seven more and a marker behind the held head, while the partition stays paused.
+    add(5..12, 14, "the lag with the records behind the head");
     assert!(failing.requests().is_empty(), "nothing was due yet");
     deliverer.signal("TERM");
     assert!(
