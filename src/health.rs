@@ -61,10 +61,21 @@ impl Health {
 
     /// The processing loop made progress.
     pub fn beat(&self) {
-        // Rounded up: a stall is never measured longer than it is, so the watchdog never fires
-        // before its bound (rounded down, it fired 0.15 ms early in a test).
-        let ms = self.inner.started.elapsed().as_micros().div_ceil(1000) as u64;
-        self.inner.last_beat_ms.store(ms, Ordering::Relaxed);
+        self.beat_at(Instant::now());
+    }
+
+    fn beat_at(&self, now: Instant) {
+        // Rounded up from the nanosecond: a stall is never measured longer than it is, so the
+        // watchdog never fires before its bound (rounded down, it fired 0.15 ms early in a test;
+        // rounded up from whole microseconds, a beat 900 ns past a millisecond was stored as that
+        // millisecond, and a stall measured 902 ns where 771 ns had passed).
+        let ms = now
+            .saturating_duration_since(self.inner.started)
+            .as_nanos()
+            .div_ceil(1_000_000);
+        self.inner
+            .last_beat_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub fn ready(&self) {
@@ -345,6 +356,18 @@ mod tests {
             let at_most = before.elapsed();
             assert!(measured <= at_most, "{measured:?} > {at_most:?}");
         }
+    }
+
+    /// The same at the edge the loop above finds only by chance: a beat less than a microsecond
+    /// past a whole millisecond.
+    #[test]
+    fn a_beat_just_past_a_millisecond_is_not_measured_as_that_millisecond() {
+        let h = Health::new(Duration::from_secs(60));
+        let beat = h.inner.started + Duration::from_nanos(5_000_900);
+        h.beat_at(beat);
+        assert_eq!(h.since_progress_at(beat), Duration::ZERO);
+        let later = beat + Duration::from_micros(500);
+        assert!(h.since_progress_at(later) <= Duration::from_micros(500));
     }
 
     #[test]
