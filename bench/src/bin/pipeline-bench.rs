@@ -20,9 +20,13 @@ struct Cli {
     /// Commit intervals of the exactly-once runs, comma-separated durations.
     #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "10ms,100ms,1s")]
     intervals: Vec<std::time::Duration>,
-    /// Also run at-least-once (at 100 ms) to compare.
+    /// Also run at-least-once to compare.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     at_least_once: bool,
+    /// Commit intervals of the at-least-once runs. Each exactly-once run is paired with the
+    /// at-least-once run of its own interval where there is one, else with the first listed.
+    #[arg(long, value_delimiter = ',', value_parser = price_alerts::cli::interval, default_value = "100ms")]
+    at_least_once_intervals: Vec<std::time::Duration>,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Pre-loaded ticks for the throughput phase.
@@ -59,8 +63,15 @@ fn run() -> anyhow::Result<()> {
         .parent()
         .context("locating the binaries folder")?
         .join("alert-pipeline");
-    let intervals_ms: Vec<u64> = cli.intervals.iter().map(|d| d.as_millis() as u64).collect();
-    let configs = Config::list(&intervals_ms, cli.at_least_once, &cli.variant);
+    let ms = |ds: &[std::time::Duration]| -> Vec<u64> {
+        ds.iter().map(|d| d.as_millis() as u64).collect()
+    };
+    let alo_ms = if cli.at_least_once {
+        ms(&cli.at_least_once_intervals)
+    } else {
+        Vec::new()
+    };
+    let configs = Config::list(&ms(&cli.intervals), &alo_ms, &cli.variant);
     let opts = Options {
         kafka: cli.kafka.connect()?,
         binary,

@@ -98,9 +98,13 @@ impl Config {
         }
     }
 
-    /// Exactly-once at each commit interval (ms), then at-least-once at 100 ms if asked for; each
-    /// once per variant (once as shipped when there are none).
-    pub fn list(intervals_ms: &[u64], at_least_once: bool, variants: &[Variant]) -> Vec<Config> {
+    /// Exactly-once at each of `intervals_ms`, then at-least-once at each of `alo_intervals_ms`;
+    /// each once per variant (once as shipped when there are none).
+    pub fn list(
+        intervals_ms: &[u64],
+        alo_intervals_ms: &[u64],
+        variants: &[Variant],
+    ) -> Vec<Config> {
         let shipped = [Variant::default()];
         let variants = if variants.is_empty() {
             &shipped[..]
@@ -116,10 +120,10 @@ impl Config {
                     variant: variant.clone(),
                 });
             }
-            if at_least_once {
+            for &ms in alo_intervals_ms {
                 configs.push(Config {
                     guarantee: "at-least-once",
-                    commit_interval_ms: 100,
+                    commit_interval_ms: ms,
                     variant: variant.clone(),
                 });
             }
@@ -213,6 +217,55 @@ pub struct Summary {
     pub peak_rss_mib: f64,
     pub startup_peak_rss_mib: f64,
     pub processing_peak_rss_mib: f64,
+    /// For an exactly-once configuration, against its at-least-once partner ([`partner`]):
+    /// the median of the per-repeat ratios of ticks/s and of latency p99 (runs of the same
+    /// repeat ran next to each other, so drift on the machine hits both alike).
+    pub paired: Option<Paired>,
+}
+
+/// Exactly-once over at-least-once, as medians of per-repeat ratios.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Paired {
+    pub at_least_once_interval_ms: u64,
+    pub ticks_per_sec: f64,
+    pub latency_p99: f64,
+}
+
+/// The at-least-once configuration an exactly-once one is compared with: the one of the same
+/// variant and interval, else the first of the same variant.
+pub fn partner<'a>(configs: &'a [Config], c: &Config) -> Option<&'a Config> {
+    if c.guarantee != "exactly-once" {
+        return None;
+    }
+    let alo = || {
+        configs
+            .iter()
+            .filter(|o| o.guarantee == "at-least-once" && o.variant == c.variant)
+    };
+    alo()
+        .find(|o| o.commit_interval_ms == c.commit_interval_ms)
+        .or_else(|| alo().next())
+}
+
+fn paired(configs: &[Config], c: &Config, results: &[RunResult]) -> Option<Paired> {
+    let alo = partner(configs, c)?;
+    let ratios = |f: fn(&RunResult) -> f64| -> Vec<f64> {
+        results
+            .iter()
+            .filter(|r| &r.config == c)
+            .filter_map(|r| {
+                let other = results
+                    .iter()
+                    .find(|o| &o.config == alo && o.repeat == r.repeat)?;
+                (f(other) > 0.0).then(|| f(r) / f(other))
+            })
+            .collect()
+    };
+    Some(Paired {
+        at_least_once_interval_ms: alo.commit_interval_ms,
+        ticks_per_sec: median(&ratios(|r| r.ticks_per_sec))?,
+        latency_p99: median(&ratios(|r| r.latency_p99_ms))?,
+    })
 }
 
 /// Runs every configuration `repeats` times, interleaved; `progress` is told of each run.
@@ -257,6 +310,7 @@ pub fn summarize(configs: &[Config], results: &[RunResult]) -> Vec<Summary> {
                 peak_rss_mib: median(&of(|r| r.peak_rss_mib))?,
                 startup_peak_rss_mib: median(&of(|r| r.startup_peak_rss_mib))?,
                 processing_peak_rss_mib: median(&of(|r| r.processing_peak_rss_mib))?,
+                paired: paired(configs, c, results),
             })
         })
         .collect()
@@ -279,17 +333,21 @@ pub fn write_outputs(
 /// The summary as a Markdown table.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
-        "| mode | commit interval | variant | ticks/s (median) | min-max | backlog: commits/s, time in commits, steps (mean ms) | latency p50 | latency p99 | paced commits/s | paced commit mean | paced commits > 100 ms | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | commit interval | variant | ticks/s (median) | min-max | paired / at-least-once: ticks/s, p99 | backlog: commits/s, time in commits, steps (mean ms) | latency p50 | latency p99 | paced commits/s | paced commit mean | paced commits > 100 ms | peak RSS | start-up peak | processing peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in summaries {
         out.push_str(&format!(
-            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
+            "| {} | {} ms | {} | {:.0} | {:.0}-{:.0} | {} | {} | {:.0} ms | {:.0} ms | {:.1} | {:.1} ms | {:.0} | {:.0} MiB | {:.0} MiB | {:.0} MiB |\n",
             s.config.guarantee,
             s.config.commit_interval_ms,
             if s.config.variant.name.is_empty() { "as shipped" } else { &s.config.variant.name },
             s.ticks_per_sec,
             s.ticks_per_sec_min,
             s.ticks_per_sec_max,
+            s.paired.map_or("-".to_owned(), |p| format!(
+                "{:.3}, {:.2} (vs {} ms)",
+                p.ticks_per_sec, p.latency_p99, p.at_least_once_interval_ms
+            )),
             s.backlog,
             s.latency_p50_ms,
             s.latency_p99_ms,
@@ -660,14 +718,61 @@ mod tests {
         assert!(CommitTimeline::median(std::iter::empty()).is_none());
     }
 
+    fn run_of(config: &Config, repeat: usize, ticks_per_sec: f64, p99: f64) -> RunResult {
+        RunResult {
+            config: config.clone(),
+            repeat,
+            ticks_per_sec,
+            backlog: CommitTimeline::default(),
+            latency_p50_ms: 0.0,
+            latency_p99_ms: p99,
+            latency_samples: 1,
+            paced_commits_per_sec: 0.0,
+            paced_commit_mean_ms: 0.0,
+            paced_slow_commits: 0.0,
+            latencies_ms: Vec::new(),
+            peak_rss_mib: 0.0,
+            startup_peak_rss_mib: 0.0,
+            processing_peak_rss_mib: 0.0,
+        }
+    }
+
+    #[test]
+    fn exactly_once_is_paired_with_at_least_once_of_its_interval_and_repeat() {
+        let configs = Config::list(&[20, 50], &[20, 100], &[]);
+        let (eos20, eos50, alo20) = (&configs[0], &configs[1], &configs[2]);
+        // Interval 50 has no at-least-once run of its own: the first listed stands in.
+        assert_eq!(partner(&configs, eos20), Some(alo20));
+        assert_eq!(partner(&configs, eos50), Some(alo20));
+        assert_eq!(partner(&configs, alo20), None);
+        let results = vec![
+            run_of(eos20, 0, 90.0, 40.0),
+            run_of(alo20, 0, 100.0, 20.0),
+            // Repeat 1 ran on a slower machine: the ratio, not the raw figure, counts.
+            run_of(eos20, 1, 45.0, 60.0),
+            run_of(alo20, 1, 50.0, 20.0),
+            run_of(eos20, 2, 80.0, 30.0),
+            run_of(alo20, 2, 100.0, 30.0),
+        ];
+        let summary = summarize(&configs, &results);
+        let p = summary[0].paired.expect("paired");
+        assert_eq!(p.at_least_once_interval_ms, 20);
+        assert!((p.ticks_per_sec - 0.9).abs() < 1e-9, "{p:?}");
+        assert!((p.latency_p99 - 2.0).abs() < 1e-9, "{p:?}");
+        // Summaries exist only for configurations that ran, and at-least-once has no pair.
+        assert_eq!(summary.len(), 2);
+        assert!(summary[1].paired.is_none());
+    }
+
     #[test]
     fn every_configuration_runs_once_per_variant() {
         let variants: Vec<Variant> = vec!["a=".parse().unwrap(), "b=".parse().unwrap()];
-        let configs = Config::list(&[10, 100], true, &variants);
+        let configs = Config::list(&[10, 100], &[100], &variants);
         assert_eq!(configs.len(), 6);
         assert_eq!(configs[3].label(), "exactly-once 10ms [b]");
+        assert_eq!(configs[5].label(), "at-least-once 100ms [b]");
         assert_eq!(
-            Config::list(&[100], false, &[])[0].label(),
+            Config::list(&[100], &[], &[])[0].label(),
             "exactly-once 100ms"
         );
     }
