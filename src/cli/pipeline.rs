@@ -61,6 +61,11 @@ pub struct PipelineArgs {
     /// Producer transaction.timeout.ms.
     #[arg(long, default_value = "10s", value_parser = super::duration)]
     pub transaction_timeout: std::time::Duration,
+    /// Transactional producers taken in turn, one transaction each (1 or 2). With 2, a batch
+    /// does not wait for the previous commit's markers before its records can leave; the
+    /// second one's transactional id is <app>-<instance>#2.
+    #[arg(long, env = "TXN_PRODUCERS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub txn_producers: u8,
     /// How long a graceful shutdown may take before exiting non-zero.
     #[arg(long, default_value = "30s", value_parser = super::duration)]
     pub shutdown_timeout: std::time::Duration,
@@ -181,6 +186,7 @@ impl PipelineArgs {
                 transaction_timeout: self.transaction_timeout,
                 static_membership: membership.static_membership,
                 guarantee: self.guarantee.into(),
+                txn_producers: self.txn_producers.into(),
                 retry: crate::dlq::RetryPolicy {
                     max_attempts: self.max_attempts,
                     budget: self.retry_budget,

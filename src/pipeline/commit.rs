@@ -19,6 +19,18 @@
 //! librdkafka's `transactions.c` does; the callback gets the consumer, so it sends fresh group
 //! metadata. On assign, the new partitions are marked for restore.
 //!
+//! # Two producers in turn (`--txn-producers 2`)
+//! When `commit_transaction` returns, the coordinator has logged the commit but is still writing
+//! its markers. The next transaction's first record makes librdkafka ask AddPartitionsToTxn at
+//! once, the broker answers CONCURRENT_TRANSACTIONS until the markers are written, and librdkafka
+//! waits a fixed 20 ms before it asks again: nothing of the new batch leaves meanwhile, and its
+//! commit waits for that (bench/RESULTS.md section 7). With two producers (two transactional ids)
+//! each batch begins on the one that did not commit last, whose markers were written a whole batch
+//! ago. Still one transaction at a time: a batch begins only after the previous one committed or
+//! aborted, so everything above (order per key, rewinds, revokes) is the same as with one; an
+//! abort, a revoke or a crash concerns the open transaction, whichever producer holds it. Both
+//! ids are registered at start, so a restart fences both and aborts what either left open.
+//!
 //! # Back-off
 //! Every abort drops the state of every owned partition, which is restored before the next
 //! record: an error that comes back on every attempt would abort, rewind and restore on every
@@ -53,6 +65,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
@@ -238,7 +251,10 @@ impl Session {
 /// The transactional side of one engine: the producer and the session, shared by the processing
 /// loop and the rebalance callback.
 pub(super) struct Committer {
-    producer: Arc<TxnProducer>,
+    /// One producer, or two taken in turn (see "Two producers in turn" above).
+    producers: Vec<Arc<TxnProducer>>,
+    /// The index in `producers` of the one whose transaction is open, or was the last to be.
+    active: AtomicUsize,
     /// Where rewinds and restores read the group's committed offsets ([`GroupOffsets`] says why
     /// not through the group consumer).
     offsets: GroupOffsets,
@@ -250,15 +266,20 @@ impl Committer {
     /// Creates the producer: transactional (registering the transactional id fences a
     /// predecessor and aborts what it left open), or idempotent in the at-least-once mode.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
-        let producer = match settings.guarantee {
-            Guarantee::ExactlyOnce => TxnProducer::start(
-                &settings.kafka,
-                &settings.transactional_id(),
-                settings.transaction_timeout,
-            )?,
+        let producers = match settings.guarantee {
+            Guarantee::ExactlyOnce => {
+                settings.check_instance_id()?;
+                settings
+                    .transactional_ids()
+                    .iter()
+                    .map(|id| TxnProducer::start(&settings.kafka, id, settings.transaction_timeout))
+                    .collect::<anyhow::Result<Vec<_>>>()?
+            }
             Guarantee::AtLeastOnce => {
-                TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
-                    .context("starting the idempotent producer")?
+                vec![
+                    TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
+                        .context("starting the idempotent producer")?,
+                ]
             }
         };
         // read_committed: a restore waits until a previous owner's pending offsets are decided.
@@ -267,8 +288,11 @@ impl Committer {
             settings.group_id(),
             Isolation::ReadCommitted,
         )?;
+        // The first batch begins on the first producer.
+        let last = producers.len() - 1;
         Ok(Arc::new(Committer {
-            producer,
+            producers,
+            active: AtomicUsize::new(last),
             offsets,
             settings,
             session: Mutex::new(Session::default()),
@@ -284,9 +308,11 @@ impl Committer {
         &self.offsets
     }
 
-    /// The producer that the batch's outputs go through.
+    /// The producer that the open batch's outputs go through (the last batch's, between
+    /// batches).
     pub fn producer(&self) -> &TxnProducer {
-        &self.producer
+        let i = self.active.load(Ordering::Relaxed);
+        &self.producers[i % self.producers.len()]
     }
 
     pub fn lock(&self) -> Result<MutexGuard<'_, Session>, TxnError> {
@@ -300,7 +326,11 @@ impl Committer {
     pub fn begin(&self, session: &mut Session) -> Result<(), TxnError> {
         if session.txn.is_none() {
             if self.settings.guarantee == Guarantee::ExactlyOnce {
-                self.producer.begin()?;
+                // The next producer in turn: the last one's commit markers may still be on
+                // their way, and its next AddPartitionsToTxn would meet CONCURRENT_TRANSACTIONS.
+                let next = (self.active.load(Ordering::Relaxed) + 1) % self.producers.len();
+                self.active.store(next, Ordering::Relaxed);
+                self.producer().begin()?;
             }
             session.txn = Some(OpenTxn::new());
         }
@@ -354,7 +384,7 @@ impl Committer {
                         .partition(p)
                         .key(symbol.as_bytes())
                         .payload(value.as_slice());
-                    self.producer
+                    self.producer()
                         .send(record)
                         .map_err(|e| TxnError::new("produce state", e))?;
                 }
@@ -376,11 +406,11 @@ impl Committer {
                 "send_offsets_to_transaction",
                 None,
                 || {
-                    let _ = self.producer.flush(Duration::from_secs(30));
+                    let _ = self.producer().flush(Duration::from_secs(30));
                 },
             );
             m::commit_step("send_offsets", || {
-                self.producer.send_offsets(&self.offsets_of(txn)?, group)
+                self.producer().send_offsets(&self.offsets_of(txn)?, group)
             })?;
         }
         txn.staged = true;
@@ -395,7 +425,7 @@ impl Committer {
         consumer: &BaseConsumer<C>,
     ) -> Result<(), TxnError> {
         self.stage(session, consumer)?;
-        self.producer
+        self.producer()
             .flush(Duration::from_secs(30))
             .map_err(|e| TxnError::new("flush", e))
     }
@@ -404,11 +434,11 @@ impl Committer {
     /// batch is redone) if any record could not be delivered.
     fn flush_acknowledged(&self) -> Result<(), TxnError> {
         m::commit_step("flush", || {
-            let failures = self.producer.delivery_failures();
-            self.producer
+            let failures = self.producer().delivery_failures();
+            self.producer()
                 .flush(self.settings.transaction_timeout)
                 .map_err(|e| TxnError::with_class("flush", TxnErrorClass::Abortable, e))?;
-            let undelivered = self.producer.delivery_failures() - failures;
+            let undelivered = self.producer().delivery_failures() - failures;
             if undelivered > 0 {
                 return Err(TxnError::with_class(
                     "delivery",
@@ -435,7 +465,7 @@ impl Committer {
     fn maybe_crash(&self, session: &Session) {
         if self.settings.hooks.crash_before_commit == Some(session.stats.commits + 1) {
             // Outputs first into the log, so the crash lands between produce and commit.
-            let _ = self.producer.flush(Duration::from_secs(30));
+            let _ = self.producer().flush(Duration::from_secs(30));
             error!(
                 commit = session.stats.commits + 1,
                 "test hook: crashing before this commit"
@@ -460,7 +490,7 @@ impl Committer {
             Guarantee::ExactlyOnce => {
                 self.stage(session, consumer)?;
                 self.maybe_crash(session);
-                m::commit_step("end_transaction", || self.producer.commit())?;
+                m::commit_step("end_transaction", || self.producer().commit())?;
             }
             Guarantee::AtLeastOnce => {
                 // Outputs acknowledged first; state and offsets second. A crash in between repeats
@@ -599,9 +629,9 @@ impl Committer {
         let t = &self.settings.topics;
         let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
         if self.settings.hooks.aborts_fail_fatally {
-            self.producer.fail_next_abort();
+            self.producer().fail_next_abort();
         }
-        self.producer
+        self.producer()
             .abort_naming_refused(&written, None, REFUSAL_PROBE_TIMEOUT)
     }
 
@@ -633,7 +663,7 @@ impl Committer {
             // At least once there is no transaction to abort: what was produced stays, and the
             // redo may repeat it. What failed to be delivered is said once, as an abort does.
             if self.settings.guarantee == Guarantee::AtLeastOnce {
-                self.producer.report_failures();
+                self.producer().report_failures();
             }
             session.stats.aborts += 1;
             m::aborted();

@@ -119,7 +119,7 @@ impl Engine {
             .subscribe(&[&settings.topics.input])
             .context("subscribing")?;
         info!(
-            transactional_id = %txn_id,
+            transactional_ids = ?settings.transactional_ids(),
             group = settings.group_id(),
             input = %settings.topics.input,
             guarantee = ?settings.guarantee,

@@ -77,6 +77,9 @@ pub struct EngineSettings {
     /// Exactly-once (transactions) or at-least-once (idempotent producer, offsets committed after
     /// the outputs are acknowledged).
     pub guarantee: Guarantee,
+    /// Transactional producers taken in turn, one transaction each (exactly-once; 1 or 2). See
+    /// [`super::commit`], "Two producers in turn".
+    pub txn_producers: usize,
     /// Bounds of the inline retry of a failing tick.
     pub retry: RetryPolicy,
     /// Deterministic fault injection (off by default).
@@ -104,6 +107,7 @@ impl EngineSettings {
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
             static_membership: false,
             guarantee: Guarantee::ExactlyOnce,
+            txn_producers: 1,
             retry: RetryPolicy::default(),
             faults: FaultInjection::default(),
             hooks: TestHooks::default(),
@@ -114,8 +118,37 @@ impl EngineSettings {
         &self.app_id
     }
 
+    /// The transactional id of the instance's first producer: `<app>-<instance>`.
     pub fn transactional_id(&self) -> String {
         format!("{}-{}", self.app_id, self.instance_id)
+    }
+
+    /// The transactional ids of the instance's producers: the first is
+    /// [`Self::transactional_id`], the next ones add `#<n>` (n from 2). No instance id may hold a
+    /// `#` while there are more ([`Self::check_instance_id`]), so no id of one instance can be an
+    /// id of another.
+    pub fn transactional_ids(&self) -> Vec<String> {
+        let first = self.transactional_id();
+        (1..=self.txn_producers.max(1))
+            .map(|n| {
+                if n == 1 {
+                    first.clone()
+                } else {
+                    format!("{first}#{n}")
+                }
+            })
+            .collect()
+    }
+
+    /// Refuses an instance id that could make one instance's transactional id another's.
+    pub fn check_instance_id(&self) -> anyhow::Result<()> {
+        if self.txn_producers > 1 && self.instance_id.contains('#') {
+            anyhow::bail!(
+                "instance id {:?} holds a '#', which names the second producer's transactional id (<app>-<instance>#2) with --txn-producers 2: choose an id without one",
+                self.instance_id
+            );
+        }
+        Ok(())
     }
 }
 
@@ -134,4 +167,42 @@ pub struct PipelineOptions {
     /// Stop once assigned, restored and with nothing to read for this long, with nothing open
     /// (demos and benchmarks).
     pub exit_when_idle: Option<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(instance: &str, producers: usize) -> EngineSettings {
+        EngineSettings {
+            txn_producers: producers,
+            ..EngineSettings::new(
+                KafkaConfig::new("127.0.0.1:9092"),
+                "app",
+                instance,
+                Topics::standard("app"),
+                Arc::new(Rules::from_pairs(
+                    Vec::<(String, Vec<rust_decimal::Decimal>)>::new(),
+                )),
+            )
+        }
+    }
+
+    #[test]
+    fn the_first_producer_keeps_the_transactional_id_of_one() {
+        assert_eq!(settings("pod-1", 1).transactional_ids(), ["app-pod-1"]);
+        assert_eq!(
+            settings("pod-1", 2).transactional_ids(),
+            ["app-pod-1", "app-pod-1#2"]
+        );
+    }
+
+    #[test]
+    fn an_instance_id_that_could_name_another_instances_second_producer_is_refused() {
+        // "pod#2" would be app-pod#2: the second producer of instance "pod".
+        let err = settings("pod#2", 2).check_instance_id().unwrap_err();
+        assert!(err.to_string().contains("'#'"), "{err}");
+        assert!(settings("pod#2", 1).check_instance_id().is_ok());
+        assert!(settings("pod-2", 2).check_instance_id().is_ok());
+    }
 }
