@@ -63,8 +63,9 @@ pub struct PipelineArgs {
     pub transaction_timeout: std::time::Duration,
     /// Transactional producers taken in turn, one transaction each (1 or 2). With 2, a batch
     /// does not wait for the previous commit's markers before its records can leave; the
-    /// second one's transactional id is <app>-<instance>#2.
-    #[arg(long, env = "TXN_PRODUCERS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    /// second one's transactional id is <app>-<instance>#2. Going from 2 to 1 after a crash,
+    /// the restart waits up to the transaction timeout for what the second one left open.
+    #[arg(long, env = "TXN_PRODUCERS", default_value_t = crate::pipeline::settings::DEFAULT_TXN_PRODUCERS as u8, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub txn_producers: u8,
     /// How long a graceful shutdown may take before exiting non-zero.
     #[arg(long, default_value = "30s", value_parser = super::duration)]

@@ -635,6 +635,26 @@ impl Committer {
             .abort_naming_refused(&written, None, REFUSAL_PROBE_TIMEOUT)
     }
 
+    /// After a stuck call, makes the producers not in use again too (the stuck one is made again
+    /// by its abort). What made it stick, a coordinator gone that librdkafka keeps asking
+    /// (#5456, #5511), is in their cached metadata as well: each would stick again at its next
+    /// turn, for a whole deadline (tests/coordinator.rs's SIGKILL case took 20 s more, one
+    /// deadline per producer, and missed its bound). Nothing is open on them: a batch begins only
+    /// after the previous one ended.
+    fn restart_idle(&self) -> Result<(), TxnError> {
+        let active = self.active.load(Ordering::Relaxed) % self.producers.len();
+        for (i, p) in self.producers.iter().enumerate() {
+            if i != active {
+                info!(
+                    producer = i + 1,
+                    "making the idle transactional producer again after a stuck call"
+                );
+                p.restart()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
     /// commit; `cause` is the error that made the batch abort, if any. Every abort is a setback
     /// (back-off, and the refused rights named: see [`Committer::set_back`]). A rewind refused for
@@ -659,6 +679,9 @@ impl Committer {
                         .map(|topic| format!("Write on Topic {topic}")),
                 );
                 info!(records = txn.records, "transaction aborted");
+                if cause.is_some_and(TxnError::is_stuck) {
+                    self.restart_idle()?;
+                }
             }
             // At least once there is no transaction to abort: what was produced stays, and the
             // redo may repeat it. What failed to be delivered is said once, as an abort does.

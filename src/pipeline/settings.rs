@@ -107,7 +107,7 @@ impl EngineSettings {
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
             static_membership: false,
             guarantee: Guarantee::ExactlyOnce,
-            txn_producers: 1,
+            txn_producers: DEFAULT_TXN_PRODUCERS,
             retry: RetryPolicy::default(),
             faults: FaultInjection::default(),
             hooks: TestHooks::default(),
@@ -151,6 +151,10 @@ impl EngineSettings {
         Ok(())
     }
 }
+
+/// Transactional producers an instance takes in turn, by default: two, so that a batch does not
+/// wait for the previous commit's markers (bench/RESULTS.md section 14).
+pub const DEFAULT_TXN_PRODUCERS: usize = 2;
 
 /// How the long-running processor batches and stops.
 #[derive(Debug, Clone)]
