@@ -41,6 +41,10 @@ struct Cli {
     /// How long each latency run writes notifications.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     latency_for: Duration,
+    /// Only the fan-out runs (deliver and the reference at each of --fanouts): no connection-mode,
+    /// population, latency or outage runs. For a quick A/B of alert-deliver's settings.
+    #[arg(long)]
+    throughput_only: bool,
     /// An extra argument for alert-deliver (repeatable, e.g. --deliver-arg=--max-batch=1000).
     #[arg(long = "deliver-arg", allow_hyphen_values = true)]
     deliver_args: Vec<String>,
@@ -121,6 +125,7 @@ fn run() -> anyhow::Result<()> {
         populations: cli.populations,
         population_fanout: cli.fanout,
         latency_for: cli.latency_for,
+        throughput_only: cli.throughput_only,
         log_dir: cli.out.join("logs"),
         deliver_args: cli.deliver_args,
         runner_log: cli.runner_log,

@@ -65,6 +65,9 @@ pub struct Options {
     pub population_fanout: usize,
     /// How long each latency run writes notifications.
     pub latency_for: Duration,
+    /// Only the fan-out runs (deliver and the reference at each of `fanouts`): a quick A/B of
+    /// alert-deliver's settings or builds.
+    pub throughput_only: bool,
     /// Where the runners' logs go.
     pub log_dir: PathBuf,
     /// Extra arguments for alert-deliver (e.g. `--max-batch 1000`), to find where its time goes.
@@ -184,6 +187,9 @@ pub fn throughput_cases(opts: &Options) -> Vec<Case> {
             cases.push(case(runner, fanout, fanout, true, Outage::None));
         }
     }
+    if opts.throughput_only {
+        return cases;
+    }
     for runner in [Runner::Deliver, Runner::Reference] {
         cases.push(case(runner, f, f, false, Outage::None));
     }
@@ -207,6 +213,9 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&RunResult)) -> anyhow::Resu
                 .with_context(|| format!("{} (repeat {repeat})", case.label()))?;
             progress(&r);
             out.push(r);
+        }
+        if opts.throughput_only {
+            continue;
         }
         // Half of this repeat's saturation, deliver at the fan-out of the latency runs.
         let saturated = out
