@@ -239,62 +239,6 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
     );
 }
 
-/// With two producers in turn (`--txn-producers 2`) the second transaction of a run is the second
-/// producer's (`<app>-<instance>#2`). A crash before its commit leaves it open, with output and
-/// offsets pending; the restart registers both transactional ids, which aborts it at once. A
-/// restart that did not (one producer only) would find the offsets unstable until the broker
-/// aborts the transaction at its timeout, 60 s here.
-#[test]
-#[ignore = "needs a Kafka broker: run scripts/test.sh"]
-fn a_restart_aborts_what_the_second_producer_left_open() {
-    const TICKS: usize = 5_000;
-    let (rules, ticks) = stream(20, TICKS, 8);
-    let mut run = Run::new("second-producer", rules);
-    run.transaction_timeout = "60s";
-    // Static membership: the restart takes the partitions back at once.
-    let base: Vec<String> = [
-        "--txn-producers",
-        "2",
-        "--max-batch",
-        "300",
-        "--commit-interval",
-        "5s",
-        "--static-membership",
-    ]
-    .map(String::from)
-    .to_vec();
-    run.create_topics(3);
-    let landed = produce_ticks(&kafka(), &run.input, &ticks).unwrap();
-    run.extra = [
-        base.clone(),
-        vec!["--test-crash-before-commit".into(), "2".into()],
-    ]
-    .concat();
-    let p = run.spawn("0");
-    assert!(
-        !p.wait(CAUGHT_UP).success(),
-        "the test switch crashed the process"
-    );
-    let hidden = uncommitted_output(&run);
-    assert!(
-        hidden > 0,
-        "the crashed transaction's notifications are in the log, undecided"
-    );
-    run.extra = base;
-    let restarted = Instant::now();
-    let p = run.spawn("0");
-    run.wait_committed(&next_offsets(&landed), CAUGHT_UP);
-    let took = restarted.elapsed();
-    p.signal("TERM");
-    assert!(p.wait(EXIT).success());
-    assert_exactly_once(&run, TICKS);
-    println!("restart with two producers caught up in {took:?}; {hidden} notifications of the crashed transaction aborted");
-    assert!(
-        took < Duration::from_secs(40),
-        "the restart took {took:?}: it waited for the transaction timeout (60 s) instead of fencing the second producer"
-    );
-}
-
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn two_instances_share_the_work_and_one_is_replaced() {
