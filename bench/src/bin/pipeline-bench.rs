@@ -48,6 +48,9 @@ struct Cli {
     /// pipeline, `bin:PATH` runs another build of it (`--variant before=bin:old/alert-pipeline`).
     #[arg(long)]
     variant: Vec<price_alerts_bench::pipeline::Variant>,
+    /// Draw latency.png again from a results.json written before, beside it, and run nothing.
+    #[arg(long)]
+    replot: Option<PathBuf>,
     /// Where to write results.json and results.md.
     #[arg(long, default_value = "bench/out/pipeline")]
     out: PathBuf,
@@ -59,6 +62,14 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(results) = &cli.replot {
+        let png = results.with_file_name("latency.png");
+        if !price_alerts_bench::pipeline::plot::replot(results, &png)? {
+            anyhow::bail!("{}: no latency samples to plot", results.display());
+        }
+        price_alerts::outln!("{}", png.display());
+        return Ok(());
+    }
     let binary = std::env::current_exe()?
         .parent()
         .context("locating the binaries folder")?

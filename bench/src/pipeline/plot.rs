@@ -27,24 +27,81 @@ pub fn write_png(configs: &[Config], results: &[RunResult], path: &Path) -> anyh
     let curves: Vec<(String, Vec<f64>)> = configs
         .iter()
         .map(|c| {
-            let mut pooled: Vec<f64> = results
+            let pooled = results
                 .iter()
                 .filter(|r| &r.config == c)
-                .flat_map(|r| r.latencies_ms.iter().copied())
-                .filter(|v| v.is_finite())
-                .collect();
-            pooled.sort_by(f64::total_cmp);
-            (c.label(), pooled)
+                .flat_map(|r| r.latencies_ms.iter().copied());
+            (c.label(), pooled.collect())
+        })
+        .collect();
+    let eos_intervals = configs
+        .iter()
+        .filter(|c| c.guarantee == "exactly-once")
+        .map(|c| c.commit_interval_ms);
+    write_curves(curves, eos_intervals, path)
+}
+
+/// Draws the plot of a `results.json` written before into `path` (pipeline-bench --replot):
+/// one curve per configuration, in the order of the summaries.
+pub fn replot(results_json: &Path, path: &Path) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string(results_json)
+        .with_context(|| format!("reading {}", results_json.display()))?;
+    let (summaries, runs): (Vec<serde_json::Value>, Vec<serde_json::Value>) =
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not pipeline-bench's results", results_json.display()))?;
+    let curves = summaries
+        .iter()
+        .map(|s| {
+            let config = &s["config"];
+            let pooled = runs
+                .iter()
+                .filter(|r| &r["config"] == config)
+                .filter_map(|r| r["latencies_ms"].as_array())
+                .flatten()
+                .filter_map(serde_json::Value::as_f64);
+            (label_of(config), pooled.collect())
+        })
+        .collect();
+    let eos_intervals = summaries
+        .iter()
+        .map(|s| &s["config"])
+        .filter(|c| c["guarantee"] == "exactly-once")
+        .filter_map(|c| c["commit_interval_ms"].as_u64());
+    write_curves(curves, eos_intervals, path)
+}
+
+/// [`Config::label`] of a configuration as results.json holds it.
+fn label_of(config: &serde_json::Value) -> String {
+    let base = format!(
+        "{} {}ms",
+        config["guarantee"].as_str().unwrap_or("?"),
+        config["commit_interval_ms"].as_u64().unwrap_or(0)
+    );
+    match config["variant"]["name"].as_str() {
+        Some(name) if !name.is_empty() => format!("{base} [{name}]"),
+        _ => base,
+    }
+}
+
+fn write_curves(
+    curves: Vec<(String, Vec<f64>)>,
+    eos_intervals: impl Iterator<Item = u64>,
+    path: &Path,
+) -> anyhow::Result<bool> {
+    let curves: Vec<(String, Vec<f64>)> = curves
+        .into_iter()
+        .map(|(label, mut samples)| {
+            samples.retain(|v| v.is_finite());
+            samples.sort_by(f64::total_cmp);
+            (label, samples)
         })
         .filter(|(_, samples)| !samples.is_empty())
         .collect();
     if curves.is_empty() {
         return Ok(false);
     }
-    let goal_ms = configs
-        .iter()
-        .filter(|c| c.guarantee == "exactly-once")
-        .map(|c| c.commit_interval_ms as f64 + GOAL_SLACK_MS)
+    let goal_ms = eos_intervals
+        .map(|ms| ms as f64 + GOAL_SLACK_MS)
         .fold(f64::INFINITY, f64::min);
     register_fonts()?;
     draw(&curves, goal_ms, path)
@@ -104,20 +161,29 @@ fn draw(
     for (i, (label, samples)) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let p99 = percentile(samples, 99.0).unwrap_or(f64::NAN);
-        chart
-            .draw_series(LineSeries::new(
-                cdf_points(samples)
-                    .into_iter()
-                    .map(|(x, y)| (x.min(x_hi), y)),
-                color.stroke_width(3),
-            ))?
-            .label(format!(
-                "{label}: p99 {p99:.0} ms ({} samples)",
-                samples.len()
-            ))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-            });
+        let points = cdf_points(samples)
+            .into_iter()
+            .map(|(x, y)| (x.min(x_hi), y));
+        let label = format!("{label}: p99 {p99:.0} ms ({} samples)", samples.len());
+        // Past the palette the colours come round again, dashed and thinner (the second variant
+        // of a comparison, say).
+        if i < COLORS.len() {
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(3)))?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                });
+        } else {
+            chart
+                .draw_series(DashedLineSeries::new(points, 7, 4, color.stroke_width(2)))?
+                .label(label)
+                .legend(move |(x, y)| {
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (9, 0)], color.stroke_width(2))
+                        + PathElement::new(vec![(14, 0), (24, 0)], color.stroke_width(2))
+                });
+        }
     }
     if goal_ms.is_finite() {
         chart
@@ -161,6 +227,18 @@ mod tests {
         assert!(points
             .windows(2)
             .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+    }
+
+    #[test]
+    fn a_replot_labels_each_configuration_as_the_run_did() {
+        let variants: Vec<super::super::Variant> = vec!["two=".parse().unwrap()];
+        for c in Config::list(&[20], &[20], &variants)
+            .into_iter()
+            .chain(Config::list(&[100], &[], &[]))
+        {
+            let json = serde_json::to_value(&c).unwrap();
+            assert_eq!(label_of(&json), c.label());
+        }
     }
 
     #[test]
