@@ -153,6 +153,11 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
     std::fs::write(&rules, "[symbols]\nAAA = [\"100\"]\n").unwrap();
     let rules = rules.to_str().unwrap();
     let down = ["--bootstrap", "127.0.0.1:1", "--connect-timeout", "2s"];
+    // Fast is the 2 s of --connect-timeout, against librdkafka's own bounds without the check
+    // (30 s to set up a connection, then retries for ever). The slack is for starting and ending
+    // a debug binary on a loaded machine: in a fresh-clone suite run (ci36), dlq-replay took
+    // 8.0 s here, where it takes 2.0 s on a quiet one.
+    let fast = Duration::from_secs(2 + 8);
     let binaries: [(&str, &[&str]); 5] = [
         (env!("CARGO_BIN_EXE_alert-pipeline"), &["--rules", rules]),
         (env!("CARGO_BIN_EXE_txn-demo"), &[]),
@@ -171,7 +176,7 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
             code.is_some_and(|c| c != 0),
             "{name} must fail: {code:?}\n{err}"
         );
-        assert!(took < Duration::from_secs(2 + 4), "{name} took {took:?}");
+        assert!(took < fast, "{name} took {took:?}");
         assert!(
             err.contains("127.0.0.1:1") && err.contains("refused"),
             "{name} names the address and the cause:\n{err}"
@@ -194,7 +199,7 @@ fn a_down_broker_fails_fast_with_the_address_and_the_cause() {
         ],
     );
     assert_eq!(code, Some(1), "{err}");
-    assert!(took < Duration::from_secs(2 + 4), "took {took:?}");
+    assert!(took < fast, "took {took:?}");
     assert!(
         err.contains("no-such-host.invalid:9092") && err.contains("resolve"),
         "names the host and DNS:\n{err}"

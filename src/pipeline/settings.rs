@@ -125,8 +125,7 @@ impl EngineSettings {
 
     /// The transactional ids of the instance's producers: the first is
     /// [`Self::transactional_id`], the next ones add `#<n>` (n from 2). No instance id may hold a
-    /// `#` while there are more ([`Self::check_instance_id`]), so no id of one instance can be an
-    /// id of another.
+    /// `#` ([`Self::check_instance_id`]), so no id of one instance can be an id of another.
     pub fn transactional_ids(&self) -> Vec<String> {
         let first = self.transactional_id();
         (1..=self.txn_producers.max(1))
@@ -140,11 +139,13 @@ impl EngineSettings {
             .collect()
     }
 
-    /// Refuses an instance id that could make one instance's transactional id another's.
+    /// Refuses an instance id that could make one instance's transactional id another's: one
+    /// with a `#`. Whatever its own number of producers, since the replicas of one deployment may
+    /// differ in theirs while it rolls out.
     pub fn check_instance_id(&self) -> anyhow::Result<()> {
-        if self.txn_producers > 1 && self.instance_id.contains('#') {
+        if self.instance_id.contains('#') {
             anyhow::bail!(
-                "instance id {:?} holds a '#', which names the second producer's transactional id (<app>-<instance>#2) with --txn-producers 2: choose an id without one",
+                "instance id {:?} holds a '#', which names a second producer's transactional id (<app>-<instance>#2): choose an id without one",
                 self.instance_id
             );
         }
@@ -203,10 +204,12 @@ mod tests {
 
     #[test]
     fn an_instance_id_that_could_name_another_instances_second_producer_is_refused() {
-        // "pod#2" would be app-pod#2: the second producer of instance "pod".
-        let err = settings("pod#2", 2).check_instance_id().unwrap_err();
-        assert!(err.to_string().contains("'#'"), "{err}");
-        assert!(settings("pod#2", 1).check_instance_id().is_ok());
-        assert!(settings("pod-2", 2).check_instance_id().is_ok());
+        // "pod#2" would be app-pod#2: the second producer of instance "pod", also while "pod#2"
+        // itself runs one producer and "pod" two.
+        for producers in [1, 2] {
+            let err = settings("pod#2", producers).check_instance_id().unwrap_err();
+            assert!(err.to_string().contains("'#'"), "{err}");
+            assert!(settings("pod-2", producers).check_instance_id().is_ok());
+        }
     }
 }
