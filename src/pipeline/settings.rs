@@ -207,7 +207,9 @@ mod tests {
         // "pod#2" would be app-pod#2: the second producer of instance "pod", also while "pod#2"
         // itself runs one producer and "pod" two.
         for producers in [1, 2] {
-            let err = settings("pod#2", producers).check_instance_id().unwrap_err();
+            let err = settings("pod#2", producers)
+                .check_instance_id()
+                .unwrap_err();
             assert!(err.to_string().contains("'#'"), "{err}");
             assert!(settings("pod-2", producers).check_instance_id().is_ok());
         }
