@@ -32,7 +32,6 @@
 //! (poison), `seq % 7 == 0` fails its first two attempts and then succeeds (flaky). A tick that is
 //! both is poison.
 
-use crate::kafka::txn::TxnProducer;
 use crate::tick::{self, Tick, TickError};
 use crate::trace;
 use rand::Rng;
@@ -220,10 +219,11 @@ pub fn admit(
     Ok((tick, attempts))
 }
 
-/// Dead-letters `msg` (consumed by `group`) to `topic` through the open transaction, and logs it
-/// (with its trace identifiers, never its payload). The caller counts it at commit.
+/// Dead-letters `msg` (consumed by `group`) to `topic` through `send` (into the open
+/// transaction), and logs it (with its trace identifiers, never its payload). The caller counts
+/// it at commit.
 pub fn send(
-    producer: &TxnProducer,
+    send: impl FnOnce(BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError>,
     topic: &str,
     msg: &BorrowedMessage<'_>,
     group: &str,
@@ -251,7 +251,7 @@ pub fn send(
     if let Some(v) = msg.payload() {
         record = record.payload(v);
     }
-    producer.send(record)
+    send(record)
 }
 
 /// The headers of `msg`'s dead letter: its own headers, its event id if it had none, then the

@@ -46,6 +46,7 @@ pub const DLQ_OLDEST_AGE: &str = "alerts_dlq_oldest_unhandled_age_seconds";
 pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
 pub const NOT_AUTHORISED: &str = "alerts_not_authorised_total";
 pub const TXN_CALLS_STUCK: &str = "alerts_transactional_calls_stuck_total";
+pub const OVERLAP_HELD: &str = "alerts_overlap_held_records_total";
 
 /// The transactional calls that run under a deadline ([`crate::kafka::txn`]): the `call` label of
 /// [`TXN_CALLS_STUCK`].
@@ -103,6 +104,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (GROUP_LAG, Kind::Gauge, "High watermark minus the group's committed offset on every partition the group consumes, owned or not: the lag kafka-consumer-groups reports (offsets, so transaction markers count)."),
     (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet replayed (no entry in the replay ledger <dlq>.replayed; 0 when none)."),
     (DLQ_UNHANDLED, Kind::Gauge, "Dead letters not yet replayed (no entry in the replay ledger <dlq>.replayed): a count of records."),
+    (OVERLAP_HELD, Kind::Counter, "Outputs held back until the batch whose commit was in flight had drained (--overlap-commits; 0 otherwise)."),
     (NOT_AUTHORISED, Kind::Counter, "Transactions aborted because a right was refused, by right (e.g. \"Write on Topic notifications\"); the input is redone once it is granted."),
 ];
 
@@ -123,6 +125,7 @@ pub fn describe() {
         TRANSACTIONS_ABORTED,
         PARTITIONS_RESTORED,
         FENCED,
+        OVERLAP_HELD,
     ] {
         counter!(name).increment(0);
     }
@@ -194,6 +197,11 @@ pub fn commit_step<T, E>(step: &'static str, f: impl FnOnce() -> Result<T, E>) -
     let done = f()?;
     histogram!(COMMIT_STEP_SECONDS, "step" => step).record(started.elapsed().as_secs_f64());
     Ok(done)
+}
+
+/// An output was held back until the batch in flight drained (`--overlap-commits`).
+pub fn overlap_held() {
+    counter!(OVERLAP_HELD).increment(1);
 }
 
 /// A transaction aborted (or, at least once, a batch given up).

@@ -67,6 +67,11 @@ pub struct PipelineArgs {
     /// the restart waits up to the transaction timeout for what the second one left open.
     #[arg(long, env = "TXN_PRODUCERS", default_value_t = crate::pipeline::settings::DEFAULT_TXN_PRODUCERS as u8, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub txn_producers: u8,
+    /// Commit a batch on a thread of its own while the next one fills on the other producer
+    /// (exactly-once with --txn-producers 2). A record of the next batch leaves only once every
+    /// record of the committing one is in the log; an abort or a stall of either rewinds both.
+    #[arg(long, env = "OVERLAP_COMMITS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub overlap_commits: bool,
     /// How long a graceful shutdown may take before exiting non-zero.
     #[arg(long, default_value = "30s", value_parser = super::duration)]
     pub shutdown_timeout: std::time::Duration,
@@ -107,6 +112,10 @@ pub struct PipelineArgs {
     /// TEST ONLY: crash (abort the process) at the n-th commit, after its outputs are in the log.
     #[arg(long, hide = true)]
     pub test_crash_before_commit: Option<u64>,
+    /// TEST ONLY (--overlap-commits): the n-th commit fails, abortably, once the next batch
+    /// has begun on the other producer.
+    #[arg(long, hide = true)]
+    pub test_fail_commit_in_flight: Option<u64>,
     /// TEST ONLY: hang once a shutdown is requested, as a client call stuck for ever would.
     #[arg(long, hide = true)]
     pub test_stall_on_shutdown: bool,
@@ -165,6 +174,13 @@ impl PipelineArgs {
         if self.max_batch == 0 {
             anyhow::bail!("--max-batch must be at least 1");
         }
+        if self.overlap_commits
+            && (self.txn_producers != 2 || self.guarantee != GuaranteeArg::ExactlyOnce)
+        {
+            anyhow::bail!(
+                "--overlap-commits needs --guarantee exactly-once and --txn-producers 2: a batch commits on one producer while the next fills on the other"
+            );
+        }
         if self.commit_interval >= self.transaction_timeout {
             anyhow::bail!("--commit-interval must be well below --transaction-timeout");
         }
@@ -188,6 +204,7 @@ impl PipelineArgs {
                 static_membership: membership.static_membership,
                 guarantee: self.guarantee.into(),
                 txn_producers: self.txn_producers.into(),
+                overlap_commits: self.overlap_commits,
                 retry: crate::dlq::RetryPolicy {
                     max_attempts: self.max_attempts,
                     budget: self.retry_budget,
@@ -198,6 +215,7 @@ impl PipelineArgs {
                 },
                 hooks: TestHooks {
                     crash_before_commit: self.test_crash_before_commit,
+                    fail_commit_in_flight: self.test_fail_commit_in_flight,
                     abort_every: self.test_abort_every,
                     stall_on_shutdown: self.test_stall_on_shutdown,
                     abort_after_revoke: self.test_abort_after_revoke,

@@ -72,7 +72,7 @@ use tracing::{debug, error, warn};
 pub const MAX_RETRIES: u32 = 10;
 
 /// Bound on waiting for in-flight records before a commit.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bound on `init_transactions` (retries included): at start, or after a stuck call, the
 /// coordinator may be loading or moving, but an instance that cannot register at all should say
@@ -195,6 +195,10 @@ pub enum TxnCause {
     /// The thread that makes the producer's calls is gone (a panic inside librdkafka's call).
     #[error("the transactional call thread stopped")]
     CallThreadGone,
+    /// The pipeline's commit thread (`--overlap-commits`) could not be started, or ended without
+    /// an answer (a panic).
+    #[error("the commit thread {0}")]
+    CommitThread(&'static str),
 }
 
 /// A transactional call that did not return within its deadline.
@@ -639,6 +643,17 @@ impl TxnProducer {
             .name("txn-drop".into())
             .spawn(move || drop(old));
         Ok(())
+    }
+
+    /// When the open (or last) transaction began.
+    pub fn began(&self) -> Option<Instant> {
+        self.began.lock().ok().and_then(|b| *b)
+    }
+
+    /// Whether a call of the current producer passed its deadline: it is made again at the next
+    /// [`TxnProducer::abort`].
+    pub fn is_stuck(&self) -> bool {
+        self.generation().stuck().is_some()
     }
 
     fn generation(&self) -> Arc<Generation> {

@@ -31,6 +31,17 @@
 //! abort, a revoke or a crash concerns the open transaction, whichever producer holds it. Both
 //! ids are registered at start, so a restart fences both and aborts what either left open.
 //!
+//! # Overlapped commits (`--overlap-commits`, two producers)
+//! A due batch puts its states into its transaction on the loop's thread, then hands its offsets
+//! and EndTxn to a thread of their own ([`Committer::hand_off`]), and the loop goes on: the next
+//! batch begins on the other producer while the first one commits. At most one commit is in
+//! flight: the next hand-off, a revoke, an abort and the shutdown wait for it first
+//! ([`Committer::settle`]), so offsets and states still commit in order. The records of the two
+//! producers are not ordered with each other, so the open batch's outputs are held back until
+//! every record of the batch in flight is in the log (its drain). A commit in flight that fails
+//! aborts the open batch too, whose state and offsets follow from it, and the rewind goes back to
+//! the last commit: an abort or a stall rewinds both.
+//!
 //! # Back-off
 //! Every abort drops the state of every owned partition, which is restored before the next
 //! record: an error that comes back on every attempt would abort, rewind and restore on every
@@ -60,13 +71,16 @@ use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::kafka::Isolation;
 use crate::metrics as m;
 use anyhow::Context as _;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance,
+};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
@@ -182,6 +196,9 @@ impl OpenTxn {
 #[derive(Default)]
 pub(super) struct Session {
     txn: Option<OpenTxn>,
+    /// The batch whose commit is in flight and the open batch's outputs held back for it
+    /// (`--overlap-commits`; empty otherwise).
+    outbox: Outbox,
     pub state: StateStore,
     fatal: Option<TxnError>,
     stats: Stats,
@@ -214,9 +231,15 @@ impl Session {
         })
     }
 
-    /// The open batch and the loaded state of partition `p`, if a batch is open and `p` loaded.
-    pub fn batch(&mut self, p: i32) -> Option<(&mut OpenTxn, &mut PartitionState)> {
-        Some((self.txn.as_mut()?, self.state.get_mut(p)?))
+    /// The open batch, the loaded state of partition `p` and where the batch's outputs go, if a
+    /// batch is open and `p` loaded.
+    pub fn batch(&mut self, p: i32) -> Option<(&mut OpenTxn, &mut PartitionState, &mut Outbox)> {
+        Some((self.txn.as_mut()?, self.state.get_mut(p)?, &mut self.outbox))
+    }
+
+    /// Whether a commit is in flight or outputs are held back for one.
+    pub fn overlapping(&self) -> bool {
+        self.outbox.in_flight.is_some() || !self.outbox.held.is_empty()
     }
 
     /// A fatal error of the rebalance callback, once.
@@ -248,6 +271,114 @@ impl Session {
     }
 }
 
+/// What the commit thread of a batch in flight says (`--overlap-commits`).
+enum Progress {
+    /// Every record of the batch has been answered: a record of the next batch can no longer
+    /// overtake one of it.
+    Drained,
+    /// How its commit (offsets, then EndTxn) ended.
+    Done(Result<(), TxnError>),
+}
+
+/// A batch whose offsets and commit are on their way on a thread of their own, while the next
+/// batch fills on the other producer.
+struct InFlight {
+    /// Index in `Committer::producers` of the producer whose transaction it is.
+    producer: usize,
+    txn: OpenTxn,
+    /// When its commit began.
+    started: Instant,
+    /// The commit thread said [`Progress::Drained`].
+    drained: bool,
+    /// The commit thread said [`Progress::Done`].
+    done: Option<Result<(), TxnError>>,
+    said: mpsc::Receiver<Progress>,
+}
+
+impl InFlight {
+    /// Takes what the commit thread said; with `wait`, until it has said how the commit ended.
+    /// A thread that ends without saying it (a panic) is a fatal error: whether the batch
+    /// committed is unknown.
+    fn hear(&mut self, wait: bool) {
+        while self.done.is_none() {
+            let said = if wait {
+                self.said
+                    .recv()
+                    .map_err(|_| mpsc::TryRecvError::Disconnected)
+            } else {
+                self.said.try_recv()
+            };
+            match said {
+                Ok(Progress::Drained) => self.drained = true,
+                Ok(Progress::Done(outcome)) => self.done = Some(outcome),
+                Err(mpsc::TryRecvError::Empty) => return,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.done = Some(Err(TxnError::with_class(
+                        "commit thread",
+                        TxnErrorClass::Fatal,
+                        TxnCause::CommitThread("ended without an answer"),
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Whether every record of the batch is in the log (or failed, which fails its commit).
+    fn drained(&self) -> bool {
+        self.drained || matches!(self.done, Some(Ok(())))
+    }
+}
+
+/// An output of the open batch, held back until the batch in flight has drained.
+struct Held {
+    topic: String,
+    partition: Option<i32>,
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+    headers: Option<OwnedHeaders>,
+}
+
+impl Held {
+    fn of(record: &BaseRecord<'_, [u8], [u8]>) -> Self {
+        Held {
+            topic: record.topic.to_owned(),
+            partition: record.partition,
+            key: record.key.map(<[u8]>::to_vec),
+            payload: record.payload.map(<[u8]>::to_vec),
+            headers: record.headers.clone(),
+        }
+    }
+
+    fn record(&self) -> BaseRecord<'_, [u8], [u8]> {
+        let mut record = BaseRecord::to(&self.topic);
+        record.partition = self.partition;
+        record.key = self.key.as_deref();
+        record.payload = self.payload.as_deref();
+        record.headers = self.headers.clone();
+        record
+    }
+}
+
+/// Where the open batch's outputs go (`--overlap-commits`; with one transaction at a time it
+/// stays empty and outputs go straight to the producer).
+#[derive(Default)]
+pub(super) struct Outbox {
+    /// The batch whose commit is in flight.
+    in_flight: Option<InFlight>,
+    /// Outputs of the open batch, in the order it made them, until the batch in flight drained.
+    held: Vec<Held>,
+    /// A batch whose commit failed and that is still to be aborted, with its producer's index
+    /// and its number of records.
+    failed: Option<(usize, u64)>,
+}
+
+impl Outbox {
+    /// Whether an output made now must wait: the batch in flight still has records on their way.
+    fn holding(&self) -> bool {
+        self.in_flight.as_ref().is_some_and(|f| !f.drained())
+    }
+}
+
 /// The transactional side of one engine: the producer and the session, shared by the processing
 /// loop and the rebalance callback.
 pub(super) struct Committer {
@@ -260,6 +391,8 @@ pub(super) struct Committer {
     offsets: GroupOffsets,
     settings: EngineSettings,
     session: Mutex<Session>,
+    /// The test hook `fail_commit_in_flight` fired (it fires once).
+    failed_once: AtomicBool,
 }
 
 impl Committer {
@@ -296,6 +429,7 @@ impl Committer {
             offsets,
             settings,
             session: Mutex::new(Session::default()),
+            failed_once: AtomicBool::new(false),
         }))
     }
 
@@ -311,8 +445,13 @@ impl Committer {
     /// The producer that the open batch's outputs go through (the last batch's, between
     /// batches).
     pub fn producer(&self) -> &TxnProducer {
-        let i = self.active.load(Ordering::Relaxed);
-        &self.producers[i % self.producers.len()]
+        &self.producers[self.active()]
+    }
+
+    /// The index in `producers` of the producer of the open batch (the last batch's, between
+    /// batches).
+    fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed) % self.producers.len()
     }
 
     pub fn lock(&self) -> Result<MutexGuard<'_, Session>, TxnError> {
@@ -337,6 +476,164 @@ impl Committer {
         Ok(())
     }
 
+    /// Sends an output of the open batch, or holds it back while the batch in flight still has
+    /// records on their way: the two producers' requests are not ordered with each other, so a
+    /// notification could overtake an earlier one of its symbol. (State records need no hold: a
+    /// batch writes them at its commit, after the batch before it has committed.)
+    pub fn output(
+        &self,
+        outbox: &mut Outbox,
+        record: BaseRecord<'_, [u8], [u8]>,
+    ) -> Result<(), KafkaError> {
+        self.release(outbox, false)?;
+        if outbox.holding() {
+            outbox.held.push(Held::of(&record));
+            m::overlap_held();
+            return Ok(());
+        }
+        self.producer().send(record)
+    }
+
+    /// Hears from the commit thread (until the commit ended, with `wait`), and sends the held
+    /// outputs, in order, once the batch in flight has drained.
+    fn release(&self, outbox: &mut Outbox, wait: bool) -> Result<(), KafkaError> {
+        if let Some(f) = outbox.in_flight.as_mut() {
+            f.hear(wait);
+        }
+        if outbox.holding() {
+            return Ok(());
+        }
+        for held in outbox.held.drain(..) {
+            self.producer().send(held.record())?;
+        }
+        Ok(())
+    }
+
+    /// Ends the batch in flight if its commit has answered (waiting for the answer with `wait`):
+    /// counts it if it committed; if it failed, aborts it and the open batch, whose state and
+    /// offsets follow from it, and rewinds `rewind`. Returns whether the open batch may go on
+    /// (false after such an abort). Nothing in flight: true at once.
+    pub(super) fn settle<C: ConsumerContext>(
+        &self,
+        session: &mut Session,
+        consumer: &BaseConsumer<C>,
+        rewind: &[i32],
+        wait: bool,
+    ) -> Result<bool, TxnError> {
+        if !session.overlapping() {
+            return Ok(true);
+        }
+        if let Err(e) = self.release(&mut session.outbox, wait) {
+            return self.abort_after(session, consumer, rewind, TxnError::new("produce", e));
+        }
+        let Some(f) = session.outbox.in_flight.take_if(|f| f.done.is_some()) else {
+            return Ok(true);
+        };
+        match f.done {
+            Some(Err(e)) => {
+                if e.class == TxnErrorClass::Abortable {
+                    session.outbox.failed = Some((f.producer, f.txn.records));
+                }
+                self.abort_after(session, consumer, rewind, e)
+            }
+            _ => {
+                self.committed(session, f.txn, f.started);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Aborts and rewinds after `e` if it is abortable (returning false: nothing is open any
+    /// more); returns it if it is fatal.
+    fn abort_after<C: ConsumerContext>(
+        &self,
+        session: &mut Session,
+        consumer: &BaseConsumer<C>,
+        rewind: &[i32],
+        e: TxnError,
+    ) -> Result<bool, TxnError> {
+        if e.class != TxnErrorClass::Abortable {
+            return Err(e);
+        }
+        warn!(error = %e, "commit failed; aborting and rewinding");
+        self.abort_and_rewind(session, consumer, rewind, Some(&e))?;
+        Ok(false)
+    }
+
+    /// The batch is due: with `--overlap-commits`, once the batch in flight has ended, puts its
+    /// states into the transaction and hands its offsets and commit to a thread of their own,
+    /// and returns: the next batch fills on the other producer meanwhile. Otherwise commits it
+    /// ([`Committer::commit_or_abort`]). Returns false if something aborted.
+    pub fn hand_off<C: ConsumerContext>(
+        &self,
+        session: &mut Session,
+        consumer: &BaseConsumer<C>,
+        rewind: &[i32],
+    ) -> Result<bool, TxnError> {
+        if !self.settings.overlap_commits {
+            return self.commit_or_abort(session, consumer, rewind);
+        }
+        // At most one commit in flight, and this batch's offsets and state follow from it.
+        if !self.settle(session, consumer, rewind, true)? {
+            return Ok(false);
+        }
+        if session.txn.is_none() {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        session.previous_commit = Some(started);
+        let staged = self.stage_state(session).and_then(|()| {
+            let offsets = session
+                .txn
+                .as_ref()
+                .map(|t| self.offsets_of(t))
+                .transpose()?
+                .unwrap_or_default();
+            Ok((offsets, group_metadata(consumer)?))
+        });
+        let (offsets, group) = match staged {
+            Ok(staged) => staged,
+            Err(e) => return self.abort_after(session, consumer, rewind, e),
+        };
+        let producer = self.active();
+        let (tell, said) = mpsc::channel();
+        let commit = {
+            let next = Arc::clone(&self.producers[(producer + 1) % self.producers.len()]);
+            let producer = Arc::clone(&self.producers[producer]);
+            let n = Some(session.stats.commits + 1);
+            let hooks = InFlightHooks {
+                hold: self.settings.hooks.hold_send_offsets.clone(),
+                crash: self.settings.hooks.crash_before_commit == n,
+                fail_once: (self.settings.hooks.fail_commit_in_flight == n
+                    && !self.failed_once.swap(true, Ordering::Relaxed))
+                .then_some(next),
+            };
+            move || commit_in_flight(&producer, &offsets, group, &hooks, &tell)
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("txn-commit".into())
+            .spawn(commit)
+        {
+            error!(error = %e, "could not start a commit thread");
+            return Err(TxnError::with_class(
+                "commit thread",
+                TxnErrorClass::Fatal,
+                TxnCause::CommitThread("could not be started"),
+            ));
+        }
+        if let Some(txn) = session.txn.take() {
+            session.outbox.in_flight = Some(InFlight {
+                producer,
+                txn,
+                started,
+                drained: false,
+                done: None,
+                said,
+            });
+        }
+        Ok(true)
+    }
+
     /// Commits the open batch; on an abortable failure aborts it and rewinds `rewind` instead.
     /// Returns whether it committed (also when nothing was open).
     pub fn commit_or_abort<C: ConsumerContext>(
@@ -345,6 +642,10 @@ impl Committer {
         consumer: &BaseConsumer<C>,
         rewind: &[i32],
     ) -> Result<bool, TxnError> {
+        // The batch in flight, if any, ends first: this one's offsets and state follow it.
+        if !self.settle(session, consumer, rewind, true)? {
+            return Ok(false);
+        }
         match self.commit_open(session, consumer) {
             Ok(()) => Ok(true),
             Err(e) if e.class == TxnErrorClass::Abortable => {
@@ -363,13 +664,44 @@ impl Committer {
         session: &mut Session,
         consumer: &BaseConsumer<C>,
     ) -> Result<(), TxnError> {
+        if session.txn.as_ref().is_none_or(|t| t.staged) {
+            return Ok(());
+        }
+        self.stage_state(session)?;
+        let Some(txn) = session.txn.as_mut() else {
+            return Ok(());
+        };
+        if self.settings.guarantee == Guarantee::ExactlyOnce {
+            let group = group_metadata(consumer)?;
+            self.hold_send_offsets(&self.producers[self.active()]);
+            m::commit_step("send_offsets", || {
+                self.producer().send_offsets(&self.offsets_of(txn)?, group)
+            })?;
+        }
+        txn.staged = true;
+        Ok(())
+    }
+
+    /// Test hook: holds before `send_offsets_to_transaction` while the hook's file exists.
+    /// Off unless a test names the file. No stop flag here: a held engine is stopped by the
+    /// shutdown bound of the process.
+    fn hold_send_offsets(&self, producer: &TxnProducer) {
+        crate::kafka::hold::hold_before(
+            self.settings.hooks.hold_send_offsets.as_deref(),
+            "send_offsets_to_transaction",
+            None,
+            || {
+                let _ = producer.flush(Duration::from_secs(30));
+            },
+        );
+    }
+
+    /// Writes the open batch's changed states to the changelog.
+    fn stage_state(&self, session: &mut Session) -> Result<(), TxnError> {
         let Session { txn, state, .. } = session;
         let Some(txn) = txn.as_mut() else {
             return Ok(());
         };
-        if txn.staged {
-            return Ok(());
-        }
         let topics = &self.settings.topics;
         m::commit_step("state", || {
             for (&p, symbols) in &txn.dirty {
@@ -390,31 +722,7 @@ impl Committer {
                 }
             }
             Ok(())
-        })?;
-        if self.settings.guarantee == Guarantee::ExactlyOnce {
-            let group = consumer.group_metadata().ok_or_else(|| {
-                TxnError::with_class(
-                    "group_metadata",
-                    TxnErrorClass::Fatal,
-                    TxnCause::NoGroupMetadata,
-                )
-            })?;
-            // Off unless a test names the file. No stop flag here: a held engine is stopped by
-            // the shutdown bound of the process.
-            crate::kafka::hold::hold_before(
-                self.settings.hooks.hold_send_offsets.as_deref(),
-                "send_offsets_to_transaction",
-                None,
-                || {
-                    let _ = self.producer().flush(Duration::from_secs(30));
-                },
-            );
-            m::commit_step("send_offsets", || {
-                self.producer().send_offsets(&self.offsets_of(txn)?, group)
-            })?;
-        }
-        txn.staged = true;
-        Ok(())
+        })
     }
 
     /// Puts the batch's state and offsets into the open transaction and waits until every record
@@ -512,9 +820,15 @@ impl Committer {
                 })?;
             }
         }
-        let Some(txn) = session.txn.take() else {
-            return Ok(());
-        };
+        if let Some(txn) = session.txn.take() {
+            self.committed(session, txn, started);
+        }
+        Ok(())
+    }
+
+    /// Counts a committed batch (its commit began at `started`), and says so if it ends a run
+    /// of setbacks.
+    fn committed(&self, session: &mut Session, txn: OpenTxn, started: Instant) {
         let after_setbacks = session.setbacks.reset();
         if !session.refused.is_empty() {
             let rights: Vec<&String> = session.refused.iter().collect();
@@ -550,7 +864,6 @@ impl Committer {
             offsets = ?txn.offsets,
             "transaction committed"
         );
-        Ok(())
     }
 
     /// The right of the pipeline that an authorisation error `code` means, if it is one, for the
@@ -620,46 +933,51 @@ impl Committer {
         }
     }
 
-    /// Aborts the open transaction; returns the topics whose records were refused for lack of
-    /// Write in it (empty for any other abort), making the producer again where librdkafka made
-    /// such a refusal fatal ([`TxnProducer::abort_naming_refused`]).
-    fn abort_open(&self) -> Result<BTreeSet<String>, TxnError> {
+    /// Aborts the transaction of producer `i`; returns the topics whose records were refused for
+    /// lack of Write in it (empty for any other abort), making the producer again where
+    /// librdkafka made such a refusal fatal ([`TxnProducer::abort_naming_refused`]).
+    fn abort_open(&self, i: usize) -> Result<BTreeSet<String>, TxnError> {
         // TxnProducer::abort lets in-flight produce requests finish first (Kafka 4.4 answered
         // an EndTxn(abort) with records in flight with INVALID_TXN_STATE).
         let t = &self.settings.topics;
         let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
+        let producer = &self.producers[i];
         if self.settings.hooks.aborts_fail_fatally {
-            self.producer().fail_next_abort();
+            producer.fail_next_abort();
         }
-        self.producer()
-            .abort_naming_refused(&written, None, REFUSAL_PROBE_TIMEOUT)
+        producer.abort_naming_refused(&written, None, REFUSAL_PROBE_TIMEOUT)
     }
 
-    /// After a stuck call, makes the producers not in use again too (the stuck one is made again
-    /// by its abort). What made it stick, a coordinator gone that librdkafka keeps asking
-    /// (#5456, #5511), is in their cached metadata as well: each would stick again at its next
-    /// turn, for a whole deadline (tests/coordinator.rs's SIGKILL case took 20 s more, one
-    /// deadline per producer, and missed its bound). Nothing is open on them: a batch begins only
-    /// after the previous one ended.
-    fn restart_idle(&self) -> Result<(), TxnError> {
-        let active = self.active.load(Ordering::Relaxed) % self.producers.len();
+    /// Ends the transactions of the producers `open` (indices; at most the failed batch in flight
+    /// and the open one) by aborting them; returns the topics refused Write in them.
+    ///
+    /// After a stuck call every producer is made again, whatever it holds: the stuck one by its
+    /// abort, the others by a restart, whose registration aborts what they had open. What made
+    /// the call stick, a coordinator gone that librdkafka keeps asking (#5456, #5511), is in
+    /// their cached metadata as well: each would stick again at its next call, for a whole
+    /// deadline (tests/coordinator.rs's SIGKILL case took 20 s more, one deadline per producer,
+    /// and missed its bound).
+    fn abort_all(&self, open: &[usize], stuck: bool) -> Result<BTreeSet<String>, TxnError> {
+        let mut refused = BTreeSet::new();
         for (i, p) in self.producers.iter().enumerate() {
-            if i != active {
+            if stuck && !p.is_stuck() {
                 info!(
                     producer = i + 1,
-                    "making the idle transactional producer again after a stuck call"
+                    "making the transactional producer again after a stuck call"
                 );
                 p.restart()?;
+            } else if open.contains(&i) || (stuck && p.is_stuck()) {
+                refused.extend(self.abort_open(i)?);
             }
         }
-        Ok(())
+        Ok(refused)
     }
 
-    /// Aborts the open batch and rewinds `partitions` (input position and state) to the last
-    /// commit; `cause` is the error that made the batch abort, if any. Every abort is a setback
-    /// (back-off, and the refused rights named: see [`Committer::set_back`]). A rewind refused for
-    /// lack of a right leaves the partitions unpositioned: their restore seeks them later, and
-    /// nothing of them is processed before.
+    /// Aborts the open batch, and the batch in flight if its commit fails or failed, and rewinds
+    /// `partitions` (input position and state) to the last commit; `cause` is the error that made
+    /// the batch abort, if any. Every abort is a setback (back-off, and the refused rights named:
+    /// see [`Committer::set_back`]). A rewind refused for lack of a right leaves the partitions
+    /// unpositioned: their restore seeks them later, and nothing of them is processed before.
     pub fn abort_and_rewind<C: ConsumerContext>(
         &self,
         session: &mut Session,
@@ -669,27 +987,48 @@ impl Committer {
     ) -> Result<(), TxnError> {
         // The redo reads old records again: its first batch counts from its open.
         session.previous_commit = None;
-        let mut refused = BTreeSet::new();
-        let aborted = session.txn.is_some();
+        let mut stuck = cause.is_some_and(TxnError::is_stuck);
+        // A commit in flight ends first: its producer is not to be called meanwhile, and whether
+        // it committed decides where the rewind lands.
+        if let Some(mut f) = session.outbox.in_flight.take() {
+            f.hear(true);
+            match f.done {
+                Some(Ok(())) => self.committed(session, f.txn, f.started),
+                Some(Err(e)) if e.class == TxnErrorClass::Abortable => {
+                    warn!(error = %e, "the commit in flight failed too");
+                    stuck |= e.is_stuck();
+                    session.outbox.failed = Some((f.producer, f.txn.records));
+                }
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
+        session.outbox.held.clear();
+        let mut ended: Vec<(usize, u64)> = session.outbox.failed.take().into_iter().collect();
         if let Some(txn) = session.txn.take() {
+            ended.push((self.active(), txn.records));
+        }
+        let aborted = !ended.is_empty();
+        let mut refused = BTreeSet::new();
+        if aborted {
             if self.settings.guarantee == Guarantee::ExactlyOnce {
+                let open: Vec<usize> = ended.iter().map(|&(i, _)| i).collect();
                 refused.extend(
-                    self.abort_open()?
+                    self.abort_all(&open, stuck)?
                         .into_iter()
                         .map(|topic| format!("Write on Topic {topic}")),
                 );
-                info!(records = txn.records, "transaction aborted");
-                if cause.is_some_and(TxnError::is_stuck) {
-                    self.restart_idle()?;
-                }
-            }
-            // At least once there is no transaction to abort: what was produced stays, and the
-            // redo may repeat it. What failed to be delivered is said once, as an abort does.
-            if self.settings.guarantee == Guarantee::AtLeastOnce {
+            } else {
+                // At least once there is no transaction to abort: what was produced stays, and
+                // the redo may repeat it. What failed to be delivered is said once, as an abort
+                // does.
                 self.producer().report_failures();
             }
-            session.stats.aborts += 1;
-            m::aborted();
+            for (i, records) in ended {
+                info!(records, producer = i + 1, "transaction aborted");
+                session.stats.aborts += 1;
+                m::aborted();
+            }
         }
         let write_refused = !refused.is_empty();
         refused.extend(cause.and_then(|e| self.refused_by(e, write_refused)));
@@ -761,8 +1100,8 @@ impl ConsumerContext for RebalanceHandler {
         };
         let lost = consumer.assignment_lost();
         m::rebalance(if lost { "lost" } else { "revoke" });
-        info!(partitions = ?revoked, lost, open_txn = session.txn.is_some(), "partitions revoked");
-        if session.txn.is_some() {
+        info!(partitions = ?revoked, lost, open_txn = session.txn.is_some(), in_flight = session.outbox.in_flight.is_some(), "partitions revoked");
+        if session.txn.is_some() || session.overlapping() {
             let remaining: Vec<i32> = session
                 .state
                 .owned()
@@ -810,6 +1149,84 @@ impl ConsumerContext for RebalanceHandler {
             }
         }
     }
+}
+
+/// What the commit thread of a batch in flight does (`--overlap-commits`): drains the batch's
+/// records (then the next batch's may leave), adds its offsets, commits, and tells the loop each.
+fn commit_in_flight(
+    producer: &TxnProducer,
+    offsets: &TopicPartitionList,
+    group: ConsumerGroupMetadata,
+    hooks: &InFlightHooks,
+    tell: &mpsc::Sender<Progress>,
+) {
+    let started = Instant::now();
+    // A drain that fails or passes its bound leaves the next batch's outputs held; the commit
+    // fails on its own then (it drains again first).
+    if producer.flush(crate::kafka::txn::DRAIN_TIMEOUT).is_ok() {
+        let _ = tell.send(Progress::Drained);
+    }
+    crate::kafka::hold::hold_before(
+        hooks.hold.as_deref(),
+        "send_offsets_to_transaction",
+        None,
+        || {},
+    );
+    let done =
+        m::commit_step("send_offsets", || producer.send_offsets(offsets, group)).and_then(|()| {
+            if hooks.crash {
+                error!("test hook: crashing before this commit");
+                std::process::abort();
+            }
+            if let Some(next) = &hooks.fail_once {
+                return fail_once_the_next_began(next, started);
+            }
+            m::commit_step("end_transaction", || producer.commit())
+        });
+    let _ = tell.send(Progress::Done(done));
+}
+
+/// The test hooks of a commit in flight ([`super::settings::TestHooks`]).
+struct InFlightHooks {
+    /// `hold_send_offsets`.
+    hold: Option<std::path::PathBuf>,
+    /// `crash_before_commit` names this commit.
+    crash: bool,
+    /// `fail_commit_in_flight` names this commit: the other producer, whose next batch must have
+    /// begun before it fails.
+    fail_once: Option<Arc<TxnProducer>>,
+}
+
+/// Test hook: fails the commit in flight, abortably, once `next` has begun a transaction after
+/// `started` (at most 10 s later: a stream that brought nothing more fails it alone).
+fn fail_once_the_next_began(next: &TxnProducer, started: Instant) -> Result<(), TxnError> {
+    let deadline = started + Duration::from_secs(10);
+    while next.began().is_none_or(|b| b < started) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    error!(
+        next_began = next.began().is_some_and(|b| b >= started),
+        "test hook: the commit in flight fails"
+    );
+    Err(TxnError::with_class(
+        "commit_transaction",
+        TxnErrorClass::Abortable,
+        TxnCause::Injected("test hook: the commit in flight fails"),
+    ))
+}
+
+/// The consumer's group metadata, which a transaction's offsets carry so that the group
+/// coordinator can fence a zombie of an older generation.
+fn group_metadata<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+) -> Result<ConsumerGroupMetadata, TxnError> {
+    consumer.group_metadata().ok_or_else(|| {
+        TxnError::with_class(
+            "group_metadata",
+            TxnErrorClass::Fatal,
+            TxnCause::NoGroupMetadata,
+        )
+    })
 }
 
 fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {

@@ -123,6 +123,7 @@ impl Engine {
             group = settings.group_id(),
             input = %settings.topics.input,
             guarantee = ?settings.guarantee,
+            overlap_commits = settings.overlap_commits,
             "engine started"
         );
         Ok(Engine {
@@ -383,7 +384,7 @@ impl Engine {
         }
         c.begin(&mut session)?;
         let arrived = batch::arrival(m.timestamp().to_millis(), Instant::now());
-        let (txn, states) = session
+        let (txn, states, outbox) = session
             .batch(p)
             .expect("a batch was begun and partition p is loaded (checked above)");
         match dlq::admit(
@@ -394,7 +395,7 @@ impl Engine {
         ) {
             Err(failure) => {
                 dlq::send(
-                    c.producer(),
+                    |record| c.output(outbox, record),
                     &settings.topics.dlq,
                     m,
                     settings.group_id(),
@@ -430,8 +431,7 @@ impl Engine {
                                 .key(tick.symbol.as_bytes())
                                 .payload(value.as_slice())
                                 .headers(headers.clone());
-                            c.producer()
-                                .send(record)
+                            c.output(outbox, record)
                                 .map_err(|e| TxnError::new("produce notification", e))?;
                             txn.counts.notifications += 1;
                         }
@@ -470,6 +470,30 @@ impl Engine {
         Ok(self
             .committer
             .commit_or_abort(&mut session, &self.consumer, &owned)?)
+    }
+
+    /// The open batch is due: commits it, or with `--overlap-commits` hands its commit to a thread
+    /// of its own and goes on ([`super::commit::Committer::hand_off`]). Returns false if
+    /// something aborted.
+    pub fn hand_off(&self) -> anyhow::Result<bool> {
+        let mut session = self.committer.lock()?;
+        let owned: Vec<i32> = session.state.owned().collect();
+        Ok(self
+            .committer
+            .hand_off(&mut session, &self.consumer, &owned)?)
+    }
+
+    /// With a commit in flight: sends the held outputs once it has drained, and counts it, or
+    /// aborts and rewinds, once it has ended. Does not wait.
+    pub fn progress(&self) -> anyhow::Result<()> {
+        let mut session = self.committer.lock()?;
+        if !session.overlapping() {
+            return Ok(());
+        }
+        let owned: Vec<i32> = session.state.owned().collect();
+        self.committer
+            .settle(&mut session, &self.consumer, &owned, false)?;
+        Ok(())
     }
 
     /// Puts the batch's state and offsets into the open transaction and waits until every record of

@@ -16,6 +16,8 @@
 //!   │ loop: poll ≤100 ms ─► process ─► commit when the batch is commit-interval   │
 //!   │       old (from its oldest record's arrival) or max-batch records big;      │
 //!   │       no transaction begins without data                                    │
+//!   │       (--overlap-commits: the commit goes to a thread of its own and the    │
+//!   │       loop goes on; see commit's "Overlapped commits")                      │
 //!   └──────────────────────────────▲───────────────────────────────────────────────┘
 //!            stop flag set by ─────┘  the async side: SIGINT/SIGTERM (any future)
 //! ```
@@ -180,6 +182,7 @@ fn process_until_stopped(
             None => POLL_SLICE,
         };
         let polled = engine.poll_once(timeout.clamp(Duration::from_millis(1), POLL_SLICE))?;
+        engine.progress()?;
         back_off(engine, stop)?;
         health.beat();
         let unsettled = engine.unsettled()?;
@@ -208,7 +211,7 @@ fn process_until_stopped(
                     );
                     engine.abort()?;
                 } else {
-                    engine.commit()?;
+                    engine.hand_off()?;
                     back_off(engine, stop)?;
                 }
             }

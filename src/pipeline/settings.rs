@@ -34,6 +34,10 @@ pub struct TestHooks {
     /// Exit abruptly at the n-th commit, after the batch's outputs are in the log and before its
     /// offsets are committed: a crash placed between produce and commit.
     pub crash_before_commit: Option<u64>,
+    /// With overlapped commits: the n-th commit fails (abortably, as a broker's refusal would)
+    /// after its offsets, once the next batch has begun on the other producer, so that the
+    /// failure must abort both.
+    pub fail_commit_in_flight: Option<u64>,
     /// Abort every n-th transaction instead of committing it, as Kafka's own transactional
     /// copier test does, to prove that aborts lose and double nothing.
     pub abort_every: Option<u64>,
@@ -80,6 +84,9 @@ pub struct EngineSettings {
     /// Transactional producers taken in turn, one transaction each (exactly-once; 1 or 2). See
     /// [`super::commit`], "Two producers in turn".
     pub txn_producers: usize,
+    /// A batch's commit runs on a thread of its own while the next batch fills on the other
+    /// producer (exactly-once with two producers; see [`super::commit`], "Overlapped commits").
+    pub overlap_commits: bool,
     /// Bounds of the inline retry of a failing tick.
     pub retry: RetryPolicy,
     /// Deterministic fault injection (off by default).
@@ -108,6 +115,7 @@ impl EngineSettings {
             static_membership: false,
             guarantee: Guarantee::ExactlyOnce,
             txn_producers: DEFAULT_TXN_PRODUCERS,
+            overlap_commits: false,
             retry: RetryPolicy::default(),
             faults: FaultInjection::default(),
             hooks: TestHooks::default(),
