@@ -200,7 +200,7 @@ struct Overlapped {
 }
 
 /// Runs the eight crossing symbols of the order test through one instance with overlapped
-/// commits every 30 ms (and `extra` arguments), checks exactly once and the changelog against the
+/// commits every 30 ms or 40 ticks (and `extra` arguments), checks exactly once and the changelog against the
 /// oracle, and reads the notifications back in offset order.
 fn overlapped(test: &str, extra: &[&str]) -> Overlapped {
     use price_alerts::alert::Notification;
@@ -231,6 +231,11 @@ fn overlapped(test: &str, extra: &[&str]) -> Overlapped {
         "2",
         "--commit-interval",
         "30ms",
+        // A chunk of the stream (120 ticks) makes several batches in a row, so the next one fills
+        // while the one before drains: the hold is exercised at every chunk, not only when a
+        // commit's timing happens to meet a chunk's arrival.
+        "--max-batch",
+        "40",
         "--metrics-addr",
         &addr,
     ]
