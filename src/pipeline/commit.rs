@@ -32,8 +32,9 @@
 //! ids are registered at start, so a restart fences both and aborts what either left open.
 //!
 //! # Overlapped commits (`--overlap-commits`, two producers)
-//! A due batch puts its states into its transaction on the loop's thread, then hands its offsets
-//! and EndTxn to a thread of their own ([`Committer::hand_off`]), and the loop goes on: the next
+//! A due batch puts its states and its offsets (with the group metadata of that moment) into its
+//! transaction on the loop's thread, then hands its drain and EndTxn to a thread of their own
+//! ([`Committer::hand_off`]), and the loop goes on: the next
 //! batch begins on the other producer while the first one commits. At most one commit is in
 //! flight: the next hand-off, a revoke, an abort and the shutdown wait for it first
 //! ([`Committer::settle`]), so offsets and states still commit in order. The records of the two
@@ -561,7 +562,7 @@ impl Committer {
     }
 
     /// The batch is due: with `--overlap-commits`, once the batch in flight has ended, puts its
-    /// states into the transaction and hands its offsets and commit to a thread of their own,
+    /// states and offsets into the transaction and hands its drain and EndTxn to a thread of their own,
     /// and returns: the next batch fills on the other producer meanwhile. Otherwise commits it
     /// ([`Committer::commit_or_abort`]). Returns false if something aborted.
     pub fn hand_off<C: ConsumerContext>(
@@ -582,19 +583,14 @@ impl Committer {
         }
         let started = Instant::now();
         session.previous_commit = Some(started);
-        let staged = self.stage_state(session).and_then(|()| {
-            let offsets = session
-                .txn
-                .as_ref()
-                .map(|t| self.offsets_of(t))
-                .transpose()?
-                .unwrap_or_default();
-            Ok((offsets, group_metadata(consumer)?))
-        });
-        let (offsets, group) = match staged {
-            Ok(staged) => staged,
-            Err(e) => return self.abort_after(session, consumer, rewind, e),
-        };
+        // The offsets go in here, not on the commit thread: their group metadata must be the
+        // consumer's of this moment. The loop polls while a commit is in flight, so the consumer
+        // may rejoin meanwhile, and offsets sent with the generation of the hand-off would be
+        // refused (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID), aborting both batches: in a chaos run
+        // that was 59 of 71 aborts. EndTxn does not look at the generation.
+        if let Err(e) = self.stage(session, consumer) {
+            return self.abort_after(session, consumer, rewind, e);
+        }
         let producer = self.active();
         let (tell, said) = mpsc::channel();
         let commit = {
@@ -602,13 +598,12 @@ impl Committer {
             let producer = Arc::clone(&self.producers[producer]);
             let n = Some(session.stats.commits + 1);
             let hooks = InFlightHooks {
-                hold: self.settings.hooks.hold_send_offsets.clone(),
                 crash: self.settings.hooks.crash_before_commit == n,
                 fail_once: (self.settings.hooks.fail_commit_in_flight == n
                     && !self.failed_once.swap(true, Ordering::Relaxed))
                 .then_some(next),
             };
-            move || commit_in_flight(&producer, &offsets, group, &hooks, &tell)
+            move || commit_in_flight(&producer, &hooks, &tell)
         };
         if let Err(e) = std::thread::Builder::new()
             .name("txn-commit".into())
@@ -1152,44 +1147,28 @@ impl ConsumerContext for RebalanceHandler {
 }
 
 /// What the commit thread of a batch in flight does (`--overlap-commits`): drains the batch's
-/// records (then the next batch's may leave), adds its offsets, commits, and tells the loop each.
-fn commit_in_flight(
-    producer: &TxnProducer,
-    offsets: &TopicPartitionList,
-    group: ConsumerGroupMetadata,
-    hooks: &InFlightHooks,
-    tell: &mpsc::Sender<Progress>,
-) {
+/// records (then the next batch's may leave), commits, and tells the loop each. Its states and
+/// offsets are in the transaction already.
+fn commit_in_flight(producer: &TxnProducer, hooks: &InFlightHooks, tell: &mpsc::Sender<Progress>) {
     let started = Instant::now();
     // A drain that fails or passes its bound leaves the next batch's outputs held; the commit
     // fails on its own then (it drains again first).
     if producer.flush(crate::kafka::txn::DRAIN_TIMEOUT).is_ok() {
         let _ = tell.send(Progress::Drained);
     }
-    crate::kafka::hold::hold_before(
-        hooks.hold.as_deref(),
-        "send_offsets_to_transaction",
-        None,
-        || {},
-    );
-    let done =
-        m::commit_step("send_offsets", || producer.send_offsets(offsets, group)).and_then(|()| {
-            if hooks.crash {
-                error!("test hook: crashing before this commit");
-                std::process::abort();
-            }
-            if let Some(next) = &hooks.fail_once {
-                return fail_once_the_next_began(next, started);
-            }
-            m::commit_step("end_transaction", || producer.commit())
-        });
+    if hooks.crash {
+        error!("test hook: crashing before this commit");
+        std::process::abort();
+    }
+    let done = match &hooks.fail_once {
+        Some(next) => fail_once_the_next_began(next, started),
+        None => m::commit_step("end_transaction", || producer.commit()),
+    };
     let _ = tell.send(Progress::Done(done));
 }
 
 /// The test hooks of a commit in flight ([`super::settings::TestHooks`]).
 struct InFlightHooks {
-    /// `hold_send_offsets`.
-    hold: Option<std::path::PathBuf>,
     /// `crash_before_commit` names this commit.
     crash: bool,
     /// `fail_commit_in_flight` names this commit: the other producer, whose next batch must have
