@@ -643,12 +643,7 @@ impl Committer {
         }
         match self.commit_open(session, consumer) {
             Ok(()) => Ok(true),
-            Err(e) if e.class == TxnErrorClass::Abortable => {
-                warn!(error = %e, "commit failed; aborting and rewinding");
-                self.abort_and_rewind(session, consumer, rewind, Some(&e))?;
-                Ok(false)
-            }
-            Err(e) => Err(e),
+            Err(e) => self.abort_after(session, consumer, rewind, e),
         }
     }
 
