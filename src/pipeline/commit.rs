@@ -72,9 +72,7 @@ use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::kafka::Isolation;
 use crate::metrics as m;
 use anyhow::Context as _;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance,
-};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
@@ -530,17 +528,28 @@ impl Committer {
         let Some(f) = session.outbox.in_flight.take_if(|f| f.done.is_some()) else {
             return Ok(true);
         };
+        match self.end_in_flight(session, f) {
+            Ok(()) => Ok(true),
+            Err(e) => self.abort_after(session, consumer, rewind, e),
+        }
+    }
+
+    /// Ends a batch in flight whose commit has answered: counts it if it committed; returns the
+    /// error if it failed, the batch noted for the abort that follows (`Outbox::failed`) when the
+    /// error is abortable.
+    fn end_in_flight(&self, session: &mut Session, f: InFlight) -> Result<(), TxnError> {
         match f.done {
+            Some(Ok(())) => {
+                self.committed(session, f.txn, f.started);
+                Ok(())
+            }
             Some(Err(e)) => {
                 if e.class == TxnErrorClass::Abortable {
                     session.outbox.failed = Some((f.producer, f.txn.records));
                 }
-                self.abort_after(session, consumer, rewind, e)
+                Err(e)
             }
-            _ => {
-                self.committed(session, f.txn, f.started);
-                Ok(true)
-            }
+            None => Ok(()),
         }
     }
 
@@ -654,44 +663,13 @@ impl Committer {
         session: &mut Session,
         consumer: &BaseConsumer<C>,
     ) -> Result<(), TxnError> {
-        if session.txn.as_ref().is_none_or(|t| t.staged) {
-            return Ok(());
-        }
-        self.stage_state(session)?;
-        let Some(txn) = session.txn.as_mut() else {
-            return Ok(());
-        };
-        if self.settings.guarantee == Guarantee::ExactlyOnce {
-            let group = group_metadata(consumer)?;
-            self.hold_send_offsets(&self.producers[self.active()]);
-            m::commit_step("send_offsets", || {
-                self.producer().send_offsets(&self.offsets_of(txn)?, group)
-            })?;
-        }
-        txn.staged = true;
-        Ok(())
-    }
-
-    /// Test hook: holds before `send_offsets_to_transaction` while the hook's file exists.
-    /// Off unless a test names the file. No stop flag here: a held engine is stopped by the
-    /// shutdown bound of the process.
-    fn hold_send_offsets(&self, producer: &TxnProducer) {
-        crate::kafka::hold::hold_before(
-            self.settings.hooks.hold_send_offsets.as_deref(),
-            "send_offsets_to_transaction",
-            None,
-            || {
-                let _ = producer.flush(Duration::from_secs(30));
-            },
-        );
-    }
-
-    /// Writes the open batch's changed states to the changelog.
-    fn stage_state(&self, session: &mut Session) -> Result<(), TxnError> {
         let Session { txn, state, .. } = session;
         let Some(txn) = txn.as_mut() else {
             return Ok(());
         };
+        if txn.staged {
+            return Ok(());
+        }
         let topics = &self.settings.topics;
         m::commit_step("state", || {
             for (&p, symbols) in &txn.dirty {
@@ -712,7 +690,31 @@ impl Committer {
                 }
             }
             Ok(())
-        })
+        })?;
+        if self.settings.guarantee == Guarantee::ExactlyOnce {
+            let group = consumer.group_metadata().ok_or_else(|| {
+                TxnError::with_class(
+                    "group_metadata",
+                    TxnErrorClass::Fatal,
+                    TxnCause::NoGroupMetadata,
+                )
+            })?;
+            // Off unless a test names the file. No stop flag here: a held engine is stopped by
+            // the shutdown bound of the process.
+            crate::kafka::hold::hold_before(
+                self.settings.hooks.hold_send_offsets.as_deref(),
+                "send_offsets_to_transaction",
+                None,
+                || {
+                    let _ = self.producer().flush(Duration::from_secs(30));
+                },
+            );
+            m::commit_step("send_offsets", || {
+                self.producer().send_offsets(&self.offsets_of(txn)?, group)
+            })?;
+        }
+        txn.staged = true;
+        Ok(())
     }
 
     /// Puts the batch's state and offsets into the open transaction and waits until every record
@@ -982,15 +984,12 @@ impl Committer {
         // it committed decides where the rewind lands.
         if let Some(mut f) = session.outbox.in_flight.take() {
             f.hear(true);
-            match f.done {
-                Some(Ok(())) => self.committed(session, f.txn, f.started),
-                Some(Err(e)) if e.class == TxnErrorClass::Abortable => {
-                    warn!(error = %e, "the commit in flight failed too");
-                    stuck |= e.is_stuck();
-                    session.outbox.failed = Some((f.producer, f.txn.records));
+            if let Err(e) = self.end_in_flight(session, f) {
+                if e.class != TxnErrorClass::Abortable {
+                    return Err(e);
                 }
-                Some(Err(e)) => return Err(e),
-                None => {}
+                warn!(error = %e, "the commit in flight failed too");
+                stuck |= e.is_stuck();
             }
         }
         session.outbox.held.clear();
@@ -1187,20 +1186,6 @@ fn fail_once_the_next_began(next: &TxnProducer, started: Instant) -> Result<(), 
         TxnErrorClass::Abortable,
         TxnCause::Injected("test hook: the commit in flight fails"),
     ))
-}
-
-/// The consumer's group metadata, which a transaction's offsets carry so that the group
-/// coordinator can fence a zombie of an older generation.
-fn group_metadata<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-) -> Result<ConsumerGroupMetadata, TxnError> {
-    consumer.group_metadata().ok_or_else(|| {
-        TxnError::with_class(
-            "group_metadata",
-            TxnErrorClass::Fatal,
-            TxnCause::NoGroupMetadata,
-        )
-    })
 }
 
 fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
