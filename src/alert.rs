@@ -10,10 +10,12 @@
 //! Everything here is deterministic, which is what makes the verifier an oracle: it replays the
 //! input topic through [`apply`] and must find exactly the notifications the pipeline committed.
 
+use crate::rules::live::Versioned;
 use crate::rules::Rules;
 use crate::tick::Tick;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Last accepted price of one symbol; this is the value written to the state changelog.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +25,19 @@ pub struct SymbolState {
     pub price: Decimal,
     /// Sequence number of the tick that set `price`.
     pub seq: u64,
+    /// Live alerts with a re-arm band that fired and have not re-armed yet (see
+    /// [`apply_alerts`]); always empty with a rules file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disarmed: Vec<Disarmed>,
+}
+
+/// A live alert's direction that fired and waits for the price to leave its band before it may
+/// fire again. Named with the alert's version: a new version of the alert starts armed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Disarmed {
+    pub id: String,
+    pub version: i64,
+    pub direction: Direction,
 }
 
 /// Direction of a crossing.
@@ -73,6 +88,7 @@ pub fn apply(thresholds: &[Decimal], state: &mut Option<SymbolState>, tick: &Tic
     *state = Some(SymbolState {
         price: tick.price,
         seq: tick.seq,
+        disarmed: Vec::new(),
     });
     let Some(prev) = prev else {
         return Outcome::Accepted {
@@ -116,6 +132,145 @@ pub fn apply_rules(rules: &Rules, state: &mut Option<SymbolState>, tick: &Tick) 
     }
 }
 
+/// The side of `t` that a move from `prev` to `p` crosses to, if any (the rule at the top).
+fn crossing_of(t: Decimal, prev: Decimal, p: Decimal) -> Option<Direction> {
+    if prev < t && t <= p {
+        Some(Direction::Up)
+    } else if prev >= t && t > p {
+        Some(Direction::Down)
+    } else {
+        None
+    }
+}
+
+/// A live alert that fired on a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fired {
+    pub id: String,
+    pub version: i64,
+    pub threshold: Decimal,
+    pub direction: Direction,
+    pub previous_price: Decimal,
+    pub subscriber: Option<String>,
+    pub one_shot: bool,
+}
+
+/// What a tick did against the live alerts of its symbol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveOutcome {
+    /// Accepted (the state is now the tick's), with the alerts that fired.
+    Accepted { fired: Vec<Fired> },
+    /// The tick's seq is not newer than the state's: ignored and counted.
+    Stale { last_seq: u64 },
+}
+
+/// Applies one tick to its symbol's state against the live alerts of the symbol in force for it
+/// (`alerts`, by id). Every symbol keeps its last price, with or without alerts, so that an alert
+/// put now fires on the next crossing, not only after a second tick.
+///
+/// An alert fires when its threshold is crossed (the rule at the top) in a direction it watches.
+/// With a re-arm band `b`, after firing up it is disarmed for up until a tick's price is below
+/// `t - b`; after firing down, for down until a price is at or above `t + b`; a new version of
+/// the alert starts armed. Within a tick: fire with the armed state before it, then re-arm by its
+/// price, then disarm what fired. Fired alerts come ascending by threshold for up, descending for
+/// down, then by id.
+pub fn apply_alerts(
+    alerts: Option<&BTreeMap<String, Versioned>>,
+    state: &mut Option<SymbolState>,
+    tick: &Tick,
+) -> LiveOutcome {
+    let (prev, mut disarmed) = match state.take() {
+        Some(s) if tick.seq <= s.seq => {
+            let last_seq = s.seq;
+            *state = Some(s);
+            return LiveOutcome::Stale { last_seq };
+        }
+        Some(s) => (Some(s.price), s.disarmed),
+        None => (None, Vec::new()),
+    };
+    let p = tick.price;
+    let mut fired = Vec::new();
+    if let (Some(prev), Some(alerts)) = (prev, alerts) {
+        for (id, v) in alerts {
+            let a = &v.alert;
+            let Some(direction) = crossing_of(a.threshold, prev, p) else {
+                continue;
+            };
+            if !a.direction.watches(direction) {
+                continue;
+            }
+            let key = Disarmed {
+                id: id.clone(),
+                version: v.version,
+                direction,
+            };
+            if a.rearm_band.is_some() && disarmed.contains(&key) {
+                continue;
+            }
+            fired.push(Fired {
+                id: id.clone(),
+                version: v.version,
+                threshold: a.threshold,
+                direction,
+                previous_price: prev,
+                subscriber: a.subscriber.clone(),
+                one_shot: a.one_shot,
+            });
+        }
+    }
+    // Re-arm: an entry stays while its alert is in force at that version and the price has not
+    // left the band on the far side.
+    disarmed.retain(|d| {
+        let Some(v) = alerts.and_then(|a| a.get(&d.id)) else {
+            return false;
+        };
+        let (Some(band), true) = (v.alert.rearm_band, v.version == d.version) else {
+            return false;
+        };
+        match d.direction {
+            Direction::Up => p >= v.alert.threshold - band,
+            Direction::Down => p < v.alert.threshold + band,
+        }
+    });
+    for f in &fired {
+        let banded = alerts
+            .and_then(|a| a.get(&f.id))
+            .is_some_and(|v| v.alert.rearm_band.is_some());
+        if banded && !f.one_shot {
+            disarmed.push(Disarmed {
+                id: f.id.clone(),
+                version: f.version,
+                direction: f.direction,
+            });
+        }
+    }
+    disarmed.sort();
+    disarmed.dedup();
+    fired.sort_by(|a, b| {
+        let by_threshold = match a.direction {
+            Direction::Up => a.threshold.cmp(&b.threshold),
+            Direction::Down => b.threshold.cmp(&a.threshold),
+        };
+        a.direction
+            .cmp(&b.direction)
+            .then(by_threshold)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    *state = Some(SymbolState {
+        price: p,
+        seq: tick.seq,
+        disarmed,
+    });
+    LiveOutcome::Accepted { fired }
+}
+
+/// The live alert behind a notification: its id and version (the rules offset that put it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AlertRef {
+    pub id: String,
+    pub version: i64,
+}
+
 /// Where the tick behind a notification was read from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Source {
@@ -141,9 +296,41 @@ pub struct Notification {
     /// The tick's own timestamp, or the record timestamp when the tick had none.
     pub tick_ts: String,
     pub source: Source,
+    /// The live alert that fired (absent for a rules file's thresholds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert: Option<AlertRef>,
+    /// Who the alert is for: the subscriber alert-deliver sends it to (absent: by symbol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscriber: Option<String>,
 }
 
 impl Notification {
+    /// The stable id of a live alert's firing: `symbol:seq:alert-id:direction` (two alerts of a
+    /// symbol may share a threshold).
+    pub fn id_of_alert(symbol: &str, seq: u64, alert_id: &str, direction: Direction) -> String {
+        format!("{symbol}:{seq}:{alert_id}:{}", direction.as_str())
+    }
+
+    /// The notification of a live alert that fired.
+    pub fn of_alert(tick: &Tick, fired: &Fired, tick_ts: String, source: Source) -> Self {
+        Notification {
+            id: Self::id_of_alert(&tick.symbol, tick.seq, &fired.id, fired.direction),
+            symbol: tick.symbol.clone(),
+            threshold: fired.threshold,
+            direction: fired.direction,
+            price: tick.price,
+            previous_price: fired.previous_price,
+            seq: tick.seq,
+            tick_ts,
+            source,
+            alert: Some(AlertRef {
+                id: fired.id.clone(),
+                version: fired.version,
+            }),
+            subscriber: fired.subscriber.clone(),
+        }
+    }
+
     /// The stable id of a crossing.
     pub fn id_of(symbol: &str, seq: u64, threshold: Decimal, direction: Direction) -> String {
         format!("{symbol}:{seq}:{threshold}:{}", direction.as_str())
@@ -165,6 +352,8 @@ impl Notification {
             seq: tick.seq,
             tick_ts,
             source,
+            alert: None,
+            subscriber: None,
         }
     }
 }
@@ -207,7 +396,8 @@ mod tests {
             s,
             Some(SymbolState {
                 price: d("150"),
-                seq: 1
+                seq: 1,
+                disarmed: Vec::new(),
             })
         );
     }
@@ -290,7 +480,8 @@ mod tests {
             s,
             Some(SymbolState {
                 price: d("90"),
-                seq: 10
+                seq: 10,
+                disarmed: Vec::new(),
             }),
             "stale ticks never change state"
         );
@@ -351,5 +542,128 @@ mod tests {
         assert_eq!(v["source"]["offset"].as_i64(), Some(5521));
         let back: Notification = serde_json::from_value(v).unwrap();
         assert_eq!(back, n);
+    }
+
+    fn live(
+        id: &str,
+        version: i64,
+        t: &str,
+        watch: crate::rules::live::Watch,
+        band: Option<&str>,
+    ) -> (String, Versioned) {
+        (
+            id.to_owned(),
+            Versioned {
+                version,
+                alert: crate::rules::live::Alert {
+                    symbol: "BBCA".into(),
+                    threshold: d(t),
+                    direction: watch,
+                    subscriber: Some("ops".into()),
+                    one_shot: false,
+                    rearm_band: band.map(d),
+                },
+            },
+        )
+    }
+
+    fn fired(o: LiveOutcome) -> Vec<(String, Direction)> {
+        match o {
+            LiveOutcome::Accepted { fired } => {
+                fired.into_iter().map(|f| (f.id, f.direction)).collect()
+            }
+            other => panic!("expected Accepted, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn live_alerts_fire_in_the_directions_they_watch() {
+        use crate::rules::live::Watch;
+        let alerts = BTreeMap::from([
+            live("up", 1, "100", Watch::Up, None),
+            live("down", 2, "100", Watch::Down, None),
+            live("both", 3, "100", Watch::Both, None),
+        ]);
+        let mut s = None;
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("99", 1))),
+            vec![]
+        );
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("100", 2))),
+            vec![("both".into(), Direction::Up), ("up".into(), Direction::Up)]
+        );
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("99", 3))),
+            vec![
+                ("both".into(), Direction::Down),
+                ("down".into(), Direction::Down)
+            ]
+        );
+        assert!(matches!(
+            apply_alerts(Some(&alerts), &mut s, &tick("101", 3)),
+            LiveOutcome::Stale { last_seq: 3 }
+        ));
+        // Without alerts the price is kept, so an alert put later fires on the next crossing.
+        assert_eq!(fired(apply_alerts(None, &mut s, &tick("98", 4))), vec![]);
+        assert_eq!(s.as_ref().map(|s| s.price), Some(d("98")));
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("100.5", 5))),
+            vec![("both".into(), Direction::Up), ("up".into(), Direction::Up)]
+        );
+    }
+
+    #[test]
+    fn a_rearm_band_stops_a_hovering_price_from_flooding() {
+        use crate::rules::live::Watch;
+        let alerts = BTreeMap::from([live("a", 7, "100", Watch::Both, Some("2"))]);
+        let mut s = None;
+        let mut out = Vec::new();
+        for (seq, price) in ["99", "100.1", "99.9", "100.1", "99.9", "100.2", "99.8"]
+            .iter()
+            .enumerate()
+        {
+            out.extend(fired(apply_alerts(
+                Some(&alerts),
+                &mut s,
+                &tick(price, seq as u64 + 1),
+            )));
+        }
+        // One up, one down, then quiet while it hovers inside the band.
+        assert_eq!(
+            out,
+            vec![("a".into(), Direction::Up), ("a".into(), Direction::Down)]
+        );
+        // Below 98 re-arms up; the next up crossing fires again.
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("97.9", 10))),
+            vec![]
+        );
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("100", 11))),
+            vec![("a".into(), Direction::Up)]
+        );
+        // At or above 102 re-arms down.
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("102", 12))),
+            vec![]
+        );
+        assert_eq!(
+            fired(apply_alerts(Some(&alerts), &mut s, &tick("99", 13))),
+            vec![("a".into(), Direction::Down)]
+        );
+        // A new version starts armed.
+        let v2 = BTreeMap::from([live("a", 8, "100", Watch::Both, Some("2"))]);
+        assert_eq!(
+            fired(apply_alerts(Some(&v2), &mut s, &tick("100", 14))),
+            vec![("a".into(), Direction::Up)]
+        );
+        let json = serde_json::to_string(s.as_ref().unwrap()).unwrap();
+        let back: SymbolState = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            Some(back),
+            s,
+            "the disarmed entries survive the changelog: {json}"
+        );
     }
 }

@@ -98,6 +98,7 @@ fn send_state(p: &TxnProducer, changelog: &str, symbol: &str, price: i64, seq: u
     let value = serde_json::to_vec(&SymbolState {
         price: Decimal::from(price),
         seq,
+        disarmed: Vec::new(),
     })
     .unwrap();
     p.send(

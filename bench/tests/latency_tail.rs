@@ -36,6 +36,8 @@ fn notification(symbol: &str, seq: u64) -> (Option<Vec<u8>>, Vec<u8>) {
             partition: 0,
             offset: seq as i64,
         },
+        alert: None,
+        subscriber: None,
     };
     (
         Some(symbol.as_bytes().to_vec()),

@@ -20,6 +20,7 @@
 //!   vector, an index sorted by name), not a map with two allocations per symbol: 8.8 MB (heaptrack)
 //!   instead of 16.5 MB for 100,000 symbols of four thresholds. A lookup is a binary search.
 
+pub mod live;
 #[cfg(test)]
 mod piecewise_tests;
 mod split;
