@@ -47,6 +47,11 @@ pub const DLQ_UNHANDLED: &str = "alerts_dlq_unhandled";
 pub const NOT_AUTHORISED: &str = "alerts_not_authorised_total";
 pub const TXN_CALLS_STUCK: &str = "alerts_transactional_calls_stuck_total";
 pub const OVERLAP_HELD: &str = "alerts_overlap_held_records_total";
+pub const RULES_APPLIED: &str = "alerts_rules_applied_total";
+pub const RULES_INVALID: &str = "alerts_rules_invalid_total";
+pub const RULES_BARRIERS: &str = "alerts_rules_barriers_total";
+pub const RULES_HOLD_SECONDS: &str = "alerts_rules_hold_seconds";
+pub const ONE_SHOTS_FIRED: &str = "alerts_one_shots_fired_total";
 
 /// The transactional calls that run under a deadline ([`crate::kafka::txn`]): the `call` label of
 /// [`TXN_CALLS_STUCK`].
@@ -105,6 +110,11 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (DLQ_OLDEST_AGE, Kind::Gauge, "Age of the oldest dead letter not yet replayed (no entry in the replay ledger <dlq>.replayed; 0 when none)."),
     (DLQ_UNHANDLED, Kind::Gauge, "Dead letters not yet replayed (no entry in the replay ledger <dlq>.replayed): a count of records."),
     (OVERLAP_HELD, Kind::Counter, "Outputs held back until the batch whose commit was in flight had drained (--overlap-commits; 0 otherwise)."),
+    (RULES_APPLIED, Kind::Counter, "Live alerts' rules records applied to the table, by kind (put, delete); a redo after an abort applies them again."),
+    (RULES_INVALID, Kind::Counter, "Rules records that changed nothing because they were invalid (bad JSON or field, wrong partition); each is logged with its offset and reason."),
+    (RULES_BARRIERS, Kind::Counter, "Barriers sent to the rules topic for ticks whose alerts in force were not known yet."),
+    (RULES_HOLD_SECONDS, Kind::Histogram, "How long an input partition was paused for its next tick's rules (a barrier's round trip, or a rules partition held by an open transaction)."),
+    (ONE_SHOTS_FIRED, Kind::Counter, "One-shot alerts that fired, each deleted in the same transaction, inside committed transactions."),
     (NOT_AUTHORISED, Kind::Counter, "Transactions aborted because a right was refused, by right (e.g. \"Write on Topic notifications\"); the input is redone once it is granted."),
 ];
 
@@ -197,6 +207,34 @@ pub fn commit_step<T, E>(step: &'static str, f: impl FnOnce() -> Result<T, E>) -
     let done = f()?;
     histogram!(COMMIT_STEP_SECONDS, "step" => step).record(started.elapsed().as_secs_f64());
     Ok(done)
+}
+
+/// Rules records a join applied.
+pub fn rules_applied(a: crate::rules::live::Applied) {
+    if a.puts > 0 {
+        counter!(RULES_APPLIED, "kind" => "put").increment(a.puts);
+    }
+    if a.deletes > 0 {
+        counter!(RULES_APPLIED, "kind" => "delete").increment(a.deletes);
+    }
+    if a.invalid > 0 {
+        counter!(RULES_INVALID).increment(a.invalid);
+    }
+}
+
+/// One-shot alerts fired in a committed transaction.
+pub fn one_shots_fired(n: u64) {
+    counter!(ONE_SHOTS_FIRED).increment(n);
+}
+
+/// A barrier was sent to the rules topic.
+pub fn barrier_sent() {
+    counter!(RULES_BARRIERS).increment(1);
+}
+
+/// A partition held for its rules was resumed after `held`.
+pub fn tick_hold_ended(held: Duration) {
+    histogram!(RULES_HOLD_SECONDS).record(held.as_secs_f64());
 }
 
 /// An output was held back until the batch in flight drained (`--overlap-commits`).

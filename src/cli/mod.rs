@@ -20,6 +20,7 @@ mod log;
 pub mod membership;
 pub mod pipeline;
 pub mod replay;
+pub mod rules;
 pub mod sink;
 pub mod tickgen;
 

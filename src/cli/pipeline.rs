@@ -18,9 +18,16 @@ use crate::pipeline::{Guarantee, PipelineOptions, TestHooks};
 pub struct PipelineArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// Alert rules (TOML: [symbols] SYMBOL = ["threshold", ...]).
-    #[arg(long, env = "ALERT_RULES")]
-    pub rules: std::path::PathBuf,
+    /// Alert rules read at start (TOML: [symbols] SYMBOL = ["threshold", ...]); or --live-rules.
+    #[arg(long, env = "ALERT_RULES", required_unless_present_any = ["live_rules", "rules_topic"], conflicts_with_all = ["live_rules", "rules_topic"])]
+    pub rules: Option<std::path::PathBuf>,
+    /// Live alerts: join the ticks with the rules topic (<app-id>-rules), whose alerts `alert-rules`
+    /// puts and deletes while the pipeline runs (docs/design.md, "Live alerts").
+    #[arg(long, env = "LIVE_RULES", value_parser = clap::builder::BoolishValueParser::new())]
+    pub live_rules: bool,
+    /// The rules topic of --live-rules (default <app-id>-rules); implies --live-rules.
+    #[arg(long, env = "RULES_TOPIC")]
+    pub rules_topic: Option<String>,
     /// Application id: consumer group, transactional-id prefix, changelog name (<app>-state).
     #[arg(long, default_value = "price-alerts")]
     pub app_id: String,
@@ -156,13 +163,21 @@ impl PipelineArgs {
     pub fn options(&self) -> anyhow::Result<PipelineOptions> {
         let kafka = self.kafka.config()?;
         kafka.validate()?;
-        let rules = crate::rules::Rules::load(&self.rules)?;
-        if rules.is_empty() {
-            anyhow::bail!(
-                "{}: no symbols: nothing would ever alert",
-                self.rules.display()
-            );
-        }
+        let rules = match &self.rules {
+            Some(path) => {
+                let rules = crate::rules::Rules::load(path)?;
+                if rules.is_empty() {
+                    anyhow::bail!("{}: no symbols: nothing would ever alert", path.display());
+                }
+                rules
+            }
+            None => crate::rules::Rules::default(),
+        };
+        let rules_topic = match (&self.rules_topic, self.live_rules) {
+            (Some(t), _) => Some(t.clone()),
+            (None, true) => Some(crate::rules::live::rules_topic(&self.app_id)),
+            (None, false) => None,
+        };
         if self.max_attempts == 0 {
             anyhow::bail!("--max-attempts must be at least 1");
         }
@@ -199,6 +214,7 @@ impl PipelineArgs {
         let membership = self.membership.resolve()?;
         Ok(PipelineOptions {
             engine: crate::pipeline::EngineSettings {
+                rules_topic,
                 max_tick_bytes: self.max_tick_bytes,
                 transaction_timeout: self.transaction_timeout,
                 static_membership: membership.static_membership,

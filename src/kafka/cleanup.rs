@@ -26,7 +26,15 @@ pub enum Cleanup {
     /// `cleanup.policy=compact` for state that is read whole on every restore (the changelog):
     /// small segments and an eager cleaner, see the module doc.
     CompactedState,
+    /// The live alerts' rules topic (`crate::rules::live`): compacted like state, stamped by the
+    /// broker (LogAppendTime), and its history kept [`RULES_HISTORY`] before the cleaner may
+    /// remove a superseded version, so that the oracle can still replay the last hour's join.
+    RulesTable,
 }
+
+/// `min.compaction.lag.ms` of the rules topic: how long a superseded alert version or an old
+/// barrier stays readable (the window in which `alert-verify --rules-topic` can predict the join).
+pub const RULES_HISTORY: Duration = Duration::from_secs(3600);
 
 impl Cleanup {
     /// The topic configs this cleanup stands for.
@@ -38,6 +46,16 @@ impl Cleanup {
                 ("cleanup.policy", "compact".to_owned()),
                 ("segment.ms", STATE_SEGMENT_MS.as_millis().to_string()),
                 ("segment.bytes", STATE_SEGMENT_BYTES.to_string()),
+                (
+                    "min.cleanable.dirty.ratio",
+                    STATE_MIN_CLEANABLE_DIRTY_RATIO.to_string(),
+                ),
+            ],
+            Cleanup::RulesTable => vec![
+                ("cleanup.policy", "compact".to_owned()),
+                ("message.timestamp.type", "LogAppendTime".to_owned()),
+                ("min.compaction.lag.ms", RULES_HISTORY.as_millis().to_string()),
+                ("segment.ms", STATE_SEGMENT_MS.as_millis().to_string()),
                 (
                     "min.cleanable.dirty.ratio",
                     STATE_MIN_CLEANABLE_DIRTY_RATIO.to_string(),

@@ -29,7 +29,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use std::time::Duration;
 use tracing::warn;
 
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The topics one processor reads and writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -336,6 +336,31 @@ pub async fn ensure_topic(kafka: &KafkaConfig, spec: &TopicSpec) -> anyhow::Resu
     }
     create_topics(kafka, std::slice::from_ref(spec)).await?;
     wait_for_partitions(&probe, &spec.name)
+}
+
+/// Makes sure the live alerts' rules topic exists with the input's partition count (creating it
+/// compacted and stamped by the broker, [`Cleanup::RulesTable`]); refuses one with another count:
+/// an alert lives in the partition of its symbol's ticks, and the instance that owns input
+/// partition p reads rules partition p only.
+pub async fn ensure_rules(kafka: &KafkaConfig, rules: &str, input: &str, partitions: i32) -> anyhow::Result<()> {
+    let n = ensure_topic(
+        kafka,
+        &TopicSpec {
+            name: rules.to_owned(),
+            partitions,
+            cleanup: Cleanup::RulesTable,
+            retention: None,
+        },
+    )
+    .await?;
+    if n != partitions {
+        bail!(
+            "rules topic {rules} has {n} partitions but input {input} has {partitions}: an alert lives in \
+             the partition of its symbol's ticks, so the two must be co-partitioned (same count, the \
+             symbol hashed with murmur2); recreate {rules} with {partitions} partitions and load the alerts again"
+        );
+    }
+    Ok(())
 }
 
 /// Partition count of a topic that was just created: a broker answers CreateTopics before its

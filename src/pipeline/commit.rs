@@ -65,6 +65,7 @@
 use super::batch::OpenBatch;
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
+use crate::rules::live::{PartitionJoin, JOIN_KEY};
 use crate::backoff::Setbacks;
 use crate::kafka::offsets::{seek_to_committed, GroupOffsets};
 use crate::kafka::tpl::position_list;
@@ -142,6 +143,8 @@ pub(super) struct BatchCounts {
     pub retried: u64,
     pub stale: u64,
     pub unwatched: u64,
+    /// One-shot live alerts that fired (each deleted by a tombstone in this transaction).
+    pub one_shots: u64,
 }
 
 /// The batch inside the open transaction.
@@ -232,8 +235,19 @@ impl Session {
 
     /// The open batch, the loaded state of partition `p` and where the batch's outputs go, if a
     /// batch is open and `p` loaded.
-    pub fn batch(&mut self, p: i32) -> Option<(&mut OpenTxn, &mut PartitionState, &mut Outbox)> {
-        Some((self.txn.as_mut()?, self.state.get_mut(p)?, &mut self.outbox))
+    /// With live alerts, also `p`'s join.
+    #[allow(clippy::type_complexity)]
+    pub fn batch(
+        &mut self,
+        p: i32,
+    ) -> Option<(
+        &mut OpenTxn,
+        &mut PartitionState,
+        Option<&mut PartitionJoin>,
+        &mut Outbox,
+    )> {
+        let (state, join) = self.state.with_join(p)?;
+        Some((self.txn.as_mut()?, state, join, &mut self.outbox))
     }
 
     /// Whether a commit is in flight or outputs are held back for one.
@@ -689,6 +703,21 @@ impl Committer {
                         .map_err(|e| TxnError::new("produce state", e))?;
                 }
             }
+            // Live alerts: where each partition's join stands, beside its states (see
+            // `crate::rules::live`, "What a crash must not lose").
+            for &p in txn.offsets.keys() {
+                let Some(cp) = state.checkpoint(p) else {
+                    continue;
+                };
+                let value = serde_json::to_vec(&cp).unwrap_or_default();
+                let record = BaseRecord::to(&topics.changelog)
+                    .partition(p)
+                    .key(JOIN_KEY.as_bytes())
+                    .payload(value.as_slice());
+                self.producer()
+                    .send(record)
+                    .map_err(|e| TxnError::new("produce join checkpoint", e))?;
+            }
             Ok(())
         })?;
         if self.settings.guarantee == Guarantee::ExactlyOnce {
@@ -849,6 +878,9 @@ impl Committer {
             c.retried,
             started.elapsed(),
         );
+        if c.one_shots > 0 {
+            m::one_shots_fired(c.one_shots);
+        }
         debug!(
             records = txn.records,
             notifications = c.notifications,
@@ -1022,6 +1054,8 @@ impl Committer {
         let write_refused = !refused.is_empty();
         refused.extend(cause.and_then(|e| self.refused_by(e, write_refused)));
         session.state.invalidate_all();
+        // Held partitions (live alerts) are rewound with the others: whoever paused them resumes.
+        resume(consumer, &self.settings.topics.input, &session.state.release(None));
         if let Err(e) = seek_to_committed(
             consumer,
             &self.offsets,
@@ -1108,6 +1142,7 @@ impl ConsumerContext for RebalanceHandler {
                 session.fatal.get_or_insert(e);
             }
         }
+        resume(consumer, &c.settings.topics.input, &session.state.release(Some(&revoked)));
         for p in revoked {
             session.state.revoke(p);
         }
@@ -1137,6 +1172,18 @@ impl ConsumerContext for RebalanceHandler {
                 }
             }
         }
+    }
+}
+
+/// Resumes input partitions that a live-alerts hold paused (a failure is logged: the partition
+/// would stay paused until its next assignment).
+pub(super) fn resume<C: ConsumerContext>(consumer: &BaseConsumer<C>, input: &str, partitions: &[i32]) {
+    if partitions.is_empty() {
+        return;
+    }
+    let tpl = crate::kafka::tpl::partition_list(input, partitions.iter().copied());
+    if let Err(e) = consumer.resume(&tpl) {
+        warn!(partitions = ?partitions, error = %e, "resuming held partitions failed");
     }
 }
 

@@ -29,9 +29,11 @@
 
 use super::batch::{self, OpenBatch};
 use super::commit::{Committer, RebalanceHandler, Stats};
+use super::live::LiveRules;
 use super::settings::EngineSettings;
-use super::state::{self, PartitionState};
-use crate::alert::{apply_rules, Notification, Outcome, Source};
+use super::state::{self, Held, PartitionState};
+use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome, Source};
+use crate::rules::live::FIRED_HEADER;
 use crate::dlq;
 use crate::kafka::access;
 use crate::kafka::offsets::seek_to_committed;
@@ -43,7 +45,7 @@ use crate::trace;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet};
@@ -83,7 +85,12 @@ pub struct Engine {
     /// Reads the changelog on restores; kept so each restore does not pay a new connection, and
     /// made again when it does not answer ([`Engine::restore_reader`]).
     restore_reader: Mutex<Reader>,
+    /// Live alerts: the rules topic's reader and the barriers (`None` with a rules file).
+    live: Option<LiveRules>,
 }
+
+/// Longest poll while a partition is held for its rules: the barrier's return is noticed soon.
+const HELD_POLL: Duration = Duration::from_millis(5);
 
 /// How long the restore reader has to answer a metadata request before it is made again
 /// ([`Engine::restore_reader`]). Healthy brokers answer in milliseconds, and a reader made again
@@ -110,6 +117,11 @@ impl Engine {
             settings.transaction_timeout,
         );
         let restore_reader = reader_of(&settings.kafka)?;
+        let live = settings
+            .rules_topic
+            .as_deref()
+            .map(|topic| LiveRules::start(&settings.kafka, topic))
+            .transpose()?;
         let committer = Committer::start(settings)?;
         let consumer: BaseConsumer<RebalanceHandler> = consumer_cfg
             .create_with_context(RebalanceHandler::new(Arc::clone(&committer)))
@@ -124,12 +136,14 @@ impl Engine {
             input = %settings.topics.input,
             guarantee = ?settings.guarantee,
             overlap_commits = settings.overlap_commits,
+            rules_topic = settings.rules_topic.as_deref().unwrap_or("(rules file)"),
             "engine started"
         );
         Ok(Engine {
             consumer,
             committer,
             restore_reader: Mutex::new(restore_reader),
+            live,
         })
     }
 
@@ -160,6 +174,10 @@ impl Engine {
     /// Polls once (rebalance callbacks run here), restores newly owned partitions, and processes
     /// the record polled, if any.
     pub fn poll_once(&self, timeout: Duration) -> anyhow::Result<Polled> {
+        let timeout = match self.poll_rules()? {
+            true => timeout.min(HELD_POLL),
+            false => timeout,
+        };
         let polled = self.consumer.poll(timeout);
         if let Some(e) = self.committer.lock()?.take_fatal() {
             return Err(e.into());
@@ -172,7 +190,7 @@ impl Engine {
             // again from there.
             Some(Ok(m)) if restore.sought.contains(&m.partition()) => false,
             Some(Ok(m)) => match self.process(&m) {
-                Ok(()) => true,
+                Ok(processed) => processed,
                 Err(e) if e.class == TxnErrorClass::Abortable => {
                     warn!(error = %e, "abortable transactional error; aborting and rewinding");
                     self.abort_after(Some(&e))?;
@@ -275,6 +293,53 @@ impl Engine {
         Ok(())
     }
 
+    /// Live alerts: takes what the rules reader has into the joins and resumes the held partitions
+    /// whose join is ready. Returns whether a partition is still held.
+    fn poll_rules(&self) -> anyhow::Result<bool> {
+        let Some(live) = &self.live else {
+            return Ok(false);
+        };
+        let mut session = self.committer.lock()?;
+        let ready = live.poll(&mut session.state);
+        super::commit::resume(&self.consumer, &self.committer.settings().topics.input, &ready);
+        let held = session.state.held_mut().next().is_some();
+        Ok(held)
+    }
+
+    /// Holds partition `p` at its tick at `offset` (timestamp `ts`) until its join is ready:
+    /// paused, sought back to the tick, and a barrier sent (see [`super::live`]).
+    fn hold(
+        &self,
+        live: &LiveRules,
+        state: &mut state::StateStore,
+        p: i32,
+        offset: i64,
+        ts: i64,
+    ) -> Result<(), TxnError> {
+        let input = &self.committer.settings().topics.input;
+        let tpl = crate::kafka::tpl::partition_list(input, [p]);
+        let abortable = |step, e| TxnError::with_class(step, crate::kafka::txn::TxnErrorClass::Abortable, e);
+        self.consumer
+            .pause(&tpl)
+            .map_err(|e| abortable("pause a held partition", e))?;
+        let now = Instant::now();
+        state.hold(
+            p,
+            Held {
+                offset,
+                ts,
+                since: now,
+                barrier_sent: now,
+            },
+        );
+        self.consumer
+            .seek(input, p, rdkafka::Offset::Offset(offset), Duration::from_secs(5))
+            .map_err(|e| abortable("seek a held partition", e))?;
+        live.barrier(p, offset);
+        debug!(partition = p, offset, ts, "tick held until its rules are known");
+        Ok(())
+    }
+
     /// Restores the state of owned partitions that have none loaded, seeking those that are
     /// unpositioned to their committed offsets first. A refused right (Read on the group or the
     /// input, for the committed offsets) is a setback, not an error: the partitions stay pending
@@ -333,15 +398,23 @@ impl Engine {
         let started = Instant::now();
         // The committed offsets being stable does not mean the changelog has its marker: the
         // restore waits for it itself (see `state`).
-        let restored = state::restore(
-            &*self.restore_reader()?,
-            &topics.changelog,
-            &pending,
-            timeout,
-        )?;
+        let reader = self.restore_reader()?;
+        let (restored, checkpoints) =
+            state::restore_with_joins(&reader, &topics.changelog, &pending, timeout)?;
+        let joins = match &self.live {
+            Some(live) => Some(live.restore(&reader, &pending, &checkpoints, timeout)?),
+            None => None,
+        };
+        drop(reader);
         let mut session = self.committer.lock()?;
         for (p, s) in restored {
             session.state.install(p, s);
+        }
+        if let (Some(live), Some(joins)) = (&self.live, joins) {
+            for (p, j) in joins {
+                session.state.install_join(p, j);
+            }
+            live.reassign(&mut session.state)?;
         }
         session.restored(pending.len(), started.elapsed());
         debug!(committed = ?committed.to_topic_map(), "restore done");
@@ -352,7 +425,8 @@ impl Engine {
     }
 
     /// Applies one input record inside the open transaction (beginning one if none is open).
-    fn process(&self, m: &BorrowedMessage<'_>) -> Result<(), TxnError> {
+    /// Returns false if it was not processed (dropped, or held for its rules: read again later).
+    fn process(&self, m: &BorrowedMessage<'_>) -> Result<bool, TxnError> {
         let c = &self.committer;
         let settings = c.settings();
         let p = m.partition();
@@ -369,7 +443,7 @@ impl Engine {
                 "record of a partition awaiting its restore; dropped"
             );
             session.state.unposition(p);
-            return Ok(());
+            return Ok(false);
         }
         if m.topic() != settings.topics.input || session.state.get(p).is_none() {
             // Not ours (any more): librdkafka drops fetched records of revoked partitions, so this
@@ -380,11 +454,26 @@ impl Engine {
                 offset = m.offset(),
                 "record of a partition not owned; ignored"
             );
-            return Ok(());
+            return Ok(false);
+        }
+        if let Some(live) = &self.live {
+            let ts = m.timestamp().to_millis().unwrap_or(0);
+            let Some(join) = session.state.join_mut(p) else {
+                // Loaded with its state, always; a safety net like the one above.
+                session.state.unposition(p);
+                return Ok(false);
+            };
+            let ready = join.ready(ts, m.offset());
+            let (applied, invalid) = join.take_applied();
+            live.said(p, applied, invalid);
+            if !ready {
+                self.hold(live, &mut session.state, p, m.offset(), ts)?;
+                return Ok(false);
+            }
         }
         c.begin(&mut session)?;
         let arrived = batch::arrival(m.timestamp().to_millis(), Instant::now());
-        let (txn, states, outbox) = session
+        let (txn, states, join, outbox) = session
             .batch(p)
             .expect("a batch was begun and partition p is loaded (checked above)");
         match dlq::admit(
@@ -410,6 +499,63 @@ impl Engine {
                     txn.counts.retried += 1;
                 }
                 let mut current = states.get(&tick.symbol).cloned();
+                if let Some(join) = join {
+                    let outcome = apply_alerts(join.table().of_symbol(&tick.symbol), &mut current, &tick);
+                    match outcome {
+                        LiveOutcome::Accepted { fired } => {
+                            let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
+                            let headers = if fired.is_empty() {
+                                OwnedHeaders::new()
+                            } else {
+                                trace::headers(m)
+                            };
+                            let source = Source {
+                                topic: m.topic().to_owned(),
+                                partition: p,
+                                offset: m.offset(),
+                            };
+                            for f in &fired {
+                                let n = Notification::of_alert(&tick, f, tick_ts.clone(), source.clone());
+                                let value = serde_json::to_vec(&n).unwrap_or_default();
+                                let record = BaseRecord::to(&settings.topics.notifications)
+                                    .key(tick.symbol.as_bytes())
+                                    .payload(value.as_slice())
+                                    .headers(headers.clone());
+                                c.output(outbox, record)
+                                    .map_err(|e| TxnError::new("produce notification", e))?;
+                                txn.counts.notifications += 1;
+                                if f.one_shot {
+                                    // Deleted in the same transaction as its notification: it
+                                    // fires once, whatever crashes.
+                                    join.fire_one_shot(&f.id, f.version);
+                                    let version = f.version.to_string();
+                                    let record = BaseRecord::<[u8], [u8]>::to(
+                                        settings.rules_topic.as_deref().unwrap_or_default(),
+                                    )
+                                    .partition(p)
+                                    .key(f.id.as_bytes())
+                                    .headers(OwnedHeaders::new().insert(Header {
+                                        key: FIRED_HEADER,
+                                        value: Some(version.as_bytes()),
+                                    }));
+                                    c.output(outbox, record)
+                                        .map_err(|e| TxnError::new("produce one-shot tombstone", e))?;
+                                    txn.counts.one_shots += 1;
+                                }
+                            }
+                            if let Some(s) = current {
+                                states.insert(tick.symbol.clone(), s);
+                            }
+                            txn.changed(p, tick.symbol);
+                        }
+                        LiveOutcome::Stale { last_seq } => {
+                            debug!(symbol = %tick.symbol, seq = tick.seq, last_seq, "stale tick ignored");
+                            txn.counts.stale += 1;
+                        }
+                    }
+                    txn.processed(p, m.offset(), arrived);
+                    return Ok(true);
+                }
                 match apply_rules(&settings.rules, &mut current, &tick) {
                     Outcome::Accepted { crossings } => {
                         let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
@@ -449,7 +595,7 @@ impl Engine {
             }
         }
         txn.processed(p, m.offset(), arrived);
-        Ok(())
+        Ok(true)
     }
 
     /// How long to wait before going on, once, after a transaction aborted for a missing right.

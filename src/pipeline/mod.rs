@@ -31,6 +31,7 @@
 pub mod batch;
 pub mod commit;
 pub mod engine;
+pub mod live;
 pub mod settings;
 pub mod state;
 
@@ -63,11 +64,16 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Stats> {
     let t = &opts.engine.topics;
-    let needs = Needs {
+    let mut needs = Needs {
         read: vec![t.input.clone(), t.changelog.clone()],
         write: vec![t.notifications.clone(), t.dlq.clone(), t.changelog.clone()],
         group: Some(opts.engine.group_id().to_owned()),
     };
+    if let Some(rules) = &opts.engine.rules_topic {
+        // Read for the join; Write for the barriers and the one-shots' tombstones.
+        needs.read.push(rules.clone());
+        needs.write.push(rules.clone());
+    }
     access::check_async(&opts.engine.kafka, needs).await?;
     let partitions = topics::ensure(
         &opts.engine.kafka,
@@ -75,6 +81,10 @@ pub async fn run(
         opts.input_partitions,
     )
     .await?;
+    if let Some(rules) = &opts.engine.rules_topic {
+        topics::ensure_rules(&opts.engine.kafka, rules, &opts.engine.topics.input, partitions)
+            .await?;
+    }
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
     let t = &opts.engine.topics;
     crate::metrics::topics_written(&[&t.notifications, &t.changelog, &t.dlq]);

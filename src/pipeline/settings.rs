@@ -68,8 +68,11 @@ pub struct EngineSettings {
     pub instance_id: String,
     /// Topics read and written.
     pub topics: Topics,
-    /// Alert thresholds per symbol.
+    /// Alert thresholds per symbol (a rules file; empty with `rules_topic`).
     pub rules: Arc<Rules>,
+    /// Live alerts: the rules topic joined with the ticks ([`crate::rules::live`]) instead of
+    /// `rules`.
+    pub rules_topic: Option<String>,
     /// Largest tick payload accepted; larger ones are dead-lettered as oversize.
     pub max_tick_bytes: usize,
     /// transaction.timeout.ms of the producer.
@@ -110,6 +113,7 @@ impl EngineSettings {
             instance_id: instance_id.to_owned(),
             topics,
             rules,
+            rules_topic: None,
             max_tick_bytes: crate::tick::DEFAULT_MAX_TICK_BYTES,
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
             static_membership: false,

@@ -18,6 +18,7 @@
 
 use crate::alert::SymbolState;
 use crate::kafka::read::{read_partitions_to_end, End, Reader};
+use crate::rules::live::{JoinCheckpoint, PartitionJoin, JOIN_KEY};
 use anyhow::Context as _;
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -44,6 +45,18 @@ pub fn restore_timeout(transaction_timeout: Duration) -> Duration {
 /// Symbol -> state of one partition.
 pub type PartitionState = HashMap<String, SymbolState>;
 
+/// An input partition paused because its next tick waits for the rules ([`crate::rules::live`]):
+/// the consumer was sought back to the tick, which is read again once its join is ready.
+#[derive(Debug, Clone, Copy)]
+pub struct Held {
+    /// The tick's input offset and record timestamp (ms).
+    pub offset: i64,
+    pub ts: i64,
+    /// When the hold began, and when its barrier was last sent.
+    pub since: std::time::Instant,
+    pub barrier_sent: std::time::Instant,
+}
+
 /// State of every owned partition; `None` until restored.
 ///
 /// | event                    | state        | unpositioned                                  |
@@ -53,9 +66,15 @@ pub type PartitionState = HashMap<String, SymbolState>;
 /// | record dropped (pending) | `None`       | yes: the consumer has moved past it            |
 /// | restore                  | loaded       | no: sought to the committed offset first       |
 /// | revoke                   | gone         | gone                                           |
+///
+/// With live alerts each loaded partition also has its join ([`PartitionJoin`]), restored and
+/// dropped with the state, and may be held ([`Held`]): a hold ends when its join is ready, and on
+/// an abort or a revoke (the caller resumes the partition: whoever paused it).
 #[derive(Debug, Default)]
 pub struct StateStore {
     partitions: BTreeMap<i32, Option<PartitionState>>,
+    joins: BTreeMap<i32, PartitionJoin>,
+    held: BTreeMap<i32, Held>,
     /// Owned partitions whose consumer position may be past their committed offset: a rewind was
     /// refused (a right is missing), or records of them were dropped while their state was not
     /// loaded. Their restore seeks them to the committed offset first.
@@ -73,6 +92,8 @@ impl StateStore {
     pub fn revoke(&mut self, p: i32) {
         self.partitions.remove(&p);
         self.unpositioned.remove(&p);
+        self.joins.remove(&p);
+        self.held.remove(&p);
     }
 
     /// The consumer's position on owned partition `p` is not known to be its committed offset:
@@ -104,6 +125,66 @@ impl StateStore {
         for s in self.partitions.values_mut() {
             *s = None;
         }
+        self.joins.clear();
+    }
+
+    /// Installs the restored join of an owned partition.
+    pub fn install_join(&mut self, p: i32, join: PartitionJoin) {
+        if self.partitions.contains_key(&p) {
+            self.joins.insert(p, join);
+        }
+    }
+
+    pub fn join_mut(&mut self, p: i32) -> Option<&mut PartitionJoin> {
+        self.joins.get_mut(&p)
+    }
+
+    pub fn joins_mut(&mut self) -> impl Iterator<Item = (i32, &mut PartitionJoin)> {
+        self.joins.iter_mut().map(|(p, j)| (*p, j))
+    }
+
+    /// The loaded state of `p` and its join (if live), borrowed together.
+    pub fn with_join(
+        &mut self,
+        p: i32,
+    ) -> Option<(&mut PartitionState, Option<&mut PartitionJoin>)> {
+        let state = self.partitions.get_mut(&p)?.as_mut()?;
+        Some((state, self.joins.get_mut(&p)))
+    }
+
+    /// The join checkpoint of `p`, if live and loaded.
+    pub fn checkpoint(&self, p: i32) -> Option<JoinCheckpoint> {
+        self.joins.get(&p).map(PartitionJoin::checkpoint)
+    }
+
+    /// `p` is paused, its tick at `held.offset` waiting for the rules.
+    pub fn hold(&mut self, p: i32, held: Held) {
+        if self.is_owned(p) {
+            self.held.insert(p, held);
+        }
+    }
+
+    pub fn held_mut(&mut self) -> impl Iterator<Item = (i32, &mut Held)> {
+        self.held.iter_mut().map(|(p, h)| (*p, h))
+    }
+
+    /// Ends the holds of `partitions` (all when `None`); returns those that were held, which the
+    /// caller resumes.
+    pub fn release(&mut self, partitions: Option<&[i32]>) -> Vec<i32> {
+        let ended: Vec<i32> = self
+            .held
+            .keys()
+            .copied()
+            .filter(|p| partitions.is_none_or(|ps| ps.contains(p)))
+            .collect();
+        for p in &ended {
+            self.held.remove(p);
+        }
+        ended
+    }
+
+    pub fn is_held(&self, p: i32) -> bool {
+        self.held.contains_key(&p)
     }
 
     pub fn owned(&self) -> impl Iterator<Item = i32> + '_ {
@@ -161,8 +242,19 @@ pub fn restore(
     partitions: &[i32],
     timeout: Duration,
 ) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
+    Ok(restore_with_joins(reader, changelog, partitions, timeout)?.0)
+}
+
+/// [`restore`], and each partition's join checkpoint (live alerts; key [`JOIN_KEY`]).
+pub fn restore_with_joins(
+    reader: &Reader,
+    changelog: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> anyhow::Result<(BTreeMap<i32, PartitionState>, BTreeMap<i32, JoinCheckpoint>)> {
     let mut out: BTreeMap<i32, PartitionState> =
         partitions.iter().map(|&p| (p, HashMap::new())).collect();
+    let mut joins = BTreeMap::new();
     let mut skipped = 0u64;
     let n = read_partitions_to_end(reader, changelog, partitions, End::Decided, timeout, |m| {
         let (Some(key), Some(value)) = (m.key(), m.payload()) else {
@@ -170,6 +262,17 @@ pub fn restore(
             skipped += 1;
             return Ok(());
         };
+        if key == JOIN_KEY.as_bytes() {
+            let cp: JoinCheckpoint = serde_json::from_slice(value).with_context(|| {
+                format!(
+                    "changelog {changelog}/{} offset {} is not a join checkpoint",
+                    m.partition(),
+                    m.offset()
+                )
+            })?;
+            joins.insert(m.partition(), cp);
+            return Ok(());
+        }
         let state: SymbolState = serde_json::from_slice(value).with_context(|| {
             format!(
                 "changelog {changelog}/{} offset {} is not a state record",
@@ -204,7 +307,7 @@ pub fn restore(
         symbols = out.values().map(HashMap::len).sum::<usize>(),
         "state restored"
     );
-    Ok(out)
+    Ok((out, joins))
 }
 
 #[cfg(test)]

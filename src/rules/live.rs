@@ -57,6 +57,11 @@ pub const JOIN_KEY: &str = "#join";
 /// Longest alert id, in bytes.
 pub const MAX_ALERT_ID_LEN: usize = 64;
 
+/// The rules topic of an application: `<app-id>-rules`.
+pub fn rules_topic(app_id: &str) -> String {
+    format!("{app_id}-rules")
+}
+
 /// Which crossings of its threshold an alert watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

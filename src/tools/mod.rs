@@ -13,6 +13,7 @@
 //! - [`token_endpoint`]: a local OIDC token endpoint (client credentials in, RS256 JWT out) for
 //!   the OAUTHBEARER tests: short-lived, refused and bad tokens, and an endpoint that is down.
 
+pub mod alerts;
 pub mod chaos;
 pub mod demo;
 pub mod generate;

@@ -115,6 +115,8 @@ pub struct Run {
     pub rules: Rules,
     /// Extra arguments for every instance.
     pub extra: Vec<String>,
+    /// Live alerts: the instances join the rules topic (`--live-rules`) instead of the file.
+    pub live: bool,
     /// Fault injection the instances run with (the verifier must know).
     pub faults: price_alerts::dlq::FaultInjection,
     /// --max-tick-bytes of the instances (the verifier must agree on what is oversize).
@@ -152,6 +154,7 @@ impl Run {
             rules_path,
             rules,
             extra: Vec::new(),
+            live: false,
             faults: Default::default(),
             max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
             transaction_timeout: "30s",
@@ -188,8 +191,11 @@ impl Run {
     /// (its stderr, say) before it starts it with [`Pipeline::from`].
     pub fn command(&self, instance: &str) -> std::process::Command {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_alert-pipeline"));
+        match self.live {
+            true => command.arg("--live-rules"),
+            false => command.args(["--rules", self.rules_path.to_str().expect("utf-8 path")]),
+        };
         command
-            .args(["--rules", self.rules_path.to_str().expect("utf-8 path")])
             .args(["--app-id", &self.app_id, "--instance-id", instance])
             .args(["--input", &self.input, "--output", &self.output])
             .args(["--bootstrap", &self.kafka.bootstrap])

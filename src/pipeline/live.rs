@@ -1,0 +1,232 @@
+//! The engine's side of live alerts ([`crate::rules::live`] has the join's rule): reading the rules
+//! topic, restoring each owned partition's join with its state, holding a tick whose join is not
+//! ready, and the barriers that end such a hold.
+//!
+//! ```text
+//!  rules reader (read_committed, assigned the owned partitions at each join's read position)
+//!        └─► PartitionJoin::push                        (records read, not applied)
+//!  tick of p ─► join(p).ready(ts, offset)? ── yes ─► evaluated against join(p)'s table
+//!                   │ no
+//!                   ▼
+//!        seek p back to the tick, pause p, send a barrier {input_offset} to rules partition p
+//!        … the barrier (or a later record) is read ─► ready ─► resume p: the tick is read again
+//! ```
+//!
+//! # State across polls
+//! | state              | abort                         | revoke              | restore               |
+//! |--------------------|-------------------------------|---------------------|-----------------------|
+//! | join of p          | dropped (restored again)      | dropped             | rebuilt: rules read   |
+//! |                    |                               |                     | from 0, checkpoint    |
+//! | hold of p (paused) | ended, p resumed (rewound)    | ended, p resumed    | -                     |
+//! | reader position    | reassigned at the next restore| left (records of p  | every loaded join at  |
+//! |                    |                               | dropped)            | its read position     |
+//!
+//! A hold whose barrier is not read within [`BARRIER_RESEND`] (a lost produce, a rules partition
+//! held by an open transaction) sends another and says so: the first barrier for the tick in the
+//! log is the one that counts, for the pipeline and the oracle alike. A transaction of this
+//! instance that wrote a one-shot's tombstone to rules partition p holds p's last stable offset
+//! until it commits; the loop commits it within the commit interval, whatever is held.
+
+use super::state::{Held, StateStore};
+use crate::kafka::read::{partition_count, read_partitions_to_end, End, Reader};
+use crate::kafka::tpl::position_list;
+use crate::kafka::{Isolation, KafkaConfig};
+use crate::rules::live::{
+    barrier_value, decode, JoinCheckpoint, PartitionJoin, RuleRecord, BARRIER_KEY, FIRED_HEADER,
+};
+use anyhow::Context as _;
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How long a hold waits for its barrier before sending another.
+pub const BARRIER_RESEND: Duration = Duration::from_secs(5);
+/// Records read from the rules per poll, at most: a burst of changes does not stall the ticks.
+const RULES_PER_POLL: usize = 10_000;
+/// Bound on the metadata round trips of the rules reader.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The rules topic's reader and the barriers' producer.
+pub struct LiveRules {
+    pub topic: String,
+    pub partitions: i32,
+    reader: Reader,
+    barriers: FutureProducer<crate::kafka::logging::Logged>,
+}
+
+/// A record of the rules topic as the join takes it.
+pub fn rule_record(m: &BorrowedMessage<'_>, partitions: i32) -> RuleRecord {
+    let fired = m.headers().and_then(|h| {
+        h.iter()
+            .find(|h| h.key == FIRED_HEADER)
+            .and_then(|h| h.value)
+    });
+    RuleRecord {
+        offset: m.offset(),
+        ts: m.timestamp().to_millis().unwrap_or(0),
+        change: decode(m.key(), m.payload(), fired, m.partition(), partitions),
+    }
+}
+
+impl LiveRules {
+    /// The reader and producer of `topic`, which has `partitions` partitions (checked at start).
+    pub fn start(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<Self> {
+        let reader = crate::kafka::read::reader(kafka, Isolation::ReadCommitted)
+            .context("creating the rules reader")?;
+        let partitions = partition_count(&reader, topic, METADATA_TIMEOUT)
+            .with_context(|| format!("reading the partition count of rules topic {topic}"))?;
+        let barriers = kafka
+            .idempotent_producer()
+            .create_with_context(crate::kafka::logging::Logged)
+            .context("creating the barrier producer")?;
+        Ok(LiveRules {
+            topic: topic.to_owned(),
+            partitions,
+            reader,
+            barriers,
+        })
+    }
+
+    /// Rebuilds the joins of `partitions` from their checkpoints: each rules partition read from its
+    /// start to its end (every transaction before it decided) with `restore_reader`.
+    pub fn restore(
+        &self,
+        restore_reader: &Reader,
+        partitions: &[i32],
+        checkpoints: &BTreeMap<i32, JoinCheckpoint>,
+        timeout: Duration,
+    ) -> anyhow::Result<BTreeMap<i32, PartitionJoin>> {
+        let none = JoinCheckpoint::default();
+        let mut joins: BTreeMap<i32, PartitionJoin> = partitions
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    PartitionJoin::resuming(checkpoints.get(&p).unwrap_or(&none)),
+                )
+            })
+            .collect();
+        let n = read_partitions_to_end(
+            restore_reader,
+            &self.topic,
+            partitions,
+            End::Decided,
+            timeout,
+            |m| {
+                if let Some(j) = joins.get_mut(&m.partition()) {
+                    j.push(rule_record(m, self.partitions));
+                }
+                Ok(())
+            },
+        )
+        .with_context(|| format!("restoring the alerts of rules topic {}", self.topic))?;
+        for (p, j) in &mut joins {
+            let cp = checkpoints.get(p).unwrap_or(&none);
+            let read_to = j.read_to();
+            j.restored(cp, read_to);
+            let (applied, invalid) = j.take_applied();
+            for (offset, reason) in invalid {
+                warn!(topic = %self.topic, partition = p, offset, reason, "invalid rules record ignored");
+            }
+            crate::metrics::rules_applied(applied);
+        }
+        info!(
+            topic = %self.topic,
+            partitions = ?partitions,
+            records = n,
+            alerts = joins.values().map(|j| j.table().len()).sum::<usize>(),
+            "alerts restored"
+        );
+        Ok(joins)
+    }
+
+    /// Assigns the rules reader every loaded join's partition at its read position.
+    pub fn reassign(&self, state: &mut StateStore) -> anyhow::Result<()> {
+        let positions: Vec<(i32, Offset)> = state
+            .joins_mut()
+            .map(|(p, j)| (p, Offset::Offset(j.read_to())))
+            .collect();
+        let tpl = position_list(&self.topic, positions).context("rules positions")?;
+        self.reader
+            .assign(&tpl)
+            .context("assigning the rules reader")?;
+        Ok(())
+    }
+
+    /// Takes what the rules reader has (without waiting) into the joins, then ends the holds whose
+    /// join is ready and sends a barrier again for those that waited too long. Returns the
+    /// partitions to resume.
+    pub fn poll(&self, state: &mut StateStore) -> Vec<i32> {
+        for _ in 0..RULES_PER_POLL {
+            match self.reader.poll(Duration::ZERO) {
+                None => break,
+                Some(Ok(m)) => {
+                    let record = rule_record(&m, self.partitions);
+                    if let Some(j) = state.join_mut(m.partition()) {
+                        // A record before the join's read position was read by its restore.
+                        if record.offset >= j.read_to() {
+                            j.push(record);
+                        }
+                    }
+                }
+                Some(Err(e)) => warn!(topic = %self.topic, error = %e, "rules reader error"),
+            }
+        }
+        let held: Vec<(i32, Held)> = state.held_mut().map(|(p, h)| (p, *h)).collect();
+        let mut ready = Vec::new();
+        for (p, h) in held {
+            let Some(j) = state.join_mut(p) else { continue };
+            let is_ready = j.ready(h.ts, h.offset);
+            let (applied, invalid) = j.take_applied();
+            self.said(p, applied, invalid);
+            if is_ready {
+                crate::metrics::tick_hold_ended(h.since.elapsed());
+                ready.push(p);
+            } else if h.barrier_sent.elapsed() >= BARRIER_RESEND {
+                warn!(
+                    partition = p,
+                    offset = h.offset,
+                    held_s = h.since.elapsed().as_secs(),
+                    topic = %self.topic,
+                    "a tick still waits for its rules barrier (a rules partition held by an open \
+                     transaction, or the rules topic unreachable); sending another"
+                );
+                self.barrier(p, h.offset);
+                if let Some((_, h)) = state.held_mut().find(|(q, _)| *q == p) {
+                    h.barrier_sent = Instant::now();
+                }
+            }
+        }
+        for p in &ready {
+            state.release(Some(&[*p]));
+        }
+        ready
+    }
+
+    /// Logs the invalid records a join applied and counts what it applied.
+    pub fn said(&self, p: i32, applied: crate::rules::live::Applied, invalid: Vec<(i64, String)>) {
+        for (offset, reason) in invalid {
+            warn!(topic = %self.topic, partition = p, offset, reason, "invalid rules record ignored");
+        }
+        crate::metrics::rules_applied(applied);
+    }
+
+    /// Sends a barrier for the tick at `input_offset` of partition `p` (not waited for: the reader
+    /// sees it come back).
+    pub fn barrier(&self, p: i32, input_offset: i64) {
+        let value = barrier_value(input_offset);
+        let record = FutureRecord::to(&self.topic)
+            .partition(p)
+            .key(BARRIER_KEY)
+            .payload(&value);
+        match self.barriers.send_result(record) {
+            // Delivered in the background; a lost one is sent again after BARRIER_RESEND.
+            Ok(_delivery) => crate::metrics::barrier_sent(),
+            Err((e, _)) => warn!(partition = p, error = %e, "rules barrier not sent"),
+        }
+    }
+}
