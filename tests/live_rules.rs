@@ -60,7 +60,9 @@ fn tick(run: &Run, symbol: &str, price: &str, seq: u64) -> (i32, i64) {
 fn notifications(run: &Run) -> Vec<Notification> {
     records_with_headers(&run.output)
         .into_iter()
-        .map(|r| serde_json::from_slice(&r.value.expect("a notification has a value")).expect("json"))
+        .map(|r| {
+            serde_json::from_slice(&r.value.expect("a notification has a value")).expect("json")
+        })
         .collect()
 }
 
@@ -91,20 +93,48 @@ fn a_live_put_update_and_delete_change_what_fires_without_a_restart() {
     // Put: the next crossing fires, naming the alert, its version and its subscriber.
     let v1 = version_of(&rules_ok(
         &run,
-        &["put", "a1", "--symbol", "AAA", "--threshold", "100", "--direction", "up", "--subscriber", "ops"],
+        &[
+            "put",
+            "a1",
+            "--symbol",
+            "AAA",
+            "--threshold",
+            "100",
+            "--direction",
+            "up",
+            "--subscriber",
+            "ops",
+        ],
     ));
     tick(&run, "AAA", "95", 3);
     let t = tick(&run, "AAA", "105", 4);
     wait_past(&run, t, Duration::from_secs(60));
     let n = notifications(&run);
-    assert_eq!(n.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["AAA:4:a1:up"]);
-    assert_eq!(n[0].alert.as_ref().map(|a| (a.id.as_str(), a.version)), Some(("a1", v1)));
+    assert_eq!(
+        n.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        ["AAA:4:a1:up"]
+    );
+    assert_eq!(
+        n[0].alert.as_ref().map(|a| (a.id.as_str(), a.version)),
+        Some(("a1", v1))
+    );
     assert_eq!(n[0].subscriber.as_deref(), Some("ops"));
 
     // Update: the new threshold is in force, the old one is not.
     let v2 = version_of(&rules_ok(
         &run,
-        &["put", "a1", "--symbol", "AAA", "--threshold", "120", "--direction", "up", "--subscriber", "ops"],
+        &[
+            "put",
+            "a1",
+            "--symbol",
+            "AAA",
+            "--threshold",
+            "120",
+            "--direction",
+            "up",
+            "--subscriber",
+            "ops",
+        ],
     ));
     assert!(v2 > v1);
     tick(&run, "AAA", "90", 5);
@@ -123,10 +153,20 @@ fn a_live_put_update_and_delete_change_what_fires_without_a_restart() {
     tick(&run, "AAA", "90", 8);
     let t = tick(&run, "AAA", "130", 9);
     wait_past(&run, t, Duration::from_secs(60));
-    assert_eq!(notifications(&run).len(), 2, "a deleted alert fires no more");
+    assert_eq!(
+        notifications(&run).len(),
+        2,
+        "a deleted alert fires no more"
+    );
     let listed = rules_ok(&run, &["list", "--json"]);
     let listed: Vec<serde_json::Value> = serde_json::from_str(&listed).expect("list --json");
     assert!(listed.is_empty(), "{listed:?}");
+    // The oracle predicts the same from the two topics alone.
+    let report = run.verify();
+    assert!(
+        report.ok() && report.expected == 2 && report.undecided_ticks == 0,
+        "{report}"
+    );
 }
 
 #[test]
@@ -135,7 +175,17 @@ fn a_one_shot_alert_fires_once_across_a_sigkill_between_its_crossing_and_the_com
     let mut run = live_run("live-oneshot");
     let version = version_of(&rules_ok(
         &run,
-        &["put", "once", "--symbol", "BBB", "--threshold", "100", "--direction", "up", "--one-shot"],
+        &[
+            "put",
+            "once",
+            "--symbol",
+            "BBB",
+            "--threshold",
+            "100",
+            "--direction",
+            "up",
+            "--one-shot",
+        ],
     ));
     // Both ticks before the start, so that the first batch holds the crossing.
     tick(&run, "BBB", "90", 1);
@@ -147,11 +197,17 @@ fn a_one_shot_alert_fires_once_across_a_sigkill_between_its_crossing_and_the_com
         common::Pipeline::from(c.spawn().expect("starting alert-pipeline"), "0")
     };
     let status = crashing.wait(Duration::from_secs(60));
-    assert!(!status.success(), "the crash hook ends the first instance: {status:?}");
+    assert!(
+        !status.success(),
+        "the crash hook ends the first instance: {status:?}"
+    );
     // The crossing's notification and tombstone are in the log, in the aborted transaction.
-    let uncommitted = count_records(&kafka(), &run.output, Isolation::ReadUncommitted)
-        .expect("count");
-    assert_eq!(uncommitted, 1, "the crash landed after the crossing was written");
+    let uncommitted =
+        count_records(&kafka(), &run.output, Isolation::ReadUncommitted).expect("count");
+    assert_eq!(
+        uncommitted, 1,
+        "the crash landed after the crossing was written"
+    );
 
     run.extra = vec!["--commit-interval".into(), "100ms".into()];
     let _p = run.spawn("0");
@@ -159,7 +215,10 @@ fn a_one_shot_alert_fires_once_across_a_sigkill_between_its_crossing_and_the_com
     let t = tick(&run, "BBB", "120", 4); // would cross again, but the alert is gone
     wait_past(&run, t, Duration::from_secs(90));
     let n = notifications(&run);
-    assert_eq!(n.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["BBB:2:once:up"]);
+    assert_eq!(
+        n.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        ["BBB:2:once:up"]
+    );
     // Exactly one committed tombstone, naming the version that fired.
     let rules_topic = format!("{}-rules", run.app_id);
     let tombstones: Vec<_> = records_with_headers(&rules_topic)
@@ -167,10 +226,15 @@ fn a_one_shot_alert_fires_once_across_a_sigkill_between_its_crossing_and_the_com
         .filter(|r| r.key.as_deref() == Some(b"once".as_slice()) && r.value.is_none())
         .collect();
     assert_eq!(tombstones.len(), 1, "{tombstones:?}");
-    assert_eq!(tombstones[0].headers.get(FIRED_HEADER), Some(&version.to_string()));
+    assert_eq!(
+        tombstones[0].headers.get(FIRED_HEADER),
+        Some(&version.to_string())
+    );
     let listed: Vec<serde_json::Value> =
         serde_json::from_str(&rules_ok(&run, &["list", "--json"])).expect("list --json");
     assert!(listed.is_empty(), "{listed:?}");
+    let report = run.verify();
+    assert!(report.ok() && report.expected == 1, "{report}");
 }
 
 #[test]
@@ -194,7 +258,10 @@ fn a_rules_topic_with_another_partition_count_is_refused() {
     let out = run.command("0").output().expect("alert-pipeline");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let want = format!("rules topic {rules_topic} has 2 partitions but input {} has 3", run.input);
+    let want = format!(
+        "rules topic {rules_topic} has 2 partitions but input {} has 3",
+        run.input
+    );
     assert!(stderr.contains(&want), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(60));
     let out = alert_rules(&run, &["put", "x", "--symbol", "AAA", "--threshold", "1"]);

@@ -18,9 +18,17 @@ use std::process::ExitCode;
 struct Cli {
     #[command(flatten)]
     kafka: KafkaArgs,
-    /// The rules the pipeline ran with.
+    /// The rules file the pipeline ran with; or --rules-topic.
+    #[arg(
+        long,
+        required_unless_present = "rules_topic",
+        conflicts_with = "rules_topic"
+    )]
+    rules: Option<PathBuf>,
+    /// The live alerts' rules topic the pipeline joined (alert-pipeline --live-rules): the
+    /// expected notifications follow the join's rule (docs/design.md, "Live alerts").
     #[arg(long)]
-    rules: PathBuf,
+    rules_topic: Option<String>,
     #[arg(long, default_value = "market-updates")]
     input: String,
     #[arg(long, default_value = "notifications")]
@@ -53,7 +61,13 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<bool> {
     let cli = Cli::parse();
     // The files first: a mistyped path is named before any broker or database is needed.
-    let rules = Rules::load(&cli.rules)?;
+    let rules = match &cli.rules {
+        Some(path) => Rules::load(path)?,
+        None => Rules::default(),
+    };
+    if cli.table && cli.rules_topic.is_some() {
+        anyhow::bail!("--table checks a rules file's run; with --rules-topic check the topic");
+    }
     let db = if cli.table {
         Some(cli.db.options()?)
     } else {
@@ -61,6 +75,7 @@ fn run() -> anyhow::Result<bool> {
     };
     let kafka = cli.kafka.connect()?;
     let mut read = vec![cli.input.clone()];
+    read.extend(cli.rules_topic.clone());
     if !cli.table {
         read.push(cli.output.clone());
     }
@@ -82,6 +97,15 @@ fn run() -> anyhow::Result<bool> {
             cli.max_tick_bytes,
             faults,
             &db,
+        )?
+    } else if let Some(rules_topic) = &cli.rules_topic {
+        price_alerts::tools::verify::verify_live(
+            &kafka,
+            &cli.input,
+            &cli.output,
+            rules_topic,
+            cli.max_tick_bytes,
+            faults,
         )?
     } else {
         verify(

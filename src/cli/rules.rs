@@ -132,7 +132,10 @@ mod tests {
     fn put(args: &[&str]) -> Result<Alert, String> {
         let mut argv = vec!["alert-rules", "put"];
         argv.extend_from_slice(args);
-        match RulesArgs::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+        match RulesArgs::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
             RulesCommand::Put(p) => p.alert().map_err(|e| e.to_string()),
             _ => unreachable!(),
         }
@@ -141,16 +144,50 @@ mod tests {
     #[test]
     fn bad_input_is_refused_with_the_field() {
         assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "10000"]).is_ok());
-        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "1e3"]).unwrap_err().starts_with("threshold:"));
-        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "-5"]).unwrap_err().starts_with("threshold:"));
-        assert!(put(&["a1", "--symbol", "bbca", "--threshold", "5"]).unwrap_err().starts_with("symbol:"));
-        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "5", "--direction", "sideways"])
+        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "1e3"])
             .unwrap_err()
-            .starts_with("direction: unknown direction"));
-        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "5", "--rearm-band", "x"])
+            .starts_with("threshold:"));
+        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "-5"])
             .unwrap_err()
-            .starts_with("rearm_band:"));
-        let a = put(&["a1", "--symbol", "BBCA", "--threshold", "9525.50", "--direction", "up", "--one-shot", "--rearm-band", "0"]).unwrap();
+            .starts_with("threshold:"));
+        assert!(put(&["a1", "--symbol", "bbca", "--threshold", "5"])
+            .unwrap_err()
+            .starts_with("symbol:"));
+        assert!(put(&[
+            "a1",
+            "--symbol",
+            "BBCA",
+            "--threshold",
+            "5",
+            "--direction",
+            "sideways"
+        ])
+        .unwrap_err()
+        .starts_with("direction: unknown direction"));
+        assert!(put(&[
+            "a1",
+            "--symbol",
+            "BBCA",
+            "--threshold",
+            "5",
+            "--rearm-band",
+            "x"
+        ])
+        .unwrap_err()
+        .starts_with("rearm_band:"));
+        let a = put(&[
+            "a1",
+            "--symbol",
+            "BBCA",
+            "--threshold",
+            "9525.50",
+            "--direction",
+            "up",
+            "--one-shot",
+            "--rearm-band",
+            "0",
+        ])
+        .unwrap();
         assert_eq!(a.threshold.to_string(), "9525.50");
         assert!(a.one_shot);
         assert_eq!(a.rearm_band, None, "a zero band is no band");

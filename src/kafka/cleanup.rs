@@ -54,7 +54,10 @@ impl Cleanup {
             Cleanup::RulesTable => vec![
                 ("cleanup.policy", "compact".to_owned()),
                 ("message.timestamp.type", "LogAppendTime".to_owned()),
-                ("min.compaction.lag.ms", RULES_HISTORY.as_millis().to_string()),
+                (
+                    "min.compaction.lag.ms",
+                    RULES_HISTORY.as_millis().to_string(),
+                ),
                 ("segment.ms", STATE_SEGMENT_MS.as_millis().to_string()),
                 (
                     "min.cleanable.dirty.ratio",

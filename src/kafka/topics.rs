@@ -342,7 +342,12 @@ pub async fn ensure_topic(kafka: &KafkaConfig, spec: &TopicSpec) -> anyhow::Resu
 /// compacted and stamped by the broker, [`Cleanup::RulesTable`]); refuses one with another count:
 /// an alert lives in the partition of its symbol's ticks, and the instance that owns input
 /// partition p reads rules partition p only.
-pub async fn ensure_rules(kafka: &KafkaConfig, rules: &str, input: &str, partitions: i32) -> anyhow::Result<()> {
+pub async fn ensure_rules(
+    kafka: &KafkaConfig,
+    rules: &str,
+    input: &str,
+    partitions: i32,
+) -> anyhow::Result<()> {
     let n = ensure_topic(
         kafka,
         &TopicSpec {

@@ -65,13 +65,13 @@
 use super::batch::OpenBatch;
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
-use crate::rules::live::{PartitionJoin, JOIN_KEY};
 use crate::backoff::Setbacks;
 use crate::kafka::offsets::{seek_to_committed, GroupOffsets};
 use crate::kafka::tpl::position_list;
 use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::kafka::Isolation;
 use crate::metrics as m;
+use crate::rules::live::{PartitionJoin, JOIN_KEY};
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -1055,7 +1055,11 @@ impl Committer {
         refused.extend(cause.and_then(|e| self.refused_by(e, write_refused)));
         session.state.invalidate_all();
         // Held partitions (live alerts) are rewound with the others: whoever paused them resumes.
-        resume(consumer, &self.settings.topics.input, &session.state.release(None));
+        resume(
+            consumer,
+            &self.settings.topics.input,
+            &session.state.release(None),
+        );
         if let Err(e) = seek_to_committed(
             consumer,
             &self.offsets,
@@ -1142,7 +1146,11 @@ impl ConsumerContext for RebalanceHandler {
                 session.fatal.get_or_insert(e);
             }
         }
-        resume(consumer, &c.settings.topics.input, &session.state.release(Some(&revoked)));
+        resume(
+            consumer,
+            &c.settings.topics.input,
+            &session.state.release(Some(&revoked)),
+        );
         for p in revoked {
             session.state.revoke(p);
         }
@@ -1177,7 +1185,11 @@ impl ConsumerContext for RebalanceHandler {
 
 /// Resumes input partitions that a live-alerts hold paused (a failure is logged: the partition
 /// would stay paused until its next assignment).
-pub(super) fn resume<C: ConsumerContext>(consumer: &BaseConsumer<C>, input: &str, partitions: &[i32]) {
+pub(super) fn resume<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    input: &str,
+    partitions: &[i32],
+) {
     if partitions.is_empty() {
         return;
     }

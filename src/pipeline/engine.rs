@@ -33,7 +33,6 @@ use super::live::LiveRules;
 use super::settings::EngineSettings;
 use super::state::{self, Held, PartitionState};
 use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome, Source};
-use crate::rules::live::FIRED_HEADER;
 use crate::dlq;
 use crate::kafka::access;
 use crate::kafka::offsets::seek_to_committed;
@@ -41,6 +40,7 @@ use crate::kafka::read::{reader, Reader};
 use crate::kafka::tpl::partition_list;
 use crate::kafka::txn::{TxnError, TxnErrorClass};
 use crate::kafka::Isolation;
+use crate::rules::live::FIRED_HEADER;
 use crate::trace;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -301,7 +301,11 @@ impl Engine {
         };
         let mut session = self.committer.lock()?;
         let ready = live.poll(&mut session.state);
-        super::commit::resume(&self.consumer, &self.committer.settings().topics.input, &ready);
+        super::commit::resume(
+            &self.consumer,
+            &self.committer.settings().topics.input,
+            &ready,
+        );
         let held = session.state.held_mut().next().is_some();
         Ok(held)
     }
@@ -318,7 +322,8 @@ impl Engine {
     ) -> Result<(), TxnError> {
         let input = &self.committer.settings().topics.input;
         let tpl = crate::kafka::tpl::partition_list(input, [p]);
-        let abortable = |step, e| TxnError::with_class(step, crate::kafka::txn::TxnErrorClass::Abortable, e);
+        let abortable =
+            |step, e| TxnError::with_class(step, crate::kafka::txn::TxnErrorClass::Abortable, e);
         self.consumer
             .pause(&tpl)
             .map_err(|e| abortable("pause a held partition", e))?;
@@ -333,10 +338,18 @@ impl Engine {
             },
         );
         self.consumer
-            .seek(input, p, rdkafka::Offset::Offset(offset), Duration::from_secs(5))
+            .seek(
+                input,
+                p,
+                rdkafka::Offset::Offset(offset),
+                Duration::from_secs(5),
+            )
             .map_err(|e| abortable("seek a held partition", e))?;
         live.barrier(p, offset);
-        debug!(partition = p, offset, ts, "tick held until its rules are known");
+        debug!(
+            partition = p,
+            offset, ts, "tick held until its rules are known"
+        );
         Ok(())
     }
 
@@ -500,7 +513,8 @@ impl Engine {
                 }
                 let mut current = states.get(&tick.symbol).cloned();
                 if let Some(join) = join {
-                    let outcome = apply_alerts(join.table().of_symbol(&tick.symbol), &mut current, &tick);
+                    let outcome =
+                        apply_alerts(join.table().of_symbol(&tick.symbol), &mut current, &tick);
                     match outcome {
                         LiveOutcome::Accepted { fired } => {
                             let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
@@ -515,7 +529,12 @@ impl Engine {
                                 offset: m.offset(),
                             };
                             for f in &fired {
-                                let n = Notification::of_alert(&tick, f, tick_ts.clone(), source.clone());
+                                let n = Notification::of_alert(
+                                    &tick,
+                                    f,
+                                    tick_ts.clone(),
+                                    source.clone(),
+                                );
                                 let value = serde_json::to_vec(&n).unwrap_or_default();
                                 let record = BaseRecord::to(&settings.topics.notifications)
                                     .key(tick.symbol.as_bytes())
@@ -534,12 +553,15 @@ impl Engine {
                                     )
                                     .partition(p)
                                     .key(f.id.as_bytes())
-                                    .headers(OwnedHeaders::new().insert(Header {
-                                        key: FIRED_HEADER,
-                                        value: Some(version.as_bytes()),
-                                    }));
-                                    c.output(outbox, record)
-                                        .map_err(|e| TxnError::new("produce one-shot tombstone", e))?;
+                                    .headers(
+                                        OwnedHeaders::new().insert(Header {
+                                            key: FIRED_HEADER,
+                                            value: Some(version.as_bytes()),
+                                        }),
+                                    );
+                                    c.output(outbox, record).map_err(|e| {
+                                        TxnError::new("produce one-shot tombstone", e)
+                                    })?;
                                     txn.counts.one_shots += 1;
                                 }
                             }

@@ -173,6 +173,8 @@ impl LiveRules {
                         }
                     }
                 }
+                // The end of a partition, reported as an error by librdkafka: nothing to say.
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {}
                 Some(Err(e)) => warn!(topic = %self.topic, error = %e, "rules reader error"),
             }
         }

@@ -82,8 +82,13 @@ pub async fn run(
     )
     .await?;
     if let Some(rules) = &opts.engine.rules_topic {
-        topics::ensure_rules(&opts.engine.kafka, rules, &opts.engine.topics.input, partitions)
-            .await?;
+        topics::ensure_rules(
+            &opts.engine.kafka,
+            rules,
+            &opts.engine.topics.input,
+            partitions,
+        )
+        .await?;
     }
     info!(input = %opts.engine.topics.input, partitions, "topics ready");
     let t = &opts.engine.topics;

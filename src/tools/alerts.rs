@@ -7,7 +7,9 @@
 //! the field and the reason before anything is sent. A delete finds the alert's partition by
 //! reading the table first.
 
-use crate::kafka::read::{partition_count_if_exists, read_topic_to_end, reader, DEFAULT_READ_TIMEOUT};
+use crate::kafka::read::{
+    partition_count_if_exists, read_topic_to_end, reader, DEFAULT_READ_TIMEOUT,
+};
 use crate::kafka::topics::{ensure_rules, ADMIN_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
 use crate::rules::live::{
@@ -155,12 +157,16 @@ impl RulesTopic {
         for (p, j) in &mut joins {
             // No record is later than the end of time, and no barrier is for offset -1: all apply.
             j.ready(i64::MAX, -1);
-            out.extend(j.table().iter().map(|(id, Versioned { version, alert })| Listed {
-                id: id.clone(),
-                partition: *p,
-                version: *version,
-                alert: alert.clone(),
-            }));
+            out.extend(
+                j.table()
+                    .iter()
+                    .map(|(id, Versioned { version, alert })| Listed {
+                        id: id.clone(),
+                        partition: *p,
+                        version: *version,
+                        alert: alert.clone(),
+                    }),
+            );
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)

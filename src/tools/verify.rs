@@ -7,10 +7,11 @@
 //! compared by id (`symbol:seq:threshold:direction`): missing, duplicate and unexpected ids are
 //! listed, and any of them makes the verdict fail.
 
-use crate::alert::{apply_rules, Notification, Outcome, SymbolState};
+use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome, SymbolState};
 use crate::dlq::FaultInjection;
 use crate::kafka::read::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
+use crate::rules::live::PartitionJoin;
 use crate::rules::Rules;
 use crate::tick;
 use anyhow::Context as _;
@@ -29,6 +30,8 @@ pub struct VerifyReport {
     pub stale_ticks: u64,
     /// Ticks that are poison under the fault injection in force.
     pub poison_ticks: u64,
+    /// Live alerts: ticks whose alerts in force no rules record decides yet (not processed).
+    pub undecided_ticks: u64,
     /// Notifications the input implies.
     pub expected: u64,
     /// Notifications found (read_committed), duplicates included.
@@ -55,6 +58,9 @@ impl fmt::Display for VerifyReport {
         writeln!(f, "{:<12} {:>10}", "bad ticks", self.bad_ticks)?;
         writeln!(f, "{:<12} {:>10}", "stale ticks", self.stale_ticks)?;
         writeln!(f, "{:<12} {:>10}", "poison ticks", self.poison_ticks)?;
+        if self.undecided_ticks > 0 {
+            writeln!(f, "{:<12} {:>10}", "undecided", self.undecided_ticks)?;
+        }
         writeln!(f, "{:<12} {:>10}", "expected", self.expected)?;
         writeln!(f, "{:<12} {:>10}", "found", self.found)?;
         writeln!(f, "{:<12} {:>10}", "missing", self.missing.len())?;
@@ -150,6 +156,120 @@ pub fn verify(
 ) -> anyhow::Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let expected = expected_from_input(kafka, input, rules, max_tick_bytes, faults, &mut report)?;
+    let found = found_in(kafka, notifications, &mut report)?;
+    compare(&mut report, &expected, &found);
+    Ok(report)
+}
+
+/// [`verify`] for live alerts: the expected notifications from the input and the rules topic,
+/// joined by the rule of [`crate::rules::live`].
+pub fn verify_live(
+    kafka: &KafkaConfig,
+    input: &str,
+    notifications: &str,
+    rules_topic: &str,
+    max_tick_bytes: usize,
+    faults: FaultInjection,
+) -> anyhow::Result<VerifyReport> {
+    let mut report = VerifyReport::default();
+    let expected = expected_from_live(
+        kafka,
+        input,
+        rules_topic,
+        max_tick_bytes,
+        faults,
+        &mut report,
+    )?;
+    let found = found_in(kafka, notifications, &mut report)?;
+    compare(&mut report, &expected, &found);
+    Ok(report)
+}
+
+/// Expected notification ids of a committed input joined with the live alerts of `rules_topic`:
+/// partition by partition, each tick sees the alerts in force by the join's rule (the same
+/// [`PartitionJoin`] the pipeline drives, fed the whole rules partition at once). A tick whose
+/// prefix no record ends has not been processed by a pipeline yet; it is counted as undecided and
+/// evaluated with every alert applied.
+pub fn expected_from_live(
+    kafka: &KafkaConfig,
+    input: &str,
+    rules_topic: &str,
+    max_tick_bytes: usize,
+    faults: FaultInjection,
+    report: &mut VerifyReport,
+) -> anyhow::Result<Vec<String>> {
+    let probe = crate::kafka::read::reader(kafka, Isolation::ReadCommitted)?;
+    let partitions = crate::kafka::read::partition_count(&probe, input, DEFAULT_READ_TIMEOUT)?;
+    let mut joins: BTreeMap<i32, PartitionJoin> = BTreeMap::new();
+    read_topic_to_end(
+        kafka,
+        rules_topic,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            joins
+                .entry(m.partition())
+                .or_default()
+                .push(crate::pipeline::live::rule_record(m, partitions));
+            Ok(())
+        },
+    )
+    .with_context(|| format!("reading rules topic {rules_topic}"))?;
+    let mut state: BTreeMap<i32, HashMap<String, Option<SymbolState>>> = BTreeMap::new();
+    let mut expected = Vec::new();
+    report.input_records = read_topic_to_end(
+        kafka,
+        input,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            // As the pipeline: the join's prefix advances for every record, before it is decoded.
+            let join = joins.entry(m.partition()).or_default();
+            if !join.ready(m.timestamp().to_millis().unwrap_or(0), m.offset()) {
+                report.undecided_ticks += 1;
+            }
+            let Ok(t) = tick::decode(m.payload(), max_tick_bytes) else {
+                report.bad_ticks += 1;
+                return Ok(());
+            };
+            if faults.is_poison(t.seq) {
+                report.poison_ticks += 1;
+                return Ok(());
+            }
+            let s = state
+                .entry(m.partition())
+                .or_default()
+                .entry(t.symbol.clone())
+                .or_insert(None);
+            match apply_alerts(join.table().of_symbol(&t.symbol), s, &t) {
+                LiveOutcome::Accepted { fired } => {
+                    for f in fired {
+                        expected.push(Notification::id_of_alert(
+                            &t.symbol,
+                            t.seq,
+                            &f.id,
+                            f.direction,
+                        ));
+                        if f.one_shot {
+                            join.fire_one_shot(&f.id, f.version);
+                        }
+                    }
+                }
+                LiveOutcome::Stale { .. } => report.stale_ticks += 1,
+            }
+            Ok(())
+        },
+    )
+    .with_context(|| format!("reading input {input}"))?;
+    Ok(expected)
+}
+
+/// The notifications committed to `notifications`: id -> times found.
+fn found_in(
+    kafka: &KafkaConfig,
+    notifications: &str,
+    report: &mut VerifyReport,
+) -> anyhow::Result<HashMap<String, u64>> {
     let mut found: HashMap<String, u64> = HashMap::new();
     report.found = read_topic_to_end(
         kafka,
@@ -170,8 +290,7 @@ pub fn verify(
         },
     )
     .with_context(|| format!("reading notifications {notifications}"))?;
-    compare(&mut report, &expected, &found);
-    Ok(report)
+    Ok(found)
 }
 
 /// Fills in the verdict: the expected ids against the found ones (id -> times found). Shared by

@@ -257,6 +257,17 @@ impl Run {
 
     /// The verifier's report for this run.
     pub fn verify(&self) -> price_alerts::tools::verify::VerifyReport {
+        if self.live {
+            return price_alerts::tools::verify::verify_live(
+                &self.kafka,
+                &self.input,
+                &self.output,
+                &format!("{}-rules", self.app_id),
+                self.max_tick_bytes,
+                self.faults,
+            )
+            .expect("verifier runs");
+        }
         price_alerts::tools::verify::verify(
             &self.kafka,
             &self.input,
