@@ -751,7 +751,7 @@ mod tests {
 
     #[test]
     fn a_restore_gives_the_table_of_the_checkpoint() {
-        let records = vec![
+        let records = [
             put(0, 1, "a", "10"),
             put(1, 2, "b", "20"),
             put(2, 3, "c", "30"),
