@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -45,6 +45,8 @@ pub struct Webhook {
     log: Arc<Mutex<Log>>,
     /// While set, every request is taken and never answered (a hanging endpoint).
     hanging: Arc<AtomicBool>,
+    /// While not 0, every request is answered with this status (a failing endpoint).
+    failing: Arc<AtomicU16>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -57,6 +59,7 @@ impl Webhook {
             behaviour,
             log: Arc::default(),
             hanging: Arc::default(),
+            failing: Arc::default(),
             runtime: None,
         }
     }
@@ -67,9 +70,16 @@ impl Webhook {
         self.hanging.store(true, Ordering::SeqCst);
     }
 
-    /// A hanging endpoint answers again (as its behaviour says) from the next request on.
+    /// From the next request on, the endpoint answers `status` to every request, whatever its
+    /// behaviour, until [`Webhook::recover`].
+    pub fn fail(&self, status: u16) {
+        self.failing.store(status, Ordering::SeqCst);
+    }
+
+    /// A hanging or failing endpoint answers again (as its behaviour says) from the next request on.
     pub fn recover(&self) {
         self.hanging.store(false, Ordering::SeqCst);
+        self.failing.store(0, Ordering::SeqCst);
     }
 
     /// An endpoint that listens at once.
@@ -90,6 +100,7 @@ impl Webhook {
             self.behaviour,
             Arc::clone(&self.log),
             Arc::clone(&self.hanging),
+            Arc::clone(&self.failing),
         );
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(&self.addr))
@@ -147,10 +158,10 @@ impl Drop for Webhook {
     }
 }
 
-type Shared = (Behaviour, Arc<Mutex<Log>>, Arc<AtomicBool>);
+type Shared = (Behaviour, Arc<Mutex<Log>>, Arc<AtomicBool>, Arc<AtomicU16>);
 
 async fn hook(
-    State((behaviour, log, hanging)): State<Shared>,
+    State((behaviour, log, hanging, failing)): State<Shared>,
     headers: HeaderMap,
     _body: Bytes,
 ) -> Response {
@@ -169,7 +180,9 @@ async fn hook(
         .to_owned();
     let mut log = log.lock().unwrap();
     let seen = log.requests.iter().any(|r| r.key == key);
+    let failing = failing.load(Ordering::SeqCst);
     let (status, retry_after) = match behaviour {
+        _ if failing != 0 => (failing, None),
         Behaviour::Ok => (200, None),
         Behaviour::Status(s) | Behaviour::StatusAfter(s, _) => (s, None),
         Behaviour::TooManyOnce { retry_after_secs } if !seen => (429, Some(retry_after_secs)),
