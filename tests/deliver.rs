@@ -1428,3 +1428,123 @@ fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
     assert_once(&setup.bucket("2s"), &held, "flaky", aborts == 0.0);
     assert_nothing_given_up(&setup);
 }
+
+/// Issue 43: a retry record whose `retry.next.due.at` is far in the future (an edited record, or
+/// a due time and a timestamp from different clocks) at the head of a bucket partition holds the
+/// partition, and every retry behind it, no longer than the last bucket's delay after the record
+/// was written: its record timestamp, which no re-read moves. The hold used to be clamped to
+/// "now + the last delay" at every re-read, so it never ended: 0 of 31 accepted in 37 s here.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_retry_due_far_in_the_future_holds_its_bucket_partition_no_longer_than_the_last_bucket() {
+    use price_alerts::deliver::buckets::parse_time;
+    let hook = Webhook::up(Behaviour::Ok);
+    let setup = Setup::new("deliver-skew", 1, "2s,5s,20s", &[("sub", hook.url())]);
+    let last = Duration::from_secs(20);
+    let first = Duration::from_secs(2);
+    let log_path = std::env::temp_dir().join(format!("{}deliver.log", setup.prefix));
+    let log = std::fs::File::create(&log_path).expect("the log file");
+    // No breaker: every delivery is tried, so the 30 notifications fail once, into the first
+    // bucket, and nothing is handed on untried.
+    let mut command = setup.command("0", &setup.metrics_addr, &["--breaker-failures", "0"]);
+    command
+        .env("RUST_LOG", "warn,price_alerts=info")
+        .stderr(log);
+    let mut deliverer = Pipeline::from(command.spawn().expect("starting alert-deliver"), "0");
+    setup.wait_ready(&mut deliverer);
+    wait_until(
+        "the deliverer owns its partitions",
+        Duration::from_secs(60),
+        || {
+            group_assignment(&setup.group())
+                .iter()
+                .map(BTreeSet::len)
+                .sum::<usize>()
+                == 4
+        },
+    );
+    // The head of the first bucket's partition 0: due 2099-01-01 by its header.
+    let far = parse_time("2099-01-01T00:00:00Z").expect("a time");
+    let before = SystemTime::now();
+    let head = produce_retries(&setup.bucket("2s"), "sub", &[(1000, far)]);
+    let written = Instant::now();
+    // 30 notifications behind it: the subscriber answers 503 until all 30 are in the bucket.
+    hook.fail(503);
+    let feed = Feed::new(&kafka()).expect("feed");
+    let ids = produce(&feed, &setup.topic, 0..30);
+    wait_until(
+        "the 30 notifications are in the first bucket, behind the head",
+        Duration::from_secs(60),
+        || {
+            count_records(&kafka(), &setup.bucket("2s"), Isolation::ReadCommitted).unwrap_or(0)
+                >= 31
+        },
+    );
+    hook.recover();
+    // The head is due at its timestamp plus the last bucket's delay; the records behind it were
+    // due the first bucket's delay after their hand-off, earlier. So all 31 within the last
+    // delay of the head's write, plus the first delay and a margin for a loaded machine.
+    let every: Vec<String> = ids.iter().chain(&head).cloned().collect();
+    let bound = last + first + Duration::from_secs(15);
+    let deadline = written + bound;
+    while hook.accepted() != keys(&every, "sub") && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(200));
+    }
+    let accepted = hook.accepted();
+    let took = written.elapsed();
+    let clamped = gauge(
+        &setup.metrics_addr,
+        "alerts_deliver_due_clamped_total",
+        "topic",
+        &setup.bucket("2s"),
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+    let text = std::fs::read_to_string(&log_path).expect("reading the log");
+    let _ = std::fs::remove_file(&log_path);
+    assert_eq!(
+        accepted.len(),
+        every.len(),
+        "{} of {} accepted within {bound:?} of the head's write; missing: {:?}",
+        accepted.len(),
+        every.len(),
+        keys(&every, "sub")
+            .difference(&accepted)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(accepted, keys(&every, "sub"));
+    assert_nothing_given_up(&setup);
+    // Held until its bound, not let go early: its first request at its timestamp (not before
+    // `before`) plus the last delay.
+    let per = hook.per_key();
+    let head_first = per[&format!("{}/sub", head[0])][0].at;
+    assert!(
+        head_first + Duration::from_millis(1) >= before + last,
+        "the head was tried {:?} after its write, before the last bucket's delay",
+        head_first.duration_since(before).unwrap_or_default()
+    );
+    // Counted and logged once, the head only (the 30 behind it carry honest due times).
+    assert_eq!(clamped, 1.0, "alerts_deliver_due_clamped_total");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("retry due time beyond its bound"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one WARN line for the clamped record:\n{text}"
+    );
+    for field in ["offset=0", "partition=0", "2099-01-01T00:00:00Z"] {
+        assert!(lines[0].contains(field), "{field} in {}", lines[0]);
+    }
+    eprintln!(
+        "{} of {} accepted {took:?} after the head's write (last bucket {last:?}); {}",
+        accepted.len(),
+        every.len(),
+        lines[0]
+    );
+}

@@ -12,6 +12,10 @@
 //! one receiver cannot park a partition of a bucket for an hour). The due time is written in the
 //! record (`retry.next.due.at`), so a bucket consumer never has to guess it, and a record whose
 //! header is missing falls back to its timestamp plus the bucket's delay.
+//!
+//! The header is trusted up to a bound that no re-read moves: the record's timestamp plus the
+//! last bucket's delay, the latest any hand-off sets ([`Buckets::due_of`]). A partition is held
+//! at its first record not due, so an unbounded header would hold every retry behind it.
 
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::Message;
@@ -221,24 +225,56 @@ impl Buckets {
 
     /// When a record read from bucket `i` at `now` is due: its `retry.next.due.at`, or, when that
     /// is missing or unreadable, its timestamp plus the bucket's delay (`now` without a
-    /// timestamp). Never later than `now` plus the last bucket's delay, the longest any hand-off
-    /// waits ([`Buckets::due`]): a due time beyond it comes from a clock that ran ahead or an
-    /// edited replay, and trusted, it would hold the whole partition behind it that long.
-    pub fn due_of<M: Message>(&self, msg: &M, i: usize, now: SystemTime) -> SystemTime {
-        let fallback = msg
-            .timestamp()
-            .to_millis()
-            .map_or(now, |ts| from_millis(ts) + self.delays[i]);
-        let due = RetryState::of(msg, fallback).map_or(fallback, |s| s.next_due_at);
-        due.min(now + self.delays[self.delays.len() - 1])
+    /// timestamp). A header in the past is due at once.
+    ///
+    /// Never later than the record's timestamp plus the last bucket's delay: a hand-off writes
+    /// its due time before the producer stamps the record, at most the last delay ahead
+    /// ([`Buckets::due`]), so only an edited record, or one whose due time and timestamp come
+    /// from different clocks, goes beyond; trusted, it would hold the whole partition behind it
+    /// until then. The bound is the record's
+    /// own, the same at every re-read: bounding by `now` instead held the partition for ever,
+    /// since a held record is read again when its due time comes. A record without a timestamp
+    /// has no such bound and is due at once ([`Due::clamped`] when its header said later).
+    pub fn due_of<M: Message>(&self, msg: &M, i: usize, now: SystemTime) -> Due {
+        let written = msg.timestamp().to_millis().map(from_millis);
+        let bound = written.map_or(now, |t| t + self.longest());
+        let header = crate::trace::header(msg, NEXT_DUE_AT);
+        match header.and_then(parse_time) {
+            Some(due) if due > bound => Due {
+                at: bound,
+                clamped: header.map(str::to_owned),
+            },
+            Some(due) => Due {
+                at: due,
+                clamped: None,
+            },
+            None => Due {
+                at: written.map_or(now, |t| t + self.delays[i]),
+                clamped: None,
+            },
+        }
+    }
+
+    /// The last bucket's delay: the longest a hand-off waits.
+    fn longest(&self) -> Duration {
+        self.delays[self.delays.len() - 1]
     }
 
     /// When a record handed to bucket `i` at `now` is due: the bucket's delay, or the receiver's
     /// `not_before` if longer (capped at the last bucket's delay).
     pub fn due(&self, i: usize, now: SystemTime, not_before: Option<Duration>) -> SystemTime {
-        let longest = self.delays[self.delays.len() - 1];
-        now + self.delays[i].max(not_before.unwrap_or_default().min(longest))
+        now + self.delays[i].max(not_before.unwrap_or_default().min(self.longest()))
     }
+}
+
+/// When a record of a bucket is due ([`Buckets::due_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    pub at: SystemTime,
+    /// Its `retry.next.due.at` as written, when that lay beyond the bound and `at` is the bound
+    /// instead: for the operator (an edited record, or a due time and a timestamp from different
+    /// clocks).
+    pub clamped: Option<String>,
 }
 
 /// The retry state a record carries.
@@ -496,39 +532,125 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_due_time_beyond_the_last_bucket_is_clamped() {
-        let x = b("1s,2s,4s");
-        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let due_at = |due: SystemTime| {
-            let m = retry_record(&[(SUBSCRIBER, "s"), (NEXT_DUE_AT, &format_time(due))]);
-            x.due_of(&m, 0, now)
-        };
-        // A skewed writer's clock or an edited replay: a day ahead holds the partition 4 s at most.
-        assert_eq!(
-            due_at(now + Duration::from_secs(86_400)),
-            now + Duration::from_secs(4)
-        );
-        assert_eq!(
-            due_at(now + Duration::from_secs(3)),
-            now + Duration::from_secs(3)
-        );
-        assert_eq!(
-            due_at(now - Duration::from_secs(3)),
-            now - Duration::from_secs(3)
-        );
-        // Without the header: the record timestamp plus the bucket's delay, clamped as well.
-        let m = rdkafka::message::OwnedMessage::new(
+    /// A bucket-1s record written at `written` (ms) with these headers, as read back.
+    fn written_at(written: i64, headers: &[(&str, &str)]) -> rdkafka::message::OwnedMessage {
+        let headers = headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(*value),
+            })
+        });
+        rdkafka::message::OwnedMessage::new(
             None,
             None,
             "n.retry.1s".into(),
-            rdkafka::Timestamp::CreateTime(999_999_000),
+            rdkafka::Timestamp::CreateTime(written),
+            7,
             0,
-            0,
-            None,
+            Some(headers),
+        )
+    }
+
+    #[test]
+    fn a_due_time_beyond_the_timestamp_plus_the_last_bucket_is_clamped_there() {
+        let x = b("1s,2s,4s");
+        let written = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let bound = written + Duration::from_secs(4);
+        let far = "2099-01-01T00:00:00Z";
+        let m = written_at(1_000_000_000, &[(SUBSCRIBER, "s"), (NEXT_DUE_AT, far)]);
+        // An edited record: due at its timestamp plus the last delay,
+        // and that bound does not move when the held record is read again later (issue 43: it
+        // was `now` + the last delay, re-read every 4 s and held for ever).
+        for now in [
+            written,
+            written + Duration::from_secs(3),
+            bound,
+            bound + Duration::from_secs(3600),
+        ] {
+            let due = x.due_of(&m, 0, now);
+            assert_eq!(due.at, bound, "read at {now:?}");
+            assert_eq!(due.clamped.as_deref(), Some(far));
+        }
+        // Honest due times are kept, up to the bound itself (Retry-After capped at the last delay).
+        for ahead in [1, 3, 4] {
+            let due = written + Duration::from_secs(ahead);
+            let m = written_at(
+                1_000_000_000,
+                &[(SUBSCRIBER, "s"), (NEXT_DUE_AT, &format_time(due))],
+            );
+            assert_eq!(
+                x.due_of(&m, 0, written),
+                Due {
+                    at: due,
+                    clamped: None
+                }
+            );
+        }
+        // A millisecond beyond is clamped.
+        let beyond = format_time(bound + Duration::from_millis(1));
+        let m = written_at(1_000_000_000, &[(NEXT_DUE_AT, &beyond)]);
+        assert_eq!(x.due_of(&m, 0, written).at, bound);
+    }
+
+    #[test]
+    fn a_due_time_in_the_past_or_unreadable_is_not_clamped() {
+        let x = b("1s,2s,4s");
+        let written = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let now = written + Duration::from_millis(500);
+        // A clock behind: due at once (the due time has passed), nothing clamped.
+        let past = format_time(written - Duration::from_secs(86_400));
+        let m = written_at(1_000_000_000, &[(SUBSCRIBER, "s"), (NEXT_DUE_AT, &past)]);
+        let due = x.due_of(&m, 1, now);
+        assert!(due.at <= now && due.clamped.is_none(), "{due:?}");
+        // Unreadable or missing: as written without it, the timestamp plus the bucket's delay
+        // (within the bound), due at once when that has passed.
+        for headers in [&[(NEXT_DUE_AT, "tomorrow")][..], &[][..]] {
+            let m = written_at(1_000_000_000, headers);
+            assert_eq!(
+                x.due_of(&m, 1, now),
+                Due {
+                    at: written + Duration::from_secs(2),
+                    clamped: None
+                }
+            );
+            assert!(
+                x.due_of(&m, 1, written + Duration::from_secs(60)).at
+                    < written + Duration::from_secs(60)
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_timestamp_a_record_is_due_at_once() {
+        // Nothing that does not move bounds its header: due now, reported when the header said
+        // later.
+        let x = b("1s,2s,4s");
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let later = format_time(now + Duration::from_secs(3));
+        let m = retry_record(&[(SUBSCRIBER, "s"), (NEXT_DUE_AT, &later)]);
+        assert_eq!(
+            x.due_of(&m, 0, now),
+            Due {
+                at: now,
+                clamped: Some(later)
+            }
         );
-        assert_eq!(x.due_of(&m, 0, now), now);
-        assert_eq!(x.due_of(&m, 2, now), now + Duration::from_secs(3));
+        let earlier = now - Duration::from_secs(3);
+        let m = retry_record(&[(SUBSCRIBER, "s"), (NEXT_DUE_AT, &format_time(earlier))]);
+        assert_eq!(
+            x.due_of(&m, 0, now),
+            Due {
+                at: earlier,
+                clamped: None
+            }
+        );
+        assert_eq!(
+            x.due_of(&retry_record(&[]), 2, now),
+            Due {
+                at: now,
+                clamped: None
+            }
+        );
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! Outcomes and hand-offs are counted once their transaction has committed, so a batch redone
 //! after an abort is counted once; attempts (per subscriber, by outcome) are counted when they
 //! happen, since every HTTP call really happened (a call the batch stopped waiting for counts when
-//! it ends), as are the skips of an open circuit. The attempts' ratio is the failure rate,
+//! it ends), as are the skips of an open circuit and the retry records whose due time was
+//! clamped (when first read, [`due_clamped`]). The attempts' ratio is the failure rate,
 //! `rate(alerts_deliver_attempts_total{outcome!="delivered"}[5m]) / rate(alerts_deliver_attempts_total[5m])`.
 
 use super::subscriptions::Subscriptions;
 use metrics::{counter, gauge, histogram};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+use tracing::warn;
 
 pub const ATTEMPTS: &str = "alerts_deliver_attempts_total";
 pub const OUTCOMES: &str = "alerts_deliver_outcomes_total";
@@ -21,6 +23,7 @@ pub const LATENCY: &str = "alerts_deliver_latency_seconds";
 pub const TRANSACTIONS: &str = "alerts_deliver_transactions_total";
 pub const CIRCUIT_STATE: &str = "alerts_deliver_circuit_state";
 pub const CIRCUIT_SKIPPED: &str = "alerts_deliver_circuit_skipped_total";
+pub const DUE_CLAMPED: &str = "alerts_deliver_due_clamped_total";
 
 /// Every metric alert-deliver exports of its own (it also exports a few of
 /// [`crate::metrics::CATALOGUE`]: see [`describe`]).
@@ -36,6 +39,7 @@ pub const CATALOGUE: &[&str] = &[
     TRANSACTIONS,
     CIRCUIT_STATE,
     CIRCUIT_SKIPPED,
+    DUE_CLAMPED,
 ];
 
 /// Every outcome label.
@@ -84,6 +88,7 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
     );
     describe_gauge!(CIRCUIT_STATE, "A subscriber's circuit breaker: 0 closed, 1 open (deliveries skipped), 2 half-open (one probe).");
     describe_counter!(CIRCUIT_SKIPPED, Unit::Count, "Deliveries not tried because the subscriber's circuit was open (handed to the next bucket).");
+    describe_counter!(DUE_CLAMPED, Unit::Count, "Retry records whose retry.next.due.at lay beyond their timestamp plus the last bucket's delay (an edited record, or a due time and a timestamp from different clocks): due at that bound instead. Counted once per record and owner.");
     for s in subs.iter() {
         for outcome in OUTCOME_LABELS {
             counter!(ATTEMPTS, "subscriber" => s.name.clone(), "outcome" => *outcome).increment(0);
@@ -98,6 +103,7 @@ pub fn describe(subs: &Subscriptions, buckets: &[String], ends: &[String]) {
         counter!(HANDOFFS, "topic" => topic.clone()).increment(0);
     }
     for topic in buckets {
+        counter!(DUE_CLAMPED, "topic" => topic.clone()).increment(0);
         gauge!(BUCKET_LAG, "topic" => topic.clone()).set(0.0);
         gauge!(BUCKET_OLDEST_AGE, "topic" => topic.clone()).set(0.0);
     }
@@ -133,6 +139,21 @@ pub fn circuit(subscriber: &str, state: f64) {
 /// A delivery not tried because its subscriber's circuit was open.
 pub fn circuit_skipped(subscriber: &str) {
     counter!(CIRCUIT_SKIPPED, "subscriber" => subscriber.to_owned()).increment(1);
+}
+
+/// A retry record's due time lay beyond its bound ([`super::buckets::Buckets::due_of`]): it is
+/// due at the bound instead. Logged and counted here, once per record and owner (the caller
+/// asks [`super::partitions::Partitions::clamp_is_news`]); never the payload.
+pub fn due_clamped(topic: &str, partition: i32, offset: i64, header: &str, bound: SystemTime) {
+    warn!(
+        topic,
+        partition,
+        offset,
+        header,
+        bound = %super::buckets::format_time(bound),
+        "retry due time beyond its bound (record timestamp + the last bucket's delay): due at the bound instead"
+    );
+    counter!(DUE_CLAMPED, "topic" => topic.to_owned()).increment(1);
 }
 
 /// A delivery succeeded `latency` after its notification was written.

@@ -18,6 +18,12 @@
 //! | due ([`Partitions::resume_due`])        | -                            | -                  | sought to `o`, resumed: reading         |
 //! | abort, rewound to `r` ([`Partitions::rewind`]) | -                     | sought to `r`      | `o` dropped, sought to `r`, resumed: reading, so `[r, o)` is read again |
 //!
+//! Beside its head, a partition keeps the highest offset whose clamped due time was reported
+//! ([`Partitions::clamp_is_news`]): a held record is read again when it comes due, and a rewind
+//! reads records again, so without it one record would be reported at every read. It goes with
+//! the ownership (revoke, lost, assign: the next owner reports the record once more) and
+//! outlives hold, due and rewind.
+//!
 //! Revoke and assign are handled inside the rebalance callback, not at the next look at the
 //! assignment: a partition revoked and assigned again within one poll would otherwise keep a
 //! held offset from before, and be sought to it past hand-offs another owner committed since.
@@ -87,6 +93,8 @@ pub struct Partitions {
     assigns: u64,
     /// The value of `assigns` at each owned partition's latest assign.
     assigned_at: BTreeMap<Tp, u64>,
+    /// The highest offset of each owned partition whose clamped due time was reported.
+    reported: BTreeMap<Tp, i64>,
     /// A pause or resume that failed inside a rebalance callback, which cannot return it: the
     /// poll loop stops on it ([`Partitions::failure`]), since a partition could stay paused.
     failed: Option<String>,
@@ -99,6 +107,7 @@ impl Partitions {
         self.assigns += 1;
         for tp in &parts {
             self.held.remove(tp);
+            self.reported.remove(tp);
             self.assigned_at.insert(tp.clone(), self.assigns);
         }
         self.pauses.assigned(consumer, parts, false)
@@ -109,6 +118,7 @@ impl Partitions {
     pub fn revoked(&mut self, parts: &[Tp]) {
         for tp in parts {
             self.held.remove(tp);
+            self.reported.remove(tp);
             self.assigned_at.remove(tp);
         }
         self.pauses.revoked(parts);
@@ -129,6 +139,22 @@ impl Partitions {
         debug!(topic = %tp.0, partition = tp.1, offset = held.offset, "head not due: partition paused");
         self.held.insert(tp, held);
         Ok(true)
+    }
+
+    /// A record of `tp` at `offset` had its due time clamped: whether that is news, to be
+    /// reported. Records are read in offset order, so one at or below the highest reported was
+    /// reported by this ownership already (read again once due, or after a rewind).
+    pub fn clamp_is_news(&mut self, tp: &Tp, offset: i64) -> bool {
+        if !self.pauses.is_owned(tp) {
+            return false;
+        }
+        match self.reported.get(tp) {
+            Some(at) if *at >= offset => false,
+            _ => {
+                self.reported.insert(tp.clone(), offset);
+                true
+            }
+        }
     }
 
     /// Due: each held partition whose head is due at `now` is sought to the head and resumed.
@@ -469,6 +495,28 @@ mod tests {
         p.assigned(&c, vec![tp(0)]).unwrap();
         assert!(!p.is_current(&tp(0), before));
         assert!(p.is_current(&tp(0), p.stamp()));
+    }
+
+    #[test]
+    fn a_clamped_record_is_news_once_per_ownership() {
+        let (c, mut p) = holding();
+        assert!(p.clamp_is_news(&tp(0), 20), "first read: held at it");
+        p.resume_due(&c, at(100)).unwrap();
+        assert!(!p.clamp_is_news(&tp(0), 20), "read again once due");
+        assert!(p.clamp_is_news(&tp(0), 23), "a later one");
+        p.rewind(&c, &BTreeMap::from([(tp(0), 12)])).unwrap();
+        assert!(
+            !p.clamp_is_news(&tp(0), 20) && !p.clamp_is_news(&tp(0), 23),
+            "read again after an abort"
+        );
+        assert!(p.clamp_is_news(&tp(1), 20), "each partition its own");
+        p.revoked(&[tp(0)]);
+        assert!(!p.clamp_is_news(&tp(0), 30), "not owned");
+        p.assigned(&c, vec![tp(0)]).unwrap();
+        assert!(
+            p.clamp_is_news(&tp(0), 20),
+            "a new ownership reports it once more"
+        );
     }
 
     #[test]

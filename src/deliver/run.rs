@@ -14,6 +14,10 @@
 //! polling its other partitions, serves rebalances and keeps its group membership) and resumed at
 //! the head's due time, from the head's offset. Its later records wait behind it: a bucket is a
 //! queue in due order, since every record of a bucket is due the same delay after its hand-off.
+//! A due time no hand-off writes (an edited record) is bounded by the record's timestamp plus
+//! the last bucket's delay ([`super::buckets::Buckets::due_of`]), so no record holds its
+//! partition longer; such a record is logged and counted once
+//! ([`super::metrics::due_clamped`]).
 //! What becomes of a held partition on a rebalance or an abort is [`super::partitions`]' business:
 //! the loop pauses, resumes and seeks only through it.
 //!
@@ -437,9 +441,14 @@ impl Deliverer {
             }
             if let Some(Stage::Bucket(i)) = self.opts.buckets.stage_of(m.topic()) {
                 let due = self.opts.buckets.due_of(&m, i, now);
-                if due > now {
+                if let Some(header) = &due.clamped {
+                    if partitions.clamp_is_news(&tp, m.offset()) {
+                        m::due_clamped(m.topic(), m.partition(), m.offset(), header, due.at);
+                    }
+                }
+                if due.at > now {
                     let held = Held {
-                        due,
+                        due: due.at,
                         offset: m.offset(),
                         timestamp: m.timestamp().to_millis(),
                     };
