@@ -11,6 +11,9 @@
 #      accepts, one answers 503 for its first few seconds (the retry buckets, then delivery), one
 #      answers 410 Gone (the parking lot); what each received, by Idempotency-Key, and what the
 #      buckets and the parking lot hold (dlq-replay inspect).
+#   5. Live alerts: alert-pipeline --live-rules runs while alert-rules loads a rules file and puts
+#      a one-shot alert into the rules topic; the ticks that come after fire them, and the oracle
+#      (alert-verify --rules-topic) checks the result from the two topics alone.
 # Starts the broker (scripts/kafka.sh up) and PostgreSQL (scripts/postgres.sh up) if needed;
 # leaves them running.
 # Environment: KAFKA_BOOTSTRAP (default 127.0.0.1:9092), TICKS (10000), SYMBOLS (50), DATABASE_URL
@@ -90,6 +93,33 @@ for bucket in retry.1s retry.5s retry.30s parking-lot dlq; do
   echo "-- $run-notifications.$bucket (dlq-replay inspect)"
   "$BIN/dlq-replay" inspect --dlq "$run-notifications.$bucket" --show 1
 done
+
+echo
+echo "== 5. Live alerts: alerts put while the pipeline runs fire on the ticks after them =="
+live="$run-live"
+"$BIN/alert-pipeline" --live-rules --app-id "$live" --input "$live-market-updates" \
+  --output "$live-notifications" --partitions 3 --exit-when-idle 10s &
+live_pid=$!
+# The rules topic is made co-partitioned with the input, which the pipeline creates at start.
+for _ in $(seq 100); do
+  "$BIN/alert-rules" --app-id "$live" --input "$live-market-updates" list >/dev/null 2>&1 && break
+  sleep 0.2
+done
+"$BIN/tick-gen" --symbols 5 --seed 7 --rules-only --rules-out "$work/live-rules.toml" >/dev/null
+"$BIN/alert-rules" --app-id "$live" --input "$live-market-updates" load "$work/live-rules.toml"
+# The first symbol of the file and its first threshold: a one-shot alert of its own beside them.
+line=$(grep -m1 '^"' "$work/live-rules.toml")
+first=$(cut -d'"' -f2 <<<"$line")
+threshold=$(cut -d'"' -f4 <<<"$line")
+"$BIN/alert-rules" --app-id "$live" --input "$live-market-updates" put "$first-once" \
+  --symbol "$first" --threshold "$threshold" \
+  --direction both --one-shot --subscriber ops-desk
+"$BIN/alert-rules" --app-id "$live" --input "$live-market-updates" list
+"$BIN/tick-gen" --topic "$live-market-updates" --symbols 5 --seed 7 --ticks 2000 >/dev/null
+wait "$live_pid"
+echo "The one-shot alert fired once and is gone from the table:"
+"$BIN/alert-rules" --app-id "$live" --input "$live-market-updates" list | grep -c -- "-once" || true
+"$BIN/alert-verify" --rules-topic "$live-rules" --input "$live-market-updates" --output "$live-notifications"
 
 echo
 echo "demo.sh: done; topics of this run start with $run-, its database is $db. The broker and"

@@ -1548,3 +1548,66 @@ fn a_retry_due_far_in_the_future_holds_its_bucket_partition_no_longer_than_the_l
         lines[0]
     );
 }
+
+/// Live alerts name their subscriber (issue 42): a notification that names one goes to it alone,
+/// whatever symbols its subscription lists; one that names a subscriber the file does not have is
+/// dead-lettered with its class, never dropped; one that names none goes by symbol, as before.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_notification_naming_its_subscriber_goes_to_it_alone_and_an_unknown_one_to_the_dlq() {
+    let named = Webhook::up(Behaviour::Ok);
+    let every = Webhook::up(Behaviour::Ok);
+    let setup = Setup::new("deliver-named", 2, "500ms,1s", &[]);
+    std::fs::write(
+        &setup.subscriptions,
+        format!(
+            "[subscribers.named]\nurl = \"{}\"\nsymbols = [\"NOPE\"]\n\n[subscribers.every]\nurl = \"{}\"\nsymbols = [\"*\"]\n",
+            named.url(),
+            every.url()
+        ),
+    )
+    .expect("writing subscriptions");
+    let record = |id: &str, subscriber: Option<&str>| {
+        let mut v = serde_json::json!({"id": id, "symbol": "AAA", "seq": 1, "threshold": "100", "direction": "up"});
+        if let Some(s) = subscriber {
+            v["subscriber"] = serde_json::json!(s);
+        }
+        (Some(b"AAA".to_vec()), serde_json::to_vec(&v).expect("json"))
+    };
+    let feed = Feed::new(&kafka()).expect("feed");
+    feed.send_raw(
+        &setup.topic,
+        &[
+            record("AAA:1:a1:up", Some("named")),
+            record("AAA:2:a2:up", Some("ghost")),
+            record("AAA:3:100:up", None),
+        ],
+    )
+    .expect("producing notifications");
+    let deliverer = setup.spawn();
+    wait_until(
+        "delivered and dead-lettered",
+        Duration::from_secs(60),
+        || {
+            named.accepted().len() == 1
+                && every.accepted().len() == 1
+                && count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap_or(0) == 1
+        },
+    );
+    deliverer.signal("TERM");
+    assert!(
+        deliverer.wait(EXIT).success(),
+        "alert-deliver stops cleanly"
+    );
+    assert_eq!(
+        named.accepted(),
+        BTreeSet::from(["AAA:1:a1:up/named".to_owned()])
+    );
+    assert_eq!(
+        every.accepted(),
+        BTreeSet::from(["AAA:3:100:up/every".to_owned()])
+    );
+    let dead = handoffs(&setup.dlq(), &["dlq.error.class", "retry.subscriber"]);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].2, ["delivery.unknown_subscriber", "ghost"]);
+}

@@ -144,7 +144,7 @@ mod tests {
     #[test]
     fn bad_input_is_refused_with_the_field() {
         assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "10000"]).is_ok());
-        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "1e3"])
+        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "ten"])
             .unwrap_err()
             .starts_with("threshold:"));
         assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "-5"])

@@ -185,6 +185,9 @@ async fn create_topics(opts: &DeliverOptions) -> anyhow::Result<i32> {
 struct Head {
     id: String,
     symbol: String,
+    /// The subscriber a live alert names: the notification goes to it alone.
+    #[serde(default)]
+    subscriber: Option<String>,
 }
 
 struct Deliverer {
@@ -522,6 +525,18 @@ impl Deliverer {
                         continue;
                     }
                 },
+                // A live alert's notification: the subscriber it names, whatever its symbols.
+                (None, Stage::Main) if head.subscriber.is_some() => {
+                    let name = head.subscriber.as_deref().unwrap_or_default();
+                    match self.lanes.get(name) {
+                        Some(lane) => vec![Arc::clone(&lane.subscriber)],
+                        None => {
+                            let why = format!("subscriber {name} is not in the subscriptions");
+                            handoffs.push(bad(name, "delivery.unknown_subscriber", why));
+                            continue;
+                        }
+                    }
+                }
                 (None, Stage::Main) => self
                     .opts
                     .subscriptions

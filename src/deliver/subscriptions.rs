@@ -90,11 +90,7 @@ struct Entry {
 
 /// Whether `name` may name a subscriber.
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
-        })
+    crate::rules::live::valid_subscriber(name)
 }
 
 impl Subscriptions {
