@@ -147,7 +147,7 @@ mod tests {
         assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "ten"])
             .unwrap_err()
             .starts_with("threshold:"));
-        assert!(put(&["a1", "--symbol", "BBCA", "--threshold", "-5"])
+        assert!(put(&["a1", "--symbol", "BBCA", "--threshold=-5"])
             .unwrap_err()
             .starts_with("threshold:"));
         assert!(put(&["a1", "--symbol", "bbca", "--threshold", "5"])
