@@ -5,6 +5,7 @@
 //! a clean broker bounce (the first of a transaction coordinator, the second of the group
 //! coordinator). Then
 //! exactly-once is checked as the runner does (offsets, verifier, hanging transactions, DLQ).
+//! The short run joins live alerts (the rules topic) and changes 40 of them while it plays.
 //!
 //! The seed is printed; `CHAOS_SEED=<seed>` replays the same stream and schedule.
 //!
@@ -57,13 +58,21 @@ fn cluster() -> Cluster {
 #[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
 fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
     let seed = seed();
-    let opts = ChaosOptions::short(
+    let mut opts = ChaosOptions::short(
         cluster(),
         PathBuf::from(env!("CARGO_BIN_EXE_alert-pipeline")),
         seed,
     );
+    // Live alerts (issue 42): the rules in the rules topic, 40 alert changes during the chaos;
+    // the file's path stays covered by the pipeline's and the failure tests.
+    opts.alert_changes = Some(40);
     let report = chaos::run(&opts).expect("the chaos run is carried out");
     println!("{report}");
+    let changes = report.alert_changes.expect("a live-alerts run");
+    assert!(
+        changes.total() >= 30,
+        "alerts were changed while the chaos played: {changes:?}"
+    );
     let fig = &report.figures;
     assert_eq!(
         (fig.sigkills, fig.sigterms, fig.sigstops),

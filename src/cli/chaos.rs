@@ -38,6 +38,15 @@ pub struct ChaosArgs {
     /// The pipeline alone: no sink, deliverer, subscribers or database.
     #[arg(long)]
     pub pipeline_only: bool,
+    /// Live alerts: the rules loaded into the rules topic before the start, the pipeline run with
+    /// --live-rules, and alerts changed during the chaos (--alert-changes); the oracle joins the
+    /// input with the rules topic.
+    #[arg(long)]
+    pub live_rules: bool,
+    /// With --live-rules: how many alert changes (updates, deletes, new one-shot and banded
+    /// alerts) are spread over the span.
+    #[arg(long, default_value_t = 40)]
+    pub alert_changes: usize,
     /// The alert-sink binary (default: the one beside this binary).
     #[arg(long)]
     pub sink: Option<PathBuf>,
@@ -160,6 +169,7 @@ impl ChaosArgs {
         o.coordinator_down = self.coordinator_down.unwrap_or(o.coordinator_down);
         o.work_dir = self.work_dir.unwrap_or(o.work_dir);
         o.static_membership = self.static_membership;
+        o.alert_changes = self.live_rules.then_some(self.alert_changes);
         let f = &mut o.faults;
         f.kills = self.kills.unwrap_or(f.kills);
         f.terms = self.terms.unwrap_or(f.terms);

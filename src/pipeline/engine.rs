@@ -470,6 +470,11 @@ impl Engine {
             return Ok(false);
         }
         if let Some(live) = &self.live {
+            if session.state.is_held(p) {
+                // Fetched before the hold paused and sought its partition back: read again from
+                // the held tick once the hold ends.
+                return Ok(false);
+            }
             let ts = m.timestamp().to_millis().unwrap_or(0);
             let Some(join) = session.state.join_mut(p) else {
                 // Loaded with its state, always; a safety net like the one above.

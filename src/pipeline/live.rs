@@ -49,6 +49,11 @@ pub const BARRIER_RESEND: Duration = Duration::from_secs(5);
 const RULES_PER_POLL: usize = 10_000;
 /// Bound on the metadata round trips of the rules reader.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Records read and not applied, per partition, past which the rules reader pauses that
+/// partition (resumed below half of it): a burst of puts newer than the ticks being processed
+/// (a load of a million alerts while a backlog is worked off) is not read into memory whole. A
+/// tick needs only the first unapplied record to know its prefix.
+pub const MAX_PENDING: usize = 50_000;
 
 /// The rules topic's reader and the barriers' producer.
 pub struct LiveRules {
@@ -56,6 +61,8 @@ pub struct LiveRules {
     pub partitions: i32,
     reader: Reader,
     barriers: FutureProducer<crate::kafka::logging::Logged>,
+    /// Rules partitions the reader paused for [`MAX_PENDING`].
+    paused: std::sync::Mutex<std::collections::BTreeSet<i32>>,
 }
 
 /// A record of the rules topic as the join takes it.
@@ -88,6 +95,7 @@ impl LiveRules {
             partitions,
             reader,
             barriers,
+            paused: Default::default(),
         })
     }
 
@@ -154,6 +162,11 @@ impl LiveRules {
         self.reader
             .assign(&tpl)
             .context("assigning the rules reader")?;
+        // A new assignment starts unpaused: what the bound paused before is judged again.
+        if let Ok(mut paused) = self.paused.lock() {
+            let _ = self.reader.resume(&tpl);
+            paused.clear();
+        }
         Ok(())
     }
 
@@ -178,6 +191,7 @@ impl LiveRules {
                 Some(Err(e)) => warn!(topic = %self.topic, error = %e, "rules reader error"),
             }
         }
+        self.bound_pending(state);
         let held: Vec<(i32, Held)> = state.held_mut().map(|(p, h)| (p, *h)).collect();
         let mut ready = Vec::new();
         for (p, h) in held {
@@ -207,6 +221,43 @@ impl LiveRules {
             state.release(Some(&[*p]));
         }
         ready
+    }
+
+    /// Pauses the reader on partitions with [`MAX_PENDING`] records not applied, and resumes
+    /// those below half of it.
+    fn bound_pending(&self, state: &mut StateStore) {
+        let Ok(mut paused) = self.paused.lock() else {
+            return;
+        };
+        let (mut pause, mut resume) = (Vec::new(), Vec::new());
+        for (p, j) in state.joins_mut() {
+            let n = j.pending();
+            if n >= MAX_PENDING && !paused.contains(&p) {
+                pause.push(p);
+            } else if n < MAX_PENDING / 2 && paused.contains(&p) {
+                resume.push(p);
+            }
+        }
+        for (ps, pausing) in [(pause, true), (resume, false)] {
+            if ps.is_empty() {
+                continue;
+            }
+            let tpl = crate::kafka::tpl::partition_list(&self.topic, ps.iter().copied());
+            let result = if pausing {
+                self.reader.pause(&tpl)
+            } else {
+                self.reader.resume(&tpl)
+            };
+            match result {
+                Ok(()) if pausing => paused.extend(ps),
+                Ok(()) => ps.iter().for_each(|p| {
+                    paused.remove(p);
+                }),
+                Err(e) => {
+                    warn!(partitions = ?ps, pausing, error = %e, "rules reader pause/resume failed")
+                }
+            }
+        }
     }
 
     /// Logs the invalid records a join applied and counts what it applied.

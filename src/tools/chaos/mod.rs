@@ -46,6 +46,7 @@
 //! next bounce waits until every partition's ISR is complete again, so no partition drops below
 //! min.insync.replicas by the runner's doing: what is tested is failover, not an outage.
 
+pub mod alerts;
 pub mod checks;
 pub mod cluster;
 pub mod coordinator;
@@ -62,7 +63,9 @@ use crate::kafka::offsets::committed_offsets;
 use crate::kafka::topics::{self, Topics};
 use crate::tick::DEFAULT_MAX_TICK_BYTES;
 use crate::tools::generate::{generate, GenOptions};
-use crate::tools::verify::{expected_from_input, verify, VerifyReport};
+use crate::tools::verify::{
+    expected_from_input, expected_from_live, verify, verify_live, VerifyReport,
+};
 use anyhow::{anyhow, bail, Context as _};
 use checks::DeadLetters;
 use cluster::{Cluster, Stop};
@@ -133,6 +136,9 @@ pub struct ChaosOptions {
     pub keep_topics: bool,
     /// The stages after the pipeline (sink, deliver, PostgreSQL), or `None`: pipeline only.
     pub downstream: Option<DownstreamOptions>,
+    /// Live alerts (`--live-rules`): the rules loaded into the rules topic before the start and
+    /// this many alert changes during the chaos ([`alerts`]); `None`: the rules file.
+    pub alert_changes: Option<usize>,
 }
 
 impl ChaosOptions {
@@ -184,6 +190,7 @@ impl ChaosOptions {
             work_dir: std::env::temp_dir().join(format!("alert-chaos-{seed}")),
             keep_topics: false,
             downstream: None,
+            alert_changes: None,
         }
     }
 
@@ -281,6 +288,8 @@ pub struct ChaosReport {
     pub total: Duration,
     /// The sink's and the deliverer's checks and PostgreSQL's shutdowns (all-stage runs).
     pub downstream: Option<DownstreamReport>,
+    /// Live alerts: the alert changes made during the chaos.
+    pub alert_changes: Option<alerts::Changes>,
 }
 
 impl ChaosReport {
@@ -344,7 +353,14 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     // only with all brokers registered.
     opts.cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
-    let mut replication = replication_problems(&opts.cluster, topics.names())?;
+    let rules_topic = match opts.alert_changes {
+        Some(_) => Some(alerts::load(kafka, &app_id, &topics.input, &rules)?),
+        None => None,
+    };
+    let mut replication = replication_problems(
+        &opts.cluster,
+        topics.names().into_iter().chain(rules_topic.as_deref()),
+    )?;
 
     // The stages after the pipeline: their database, subscribers and launches. The guard starts
     // PostgreSQL again however the run ends.
@@ -358,7 +374,15 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         None => None,
     };
     let _database_guard = downstream.as_ref().map(|(d, _)| ServerGuard(d.db.clone()));
-    let mut launches = vec![(launch(opts, &rules_path, &app_id, &topics)?, opts.instances)];
+    let mut launches = vec![(
+        launch(
+            opts,
+            rules_topic.is_none().then_some(rules_path.as_path()),
+            &app_id,
+            &topics,
+        )?,
+        opts.instances,
+    )];
     if let Some((d, o)) = &downstream {
         launches.extend(d.launches(opts, o)?);
     }
@@ -368,6 +392,19 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     info!(plan = plan::summary(&schedule), "the faults");
     let seqs: Vec<u64> = ticks.iter().map(|t| t.seq).collect();
     let feed = spawn_feed(kafka.clone(), topics.input.clone(), ticks, opts.span)?;
+    let stop_changes = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let changer = opts.alert_changes.map(|count| {
+        alerts::spawn(
+            kafka.clone(),
+            app_id.clone(),
+            topics.input.clone(),
+            rules.clone(),
+            count,
+            opts.span,
+            opts.seed,
+            std::sync::Arc::clone(&stop_changes),
+        )
+    });
     let mut stages = Stages::start(launches)?;
     if let Some((d, o)) = &downstream {
         d.subscribers.chaos_started(o.subscriber_outage);
@@ -382,6 +419,8 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         &mut rng,
         started,
     )?;
+    stop_changes.store(true, std::sync::atomic::Ordering::Relaxed);
+    let alert_changes = changer.map(|c| c.join().unwrap_or_default());
     let end = next_offsets(&played.landed);
     info!(
         chaos_s = played.chaos.as_secs(),
@@ -398,14 +437,24 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     // The oracle of every stage: the notifications the input implies.
     let faults = FaultInjection { enabled: true };
     let mut oracle = VerifyReport::default();
-    let expected = expected_from_input(
-        kafka,
-        &topics.input,
-        &rules,
-        DEFAULT_MAX_TICK_BYTES,
-        faults,
-        &mut oracle,
-    )?;
+    let expected = match &rules_topic {
+        Some(rt) => expected_from_live(
+            kafka,
+            &topics.input,
+            rt,
+            DEFAULT_MAX_TICK_BYTES,
+            faults,
+            &mut oracle,
+        )?,
+        None => expected_from_input(
+            kafka,
+            &topics.input,
+            &rules,
+            DEFAULT_MAX_TICK_BYTES,
+            faults,
+            &mut oracle,
+        )?,
+    };
     if let Some((d, _)) = &downstream {
         info!(
             expected = expected.len(),
@@ -434,6 +483,8 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         topics.changelog.clone(),
         topics.dlq.clone(),
     ];
+    // Live alerts: the one-shots' tombstones are written in the pipeline's transactions.
+    outputs.extend(rules_topic.clone());
     if let Some((d, _)) = &downstream {
         outputs.extend(d.deliver_topics());
         let deliver_topics = d.deliver_topics();
@@ -457,14 +508,24 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 .map(|row| format!("broker {b}: {row}")),
         );
     }
-    let verify = verify(
-        kafka,
-        &topics.input,
-        &topics.notifications,
-        &rules,
-        DEFAULT_MAX_TICK_BYTES,
-        faults,
-    )?;
+    let verify = match &rules_topic {
+        Some(rt) => verify_live(
+            kafka,
+            &topics.input,
+            &topics.notifications,
+            rt,
+            DEFAULT_MAX_TICK_BYTES,
+            faults,
+        )?,
+        None => verify(
+            kafka,
+            &topics.input,
+            &topics.notifications,
+            &rules,
+            DEFAULT_MAX_TICK_BYTES,
+            faults,
+        )?,
+    };
     let poison: BTreeSet<(i32, i64)> = (played.landed.iter().zip(&seqs))
         .filter(|(_, s)| faults.is_poison(**s))
         .map(|(l, _)| (l.partition, l.offset))
@@ -501,9 +562,11 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         chaos: played.chaos,
         total: started.elapsed(),
         downstream: downstream_report,
+        alert_changes,
     };
     if report.ok() && !opts.keep_topics {
         let mut names: Vec<String> = topics.names().map(str::to_owned).to_vec();
+        names.extend(rules_topic.clone());
         if let Some((d, _)) = &downstream {
             names.extend(d.deliver_topics());
             if let Err(e) = d.db.drop_database() {
@@ -676,17 +739,17 @@ fn drain(
 /// fault injection, and the run's transaction timeout and commit interval.
 fn launch(
     opts: &ChaosOptions,
-    rules: &std::path::Path,
+    rules: Option<&std::path::Path>,
     app_id: &str,
     topics: &Topics,
 ) -> anyhow::Result<Launch> {
-    stages::launch(
-        opts,
-        Stage::Pipeline,
-        &opts.pipeline,
-        &[
-            "--rules",
-            &rules.display().to_string(),
+    // A rules file, or live alerts (the rules topic, loaded before the start).
+    let mut args: Vec<String> = match rules {
+        Some(path) => vec!["--rules".to_owned(), path.display().to_string()],
+        None => vec!["--live-rules".to_owned()],
+    };
+    args.extend(
+        [
             "--app-id",
             app_id,
             "--input",
@@ -698,9 +761,11 @@ fn launch(
             &stages::ms(opts.transaction_timeout),
             "--commit-interval",
             &stages::ms(opts.commit_interval),
-        ],
-        Vec::new(),
-    )
+        ]
+        .map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    stages::launch(opts, Stage::Pipeline, &opts.pipeline, &args, Vec::new())
 }
 
 /// Keeps every stage alive until the sink and the deliverer have consumed their inputs to the
@@ -1104,6 +1169,19 @@ impl fmt::Display for ChaosReport {
             "{:<22} {} ({} aborted)",
             "commits", self.commits, self.aborts
         )?;
+        if let Some(c) = &self.alert_changes {
+            writeln!(
+                f,
+                "{:<22} {} ({} updates, {} deletes, {} one-shots, {} banded; {} given up)",
+                "alert changes",
+                c.total(),
+                c.updates,
+                c.deletes,
+                c.one_shots,
+                c.banded,
+                c.given_up
+            )?;
+        }
         writeln!(f, "{:<22} {}", "expected", v.expected)?;
         writeln!(f, "{:<22} {}", "found", v.found)?;
         writeln!(f, "{:<22} {}", "missing", v.missing.len())?;
