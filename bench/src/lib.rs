@@ -14,6 +14,8 @@
 //!   with up to 10,000 subscribers, and the healthy subscribers' share during an outage.
 //! - [`recovery`] (`recovery-bench`): a restart after SIGKILL of an instance holding a large
 //!   state: time to restore it from the changelog and to the first commit.
+//! - [`rules`] (`rules-bench`): live alerts: from `alert-rules put` returning to the alert's
+//!   first notification, at a paced stream.
 //! - [`plot`]: the font and colours of the PNG plots.
 //! - [`tail`]: pipeline-bench's latency reader, tailing the notifications read_committed.
 //! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
@@ -27,6 +29,7 @@ pub mod pipeline;
 pub mod plot;
 pub mod producer;
 pub mod recovery;
+pub mod rules;
 pub mod sink;
 pub mod stats;
 pub mod tail;

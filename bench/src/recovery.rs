@@ -70,6 +70,39 @@ pub struct Options {
     pub commit_interval: String,
     /// Where the pipelines' logs go (one file per process).
     pub log_dir: PathBuf,
+    /// Live alerts (issue 42): this many alerts per symbol, loaded into the rules topic before the
+    /// ticks, and the pipeline run with `--live-rules`; 0: the rules file.
+    pub live_alerts: usize,
+}
+
+/// `per_symbol` live alerts for every symbol of `rules`, around its thresholds (each threshold
+/// again a cent higher per round), the directions in turn.
+pub fn live_alerts(
+    rules: &Rules,
+    per_symbol: usize,
+) -> Vec<(String, price_alerts::rules::live::Alert)> {
+    use price_alerts::rules::live::{Alert, Watch};
+    let mut out = Vec::with_capacity(rules.len() * per_symbol);
+    for s in rules.symbols() {
+        let ts = rules.thresholds(s).unwrap_or_default();
+        for k in 0..per_symbol {
+            let Some(base) = ts.get(k % ts.len().max(1)) else {
+                continue;
+            };
+            out.push((
+                format!("{s}-a{k}"),
+                Alert {
+                    symbol: s.to_owned(),
+                    threshold: base + Decimal::new((k / ts.len()) as i64, 2),
+                    direction: [Watch::Up, Watch::Down, Watch::Both][k % 3],
+                    subscriber: None,
+                    one_shot: false,
+                    rearm_band: None,
+                },
+            ));
+        }
+    }
+    out
 }
 
 /// The figures of one repeat.
@@ -269,8 +302,13 @@ fn spawn(
     log: &Path,
 ) -> anyhow::Result<ChildGuard> {
     let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let alerts: Vec<&str> = match opts.live_alerts {
+        0 => vec!["--rules", path_str(rules)?],
+        _ => vec!["--live-rules"],
+    };
     let child = Command::new(binary)
-        .args(["--rules", path_str(rules)?, "--app-id", app_id])
+        .args(alerts)
+        .args(["--app-id", app_id])
         // The same instance, restarted: static membership takes its partitions back at once
         // (under the dynamic default a restart waits out the dead member's session first).
         .args(["--bootstrap", &opts.kafka.bootstrap, "--instance-id", "0"])
@@ -313,6 +351,15 @@ fn measure(
     std::fs::create_dir_all(&opts.log_dir)?;
     let name = label(binary);
     let (load, live) = ticks.split_at(opts.symbols + opts.ticks);
+    if opts.live_alerts > 0 {
+        let topic = futures::executor::block_on(price_alerts::tools::alerts::RulesTopic::open(
+            kafka,
+            app_id,
+            None,
+            &topics.input,
+        ))?;
+        futures::executor::block_on(topic.put_all(&live_alerts(&rules, opts.live_alerts)))?;
+    }
     let feed = Feed::new(kafka)?;
     let landed = feed.send_ticks(&topics.input, load)?;
     let loaded: i64 = next_offsets(&landed).values().sum();

@@ -113,10 +113,11 @@ impl RulesTopic {
                     .map_err(|(e, _)| anyhow!("sending alert {id}: {e}"))?;
                 pending.push((id, delivery));
             }
+            // Each delivery ends by librdkafka's message.timeout.ms at the latest (no runtime's
+            // timer here: the chaos runner and the benchmarks call this from plain threads).
             for (id, delivery) in pending {
-                let delivered = tokio::time::timeout(ACK_TIMEOUT, delivery)
+                let delivered = delivery
                     .await
-                    .map_err(|_| anyhow!("alert {id} not acknowledged within {ACK_TIMEOUT:?}"))?
                     .map_err(|_| anyhow!("alert {id}: the producer went away"))?
                     .map_err(|(e, _)| anyhow!("alert {id} not written: {e}"))?;
                 *per_partition.entry(delivered.partition).or_default() += 1;

@@ -43,6 +43,10 @@ struct Cli {
     /// The pipeline's --commit-interval.
     #[arg(long, default_value = "100ms")]
     commit_interval: String,
+    /// Live alerts: this many alerts per symbol in the rules topic, the pipeline run with
+    /// --live-rules (0: the rules file).
+    #[arg(long, default_value_t = 0)]
+    live_alerts: usize,
     /// Where to write results.json, results.md and the pipelines' logs.
     #[arg(long, default_value = "bench/out/recovery")]
     out: PathBuf,
@@ -74,6 +78,7 @@ fn run() -> anyhow::Result<()> {
         partitions: cli.partitions,
         commit_interval: cli.commit_interval,
         log_dir: cli.out.join("logs"),
+        live_alerts: cli.live_alerts,
     };
     let results = recovery::run(&opts, |r| price_alerts::errln!("recovery-bench: {r}"))?;
     price_alerts::outln!(

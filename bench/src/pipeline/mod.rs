@@ -395,6 +395,24 @@ fn measure(
     });
     let rules_path = std::env::temp_dir().join(format!("{app_id}-rules.toml"));
     std::fs::write(&rules_path, rules.to_toml())?;
+    // A variant with --live-rules joins the rules topic: the same rules, loaded as alerts before
+    // the ticks are written (so that they are in force for them), and no file.
+    let live = config.variant.args.iter().any(|a| a == "--live-rules");
+    if live {
+        let topic = futures::executor::block_on(price_alerts::tools::alerts::RulesTopic::open(
+            kafka,
+            app_id,
+            None,
+            &topics.input,
+        ))?;
+        let alerts = price_alerts::tools::alerts::alerts_of_file(&rules, None);
+        futures::executor::block_on(topic.put_all(&alerts))?;
+    }
+    let rules_args: Vec<&str> = if live {
+        Vec::new()
+    } else {
+        vec!["--rules", path_str(&rules_path)?]
+    };
     let feed = Feed::new(kafka)?;
     let (backlog, paced) = ticks.split_at(opts.ticks);
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
@@ -402,14 +420,8 @@ fn measure(
 
     let binary = config.variant.binary.as_ref().unwrap_or(&opts.binary);
     let child = Command::new(binary)
-        .args([
-            "--rules",
-            path_str(&rules_path)?,
-            "--app-id",
-            app_id,
-            "--bootstrap",
-            &kafka.bootstrap,
-        ])
+        .args(&rules_args)
+        .args(["--app-id", app_id, "--bootstrap", &kafka.bootstrap])
         .args(["--input", &topics.input, "--output", &topics.notifications])
         .args([
             "--guarantee",
