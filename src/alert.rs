@@ -10,12 +10,11 @@
 //! Everything here is deterministic, which is what makes the verifier an oracle: it replays the
 //! input topic through [`apply`] and must find exactly the notifications the pipeline committed.
 
-use crate::rules::live::Versioned;
+use crate::rules::live::{entry_of, Entry};
 use crate::rules::Rules;
 use crate::tick::Tick;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// Last accepted price of one symbol; this is the value written to the state changelog.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,7 +174,7 @@ pub enum LiveOutcome {
 /// price, then disarm what fired. Fired alerts come ascending by threshold for up, descending for
 /// down, then by id.
 pub fn apply_alerts(
-    alerts: Option<&BTreeMap<String, Versioned>>,
+    alerts: Option<&[Entry]>,
     state: &mut Option<SymbolState>,
     tick: &Tick,
 ) -> LiveOutcome {
@@ -191,8 +190,8 @@ pub fn apply_alerts(
     let p = tick.price;
     let mut fired = Vec::new();
     if let (Some(prev), Some(alerts)) = (prev, alerts) {
-        for (id, v) in alerts {
-            let a = &v.alert;
+        for v in alerts {
+            let (id, a) = (&v.id, v);
             let Some(direction) = crossing_of(a.threshold, prev, p) else {
                 continue;
             };
@@ -200,7 +199,7 @@ pub fn apply_alerts(
                 continue;
             }
             let key = Disarmed {
-                id: id.clone(),
+                id: id.to_string(),
                 version: v.version,
                 direction,
             };
@@ -208,12 +207,12 @@ pub fn apply_alerts(
                 continue;
             }
             fired.push(Fired {
-                id: id.clone(),
+                id: id.to_string(),
                 version: v.version,
                 threshold: a.threshold,
                 direction,
                 previous_price: prev,
-                subscriber: a.subscriber.clone(),
+                subscriber: a.subscriber.as_deref().map(str::to_owned),
                 one_shot: a.one_shot,
             });
         }
@@ -221,21 +220,21 @@ pub fn apply_alerts(
     // Re-arm: an entry stays while its alert is in force at that version and the price has not
     // left the band on the far side.
     disarmed.retain(|d| {
-        let Some(v) = alerts.and_then(|a| a.get(&d.id)) else {
+        let Some(v) = alerts.and_then(|a| entry_of(a, &d.id)) else {
             return false;
         };
-        let (Some(band), true) = (v.alert.rearm_band, v.version == d.version) else {
+        let (Some(band), true) = (v.rearm_band, v.version == d.version) else {
             return false;
         };
         match d.direction {
-            Direction::Up => p >= v.alert.threshold - band,
-            Direction::Down => p < v.alert.threshold + band,
+            Direction::Up => p >= v.threshold - band,
+            Direction::Down => p < v.threshold + band,
         }
     });
     for f in &fired {
         let banded = alerts
-            .and_then(|a| a.get(&f.id))
-            .is_some_and(|v| v.alert.rearm_band.is_some());
+            .and_then(|a| entry_of(a, &f.id))
+            .is_some_and(|v| v.rearm_band.is_some());
         if banded && !f.one_shot {
             disarmed.push(Disarmed {
                 id: f.id.clone(),
@@ -550,21 +549,16 @@ mod tests {
         t: &str,
         watch: crate::rules::live::Watch,
         band: Option<&str>,
-    ) -> (String, Versioned) {
-        (
-            id.to_owned(),
-            Versioned {
-                version,
-                alert: crate::rules::live::Alert {
-                    symbol: "BBCA".into(),
-                    threshold: d(t),
-                    direction: watch,
-                    subscriber: Some("ops".into()),
-                    one_shot: false,
-                    rearm_band: band.map(d),
-                },
-            },
-        )
+    ) -> Entry {
+        Entry {
+            id: id.into(),
+            version,
+            threshold: d(t),
+            direction: watch,
+            subscriber: Some("ops".into()),
+            one_shot: false,
+            rearm_band: band.map(d),
+        }
     }
 
     fn fired(o: LiveOutcome) -> Vec<(String, Direction)> {
@@ -579,36 +573,37 @@ mod tests {
     #[test]
     fn live_alerts_fire_in_the_directions_they_watch() {
         use crate::rules::live::Watch;
-        let alerts = BTreeMap::from([
-            live("up", 1, "100", Watch::Up, None),
-            live("down", 2, "100", Watch::Down, None),
+        let alerts = [
             live("both", 3, "100", Watch::Both, None),
-        ]);
+            live("down", 2, "100", Watch::Down, None),
+            live("up", 1, "100", Watch::Up, None),
+        ];
+        let alerts = &alerts[..];
         let mut s = None;
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("99", 1))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("99", 1))),
             vec![]
         );
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("100", 2))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("100", 2))),
             vec![("both".into(), Direction::Up), ("up".into(), Direction::Up)]
         );
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("99", 3))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("99", 3))),
             vec![
                 ("both".into(), Direction::Down),
                 ("down".into(), Direction::Down)
             ]
         );
         assert!(matches!(
-            apply_alerts(Some(&alerts), &mut s, &tick("101", 3)),
+            apply_alerts(Some(alerts), &mut s, &tick("101", 3)),
             LiveOutcome::Stale { last_seq: 3 }
         ));
         // Without alerts the price is kept, so an alert put later fires on the next crossing.
         assert_eq!(fired(apply_alerts(None, &mut s, &tick("98", 4))), vec![]);
         assert_eq!(s.as_ref().map(|s| s.price), Some(d("98")));
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("100.5", 5))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("100.5", 5))),
             vec![("both".into(), Direction::Up), ("up".into(), Direction::Up)]
         );
     }
@@ -616,7 +611,8 @@ mod tests {
     #[test]
     fn a_rearm_band_stops_a_hovering_price_from_flooding() {
         use crate::rules::live::Watch;
-        let alerts = BTreeMap::from([live("a", 7, "100", Watch::Both, Some("2"))]);
+        let alerts = [live("a", 7, "100", Watch::Both, Some("2"))];
+        let alerts = &alerts[..];
         let mut s = None;
         let mut out = Vec::new();
         for (seq, price) in ["99", "100.1", "99.9", "100.1", "99.9", "100.2", "99.8"]
@@ -624,7 +620,7 @@ mod tests {
             .enumerate()
         {
             out.extend(fired(apply_alerts(
-                Some(&alerts),
+                Some(alerts),
                 &mut s,
                 &tick(price, seq as u64 + 1),
             )));
@@ -636,26 +632,27 @@ mod tests {
         );
         // Below 98 re-arms up; the next up crossing fires again.
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("97.9", 10))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("97.9", 10))),
             vec![]
         );
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("100", 11))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("100", 11))),
             vec![("a".into(), Direction::Up)]
         );
         // At or above 102 re-arms down.
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("102", 12))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("102", 12))),
             vec![]
         );
         assert_eq!(
-            fired(apply_alerts(Some(&alerts), &mut s, &tick("99", 13))),
+            fired(apply_alerts(Some(alerts), &mut s, &tick("99", 13))),
             vec![("a".into(), Direction::Down)]
         );
         // A new version starts armed.
-        let v2 = BTreeMap::from([live("a", 8, "100", Watch::Both, Some("2"))]);
+        let v2 = [live("a", 8, "100", Watch::Both, Some("2"))];
+        let v2 = &v2[..];
         assert_eq!(
-            fired(apply_alerts(Some(&v2), &mut s, &tick("100", 14))),
+            fired(apply_alerts(Some(v2), &mut s, &tick("100", 14))),
             vec![("a".into(), Direction::Up)]
         );
         let json = serde_json::to_string(s.as_ref().unwrap()).unwrap();

@@ -153,7 +153,11 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                             n += 1;
                             Tick {
                                 symbol: format!("LB{i}"),
-                                price: Decimal::from(if round % 2 == 0 { 90 } else { 110 }),
+                                price: Decimal::from(if round.is_multiple_of(2) {
+                                    90
+                                } else {
+                                    110
+                                }),
                                 seq: round + 1,
                                 ts: None,
                             }

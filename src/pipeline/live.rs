@@ -118,6 +118,7 @@ impl LiveRules {
                 )
             })
             .collect();
+        let mut full = std::collections::BTreeSet::new();
         let n = read_partitions_to_end(
             restore_reader,
             &self.topic,
@@ -125,7 +126,17 @@ impl LiveRules {
             End::Decided,
             timeout,
             |m| {
-                if let Some(j) = joins.get_mut(&m.partition()) {
+                let p = m.partition();
+                if full.contains(&p) {
+                    return Ok(());
+                }
+                if let Some(j) = joins.get_mut(&p) {
+                    if j.pending() >= MAX_PENDING {
+                        // The rest is read by the rules reader, from the join's read position,
+                        // as the ticks need it (see MAX_PENDING).
+                        full.insert(p);
+                        return Ok(());
+                    }
                     j.push(rule_record(m, self.partitions));
                 }
                 Ok(())

@@ -47,6 +47,7 @@ use crate::tick::{parse_decimal, valid_symbol};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Key of a barrier record in the rules topic (an alert id cannot start with `#`).
 pub const BARRIER_KEY: &str = "#barrier";
@@ -436,50 +437,93 @@ pub fn decode(
     }
 }
 
-/// An alert in force, with its version (the offset of the record that put it).
+/// An alert in force, with its version (the offset of the record that put it): what the table
+/// keeps of it. The symbol is the table's key, not repeated: a million alerts are held in about
+/// 150 MB (issue 42's goal is a peak RSS of 256 MiB for one instance).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Versioned {
+pub struct Entry {
+    pub id: Arc<str>,
     pub version: i64,
-    pub alert: Alert,
+    pub threshold: Decimal,
+    pub direction: Watch,
+    pub one_shot: bool,
+    pub rearm_band: Option<Decimal>,
+    pub subscriber: Option<Box<str>>,
+}
+
+impl Entry {
+    /// The alert of this entry, of `symbol`.
+    pub fn alert(&self, symbol: &str) -> Alert {
+        Alert {
+            symbol: symbol.to_owned(),
+            threshold: self.threshold,
+            direction: self.direction,
+            subscriber: self.subscriber.as_deref().map(str::to_owned),
+            one_shot: self.one_shot,
+            rearm_band: self.rearm_band,
+        }
+    }
 }
 
 /// The alerts in force of one partition, by symbol and by id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AlertTable {
-    /// Symbol -> id -> alert.
-    by_symbol: HashMap<String, BTreeMap<String, Versioned>>,
-    /// Id -> symbol.
-    symbol_of: HashMap<String, String>,
+    /// Symbol -> its alerts, sorted by id (a sorted vector: a B-tree's nodes cost a symbol with
+    /// a few alerts over a kilobyte).
+    by_symbol: HashMap<Arc<str>, Vec<Entry>>,
+    /// Id -> symbol (a tombstone names the id only); both strings shared with `by_symbol`.
+    symbol_of: HashMap<Arc<str>, Arc<str>>,
 }
 
 impl AlertTable {
     pub fn put(&mut self, id: &str, version: i64, alert: Alert) {
         self.remove(id);
-        self.symbol_of.insert(id.to_owned(), alert.symbol.clone());
-        self.by_symbol
-            .entry(alert.symbol.clone())
-            .or_default()
-            .insert(id.to_owned(), Versioned { version, alert });
+        let id: Arc<str> = Arc::from(id);
+        let symbol: Arc<str> = match self.by_symbol.get_key_value(alert.symbol.as_str()) {
+            Some((s, _)) => Arc::clone(s),
+            None => Arc::from(alert.symbol.as_str()),
+        };
+        self.symbol_of.insert(Arc::clone(&id), Arc::clone(&symbol));
+        let entries = self.by_symbol.entry(symbol).or_default();
+        let at = entries
+            .binary_search_by(|e| e.id.as_ref().cmp(id.as_ref()))
+            .unwrap_or_else(|i| i);
+        entries.insert(
+            at,
+            Entry {
+                id,
+                version,
+                threshold: alert.threshold,
+                direction: alert.direction,
+                one_shot: alert.one_shot,
+                rearm_band: alert.rearm_band,
+                subscriber: alert.subscriber.map(String::into_boxed_str),
+            },
+        );
     }
 
     /// Removes `id`; returns what it was.
-    pub fn remove(&mut self, id: &str) -> Option<Versioned> {
+    pub fn remove(&mut self, id: &str) -> Option<Entry> {
         let symbol = self.symbol_of.remove(id)?;
-        let alerts = self.by_symbol.get_mut(&symbol)?;
-        let gone = alerts.remove(id);
-        if alerts.is_empty() {
+        let entries = self.by_symbol.get_mut(&symbol)?;
+        let at = entries.binary_search_by(|e| e.id.as_ref().cmp(id)).ok()?;
+        let gone = entries.remove(at);
+        if entries.is_empty() {
             self.by_symbol.remove(&symbol);
+        } else if entries.capacity() > 2 * entries.len() + 4 {
+            entries.shrink_to_fit();
         }
-        gone
+        Some(gone)
     }
 
-    pub fn get(&self, id: &str) -> Option<&Versioned> {
-        self.by_symbol.get(self.symbol_of.get(id)?)?.get(id)
+    pub fn get(&self, id: &str) -> Option<&Entry> {
+        let entries = self.by_symbol.get(self.symbol_of.get(id)?)?;
+        entry_of(entries, id)
     }
 
-    /// The alerts of `symbol`, by id.
-    pub fn of_symbol(&self, symbol: &str) -> Option<&BTreeMap<String, Versioned>> {
-        self.by_symbol.get(symbol)
+    /// The alerts of `symbol`, sorted by id.
+    pub fn of_symbol(&self, symbol: &str) -> Option<&[Entry]> {
+        self.by_symbol.get(symbol).map(Vec::as_slice)
     }
 
     pub fn len(&self) -> usize {
@@ -490,10 +534,20 @@ impl AlertTable {
         self.symbol_of.is_empty()
     }
 
-    /// Every alert, by id.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Versioned)> {
-        self.by_symbol.values().flat_map(|m| m.iter())
+    /// Every alert with its symbol.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.by_symbol
+            .iter()
+            .flat_map(|(s, es)| es.iter().map(move |e| (s.as_ref(), e)))
     }
+}
+
+/// The entry of `id` among a symbol's entries (sorted by id).
+pub fn entry_of<'a>(entries: &'a [Entry], id: &str) -> Option<&'a Entry> {
+    entries
+        .binary_search_by(|e| e.id.as_ref().cmp(id))
+        .ok()
+        .map(|i| &entries[i])
 }
 
 /// What a partition's join must keep across a crash: written to the changelog with every batch.
@@ -685,7 +739,7 @@ mod tests {
     }
 
     fn threshold(j: &PartitionJoin, id: &str) -> Option<String> {
-        j.table().get(id).map(|v| v.alert.threshold.to_string())
+        j.table().get(id).map(|v| v.threshold.to_string())
     }
 
     #[test]

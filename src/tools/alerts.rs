@@ -12,9 +12,7 @@ use crate::kafka::read::{
 };
 use crate::kafka::topics::{ensure_rules, ADMIN_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::rules::live::{
-    check_alert_id, partition_of, rules_topic, Alert, PartitionJoin, Versioned,
-};
+use crate::rules::live::{check_alert_id, partition_of, rules_topic, Alert, PartitionJoin};
 use crate::rules::Rules;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -158,16 +156,12 @@ impl RulesTopic {
         for (p, j) in &mut joins {
             // No record is later than the end of time, and no barrier is for offset -1: all apply.
             j.ready(i64::MAX, -1);
-            out.extend(
-                j.table()
-                    .iter()
-                    .map(|(id, Versioned { version, alert })| Listed {
-                        id: id.clone(),
-                        partition: *p,
-                        version: *version,
-                        alert: alert.clone(),
-                    }),
-            );
+            out.extend(j.table().iter().map(|(symbol, e)| Listed {
+                id: e.id.to_string(),
+                partition: *p,
+                version: e.version,
+                alert: e.alert(symbol),
+            }));
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)

@@ -56,17 +56,21 @@ pub fn load(
     Ok(topic.name)
 }
 
-/// Starts the changer: `count` changes spread over `span`, drawn with `seed`, until `stop`.
-pub fn spawn(
-    kafka: KafkaConfig,
-    app_id: String,
-    input: String,
-    rules: Rules,
-    count: usize,
-    span: Duration,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-) -> JoinHandle<Changes> {
+/// What the changer changes, and when.
+pub struct Changer {
+    pub kafka: KafkaConfig,
+    pub app_id: String,
+    pub input: String,
+    /// The run's rules, loaded before the start: what is updated and deleted.
+    pub rules: Rules,
+    /// Changes, spread over `span`.
+    pub count: usize,
+    pub span: Duration,
+    pub seed: u64,
+}
+
+/// Starts the changer; it ends after its changes, or at `stop`.
+pub fn spawn(changer: Changer, stop: Arc<AtomicBool>) -> JoinHandle<Changes> {
     std::thread::spawn(move || {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -78,21 +82,20 @@ pub fn spawn(
                 return Changes::default();
             }
         };
-        rt.block_on(change(kafka, app_id, input, rules, count, span, seed, stop))
+        rt.block_on(change(changer, stop))
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn change(
-    kafka: KafkaConfig,
-    app_id: String,
-    input: String,
-    rules: Rules,
-    count: usize,
-    span: Duration,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-) -> Changes {
+async fn change(changer: Changer, stop: Arc<AtomicBool>) -> Changes {
+    let Changer {
+        kafka,
+        app_id,
+        input,
+        rules,
+        count,
+        span,
+        seed,
+    } = changer;
     let mut done = Changes::default();
     let topic = match RulesTopic::open(&kafka, &app_id, None, &input).await {
         Ok(t) => t,

@@ -395,13 +395,15 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let stop_changes = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let changer = opts.alert_changes.map(|count| {
         alerts::spawn(
-            kafka.clone(),
-            app_id.clone(),
-            topics.input.clone(),
-            rules.clone(),
-            count,
-            opts.span,
-            opts.seed,
+            alerts::Changer {
+                kafka: kafka.clone(),
+                app_id: app_id.clone(),
+                input: topics.input.clone(),
+                rules: rules.clone(),
+                count,
+                span: opts.span,
+                seed: opts.seed,
+            },
             std::sync::Arc::clone(&stop_changes),
         )
     });
