@@ -27,11 +27,13 @@
 //! this instance). Registering the id again is right in the first case and steals it in the
 //! second: the replacement is fenced in turn and exits. The error does not tell them apart.
 //! librdkafka 2.12 speaks the first transaction protocol (EndTxn v0-1, AddPartitionsToTxn v0,
-//! no KIP-890 TRANSACTION_ABORTABLE), the coordinator answers an old epoch with PRODUCER_FENCED
-//! and a partition leader with INVALID_PRODUCER_EPOCH in both cases, and librdkafka folds both
-//! into `_FENCED` (`rd_kafka_txn_normalize_err`, `rd_kafka_idemp_check_error`). The epoch the
-//! coordinator holds now would tell (one more than ours: its timeout; more: a registration), but
-//! only DescribeTransactions (KIP-664) shows it, which librdkafka does not implement, or a new
+//! no KIP-890 TRANSACTION_ABORTABLE); the broker compares epochs only, so it refuses an old one
+//! alike whoever bumped it (INVALID_PRODUCER_EPOCH to AddPartitionsToTxn v0 and Produce,
+//! PRODUCER_FENCED to newer requests: "Producer attempted an operation with an old epoch" in
+//! tests/pipeline.rs's thawed zombie), and librdkafka folds both into `_FENCED`
+//! (`rd_kafka_txn_normalize_err`, `rd_kafka_idemp_check_error`). The epoch the coordinator holds
+//! now would tell (one more than ours: its timeout; more: a registration), but only
+//! DescribeTransactions (KIP-664) shows it, which librdkafka does not implement, or a new
 //! registration, which is the theft itself.
 //!
 //! What this process can tell is whether it was there ([`super::away`]): [`Fence::of`] calls a
