@@ -638,3 +638,167 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
         "the zombie's open transaction was aborted, not committed"
     );
 }
+
+/// Issue 43, item 3, with the default (dynamic) membership: instance A is frozen (SIGSTOP) with
+/// a transaction open, for longer than its transaction timeout but shorter than its session
+/// timeout; B starts with the same instance id, so the same transactional ids, and registers them
+/// (which fences A) while A sleeps. Thawed, A must not take the ids back: it exits non-zero, B
+/// keeps running and commits the whole input, exactly once.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_thawed_zombie_does_not_take_its_id_back_from_its_replacement() {
+    thawed_zombie("thawed", &[]);
+}
+
+/// The same with static membership: B takes A's place in the group at once (the same
+/// `group.instance.id`) and commits while A is still frozen, before A is thawed.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_thawed_static_zombie_does_not_take_its_id_back_from_its_replacement() {
+    thawed_zombie("thawed-static", &["--static-membership"]);
+}
+
+/// The scenario of the two tests above; `extra`: more arguments of both instances.
+fn thawed_zombie(test: &str, extra: &[&str]) {
+    // Short transactions, a long session: the freeze (at least FROZEN) outlasts the first and
+    // not the second, so the thawed A still believes it owns its partitions and its transaction.
+    const FROZEN: Duration = Duration::from_secs(10);
+    const SESSION: Duration = Duration::from_secs(30);
+    let ticks_total = 12_000;
+    let (rules, ticks) = stream(50, ticks_total, 8);
+    let mut run = Run::new(test, rules);
+    run.transaction_timeout = "6s";
+    let session = format!("session.timeout.ms={}", SESSION.as_millis());
+    run.extra = ["-X", &session, "--commit-interval", "1s"]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+    let static_membership = extra.contains(&"--static-membership");
+    run.create_topics(3);
+    // A steady stream, so A has a transaction open nearly always; hurried once B has taken over.
+    let hurry = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = load_until_hurried(
+        run.input.clone(),
+        ticks,
+        600,
+        Duration::from_secs(90),
+        std::sync::Arc::clone(&hurry),
+    );
+    let mut a = run.spawn("0");
+    wait_progress(&run, 0, 500);
+    // Freeze A while a transaction with output is open (as in the zombie test above).
+    let deadline = Instant::now() + CAUGHT_UP;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "never caught A with a transaction open"
+        );
+        if uncommitted_output(&run) == 0 {
+            continue;
+        }
+        a.signal("STOP");
+        if uncommitted_output(&run) > 0 {
+            break;
+        }
+        a.signal("CONT");
+    }
+    let frozen = Instant::now();
+    let thaw = common::Thaw(a.child.id());
+    let at_pause = run.committed_per_partition();
+    thread::sleep(FROZEN); // past A's transaction timeout: the scenario, not a wait for a condition
+    let (mut b, b_started) = common::Pipeline::prefixed_watching(
+        run.command("0")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting alert-pipeline"),
+        "0'",
+        "engine started",
+    );
+    let b_running = |b: &mut common::Pipeline, when: &str| {
+        if let Ok(Some(status)) = b.child.try_wait() {
+            panic!("the replacement B exited ({status}) {when}");
+        }
+    };
+    // B has registered the transactional ids (fencing A) once its engine has started.
+    let deadline = Instant::now() + CAUGHT_UP;
+    while !b_started.load(std::sync::atomic::Ordering::Relaxed) {
+        b_running(&mut b, "while starting");
+        assert!(Instant::now() < deadline, "B never started");
+        thread::sleep(Duration::from_millis(100));
+    }
+    if static_membership {
+        // B took A's place in the group: every partition moves on while A sleeps.
+        let deadline = Instant::now() + CAUGHT_UP;
+        loop {
+            let now = run.committed_per_partition();
+            if now.iter().zip(&at_pause).all(|(n, p)| n > p) {
+                break;
+            }
+            b_running(&mut b, "before A was thawed");
+            assert!(
+                Instant::now() < deadline,
+                "partitions {at_pause:?} -> {now:?}: B never took over"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let frozen_for = frozen.elapsed();
+    assert!(
+        frozen_for + Duration::from_secs(5) < SESSION,
+        "A was frozen {frozen_for:?}, too close to its session timeout ({SESSION:?}) for the scenario"
+    );
+    drop(thaw);
+    let thawed = Instant::now();
+    // The older process must stop, the newer must not.
+    let a_status = loop {
+        if let Some(status) = a.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        b_running(
+            &mut b,
+            "after the frozen A was thawed: A took the transactional id back",
+        );
+        assert!(
+            thawed.elapsed() < EXIT,
+            "the thawed A still runs {EXIT:?} after SIGCONT"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    let a_exited_after = thawed.elapsed();
+    assert!(
+        !a_status.success() && a_status.code().is_some(),
+        "the thawed A exits non-zero, fenced: {a_status}"
+    );
+    // B goes on alone to the input's end, and stays up a while after A is gone.
+    hurry.store(true, std::sync::atomic::Ordering::Relaxed);
+    let landed = loader.join().expect("loader");
+    let target = next_offsets(&landed);
+    let deadline = Instant::now() + CAUGHT_UP;
+    loop {
+        b_running(&mut b, "after A exited");
+        let committed = run.committed_per_partition();
+        if target
+            .iter()
+            .all(|(p, o)| committed.get(*p as usize) == Some(o))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "committed {committed:?} never reached {target:?}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    b.signal("TERM");
+    assert!(b.wait(EXIT).success(), "B stops cleanly");
+    let report = assert_exactly_once(&run, ticks_total);
+    println!(
+        "{test}: A frozen {:.1} s (transaction timeout 6 s, session {SESSION:?}), exited {a_status} \
+         {:.1} s after SIGCONT; B committed to the end; expected {} found {}, 0 missing, 0 duplicate",
+        frozen_for.as_secs_f64(),
+        a_exited_after.as_secs_f64(),
+        report.expected,
+        report.found
+    );
+}

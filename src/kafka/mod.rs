@@ -17,6 +17,8 @@
 //! - [`offsets`]: committed offsets (fetched as stable), and seeking to them.
 //! - [`txn`]: the transactional producer that the pipeline, alert-deliver and dlq-replay share,
 //!   the one `classify` of its errors, and the deadline on every transactional call.
+//! - [`away`]: how long the process was stopped or paused, which tells a thawed zombie's fence
+//!   from a coordinator's timeout, and which no call's deadline counts.
 //! - [`group_lag`]: the group's committed offset, end and lag on every partition of a topic,
 //!   owned or not, refreshed off the processing thread: a partition nobody consumes shows.
 //! - [`pause`]: the one owner of a consumer's paused partitions, which sets librdkafka's pause
@@ -29,6 +31,7 @@
 //!   cluster (`--test-hold-send-offsets`).
 
 pub mod access;
+pub mod away;
 pub mod changelog;
 pub mod cleanup;
 pub mod config;

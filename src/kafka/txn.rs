@@ -20,6 +20,33 @@
 //! right is fatal, a refused topic right abortable (docs/security.md). One librdkafka fatal error
 //! is mended in place: see [`TxnProducer::restart`].
 //!
+//! # Fences
+//! A producer refused as fenced was fenced either by its coordinator, which aborted a transaction
+//! that outlived its timeout and bumped the epoch (a frozen or lost coordinator kept the call
+//! waiting), or by a newer producer that registered the same transactional id (a replacement of
+//! this instance). Registering the id again is right in the first case and steals it in the
+//! second: the replacement is fenced in turn and exits. The error does not tell them apart.
+//! librdkafka 2.12 speaks the first transaction protocol (EndTxn v0-1, AddPartitionsToTxn v0,
+//! no KIP-890 TRANSACTION_ABORTABLE); the broker compares epochs only, so it refuses an old one
+//! alike whoever bumped it (INVALID_PRODUCER_EPOCH to AddPartitionsToTxn v0 and Produce,
+//! PRODUCER_FENCED to newer requests: "Producer attempted an operation with an old epoch" in
+//! tests/pipeline.rs's thawed zombie), and librdkafka folds both into `_FENCED`
+//! (`rd_kafka_txn_normalize_err`, `rd_kafka_idemp_check_error`). The epoch the coordinator holds
+//! now would tell (one more than ours: its timeout; more: a registration), but only
+//! DescribeTransactions (KIP-664) shows it, which librdkafka does not implement, or a new
+//! registration, which is the theft itself.
+//!
+//! What this process can tell is whether it was there ([`super::away`]): [`Fence::of`] calls a
+//! fence the coordinator's timeout only if the transaction outlived its timeout while the process
+//! was away for at most half of it; it was then waiting on the broker, and no replacement was
+//! started for an instance that never stopped answering. That fence is mended once between
+//! commits, by making the producer again at the abort. A fence of a younger transaction, a second
+//! one before a commit, and one that came after the process was away longer (stopped, paused: a
+//! thawed zombie whose replacement may hold the id) are fatal: the process exits non-zero, and
+//! the newer instance keeps the id. For the same reason a call's deadline does not count the
+//! time the process was away ([`Generation::call`]): a call that a SIGSTOP kept from its answer
+//! is not stuck, and making the producer again for it would register the id anew too.
+//!
 //! # Retries
 //! A retriable error repeats the same call with the same arguments, with a short backoff, at most
 //! [`MAX_RETRIES`] times; past that the error is returned, classified fatal.
@@ -55,6 +82,7 @@
 //! the producer rather than the call.
 
 use crate::kafka::access::{self, AccessError};
+use crate::kafka::away;
 use crate::kafka::KafkaConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -133,6 +161,33 @@ pub enum TxnErrorClass {
     Abortable,
     /// Stop this instance (fenced, unauthorized, or a state librdkafka cannot vouch for).
     Fatal,
+}
+
+/// Who fenced a producer, as far as this process can tell (module doc, `# Fences`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// The open transaction outlived its timeout while this process was there: its coordinator
+    /// aborted it, and the transactional id is still this producer's.
+    TimedOut,
+    /// A newer producer registered the transactional id: the open transaction (if any) is
+    /// younger than its timeout, so no coordinator aborted it.
+    Newer,
+    /// The open transaction outlived its timeout while this process was away (stopped, paused)
+    /// for this long, more than half the timeout: a replacement may have registered the id
+    /// meanwhile, and taking it back would fence the replacement.
+    WhileAway(Duration),
+}
+
+impl Fence {
+    /// The fence of a transaction `age` old (`None`: none was begun), during which this process
+    /// was away for `away`, for a producer whose transactions time out after `txn_timeout`.
+    pub fn of(age: Option<Duration>, away: Duration, txn_timeout: Duration) -> Fence {
+        match age {
+            Some(age) if age > txn_timeout && away <= txn_timeout / 2 => Fence::TimedOut,
+            Some(age) if age > txn_timeout => Fence::WhileAway(away),
+            _ => Fence::Newer,
+        }
+    }
 }
 
 /// The single decision point for transactional errors.
@@ -445,21 +500,41 @@ impl Calls {
         Ok(Calls { jobs })
     }
 
-    /// Runs `f` on the call thread and waits for its answer until `deadline`.
+    /// Runs `f` on the call thread and waits for its answer until `deadline`, moved on by
+    /// whatever time `away` says the process was away meanwhile (module doc, `# Fences`).
     fn call<T: Send + 'static>(
         &self,
-        deadline: Instant,
+        mut deadline: Instant,
+        away: Option<&away::Clock>,
         f: impl FnOnce(&Client) -> T + Send + 'static,
     ) -> Result<T, NoAnswer> {
         let (tx, rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |p| {
             let _ = tx.send(f(p));
         });
+        let away_then = away.map(|c| c.away(Instant::now()));
         self.jobs.send(job).map_err(|_| NoAnswer::Gone)?;
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(answer) => Ok(answer),
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(NoAnswer::Deadline),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(NoAnswer::Gone),
+        let mut allowed = Duration::ZERO;
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(answer) => return Ok(answer),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(NoAnswer::Gone),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let gone = match (away, away_then) {
+                        (Some(c), Some(then)) => c.away(Instant::now()).saturating_sub(then),
+                        _ => Duration::ZERO,
+                    };
+                    if gone <= allowed {
+                        return Err(NoAnswer::Deadline);
+                    }
+                    debug!(
+                        away_s = format!("{:.1}", gone.as_secs_f64()),
+                        "the process was away during a transactional call; its deadline moves on as much"
+                    );
+                    deadline += gone - allowed;
+                    allowed = gone;
+                }
+            }
         }
     }
 }
@@ -471,6 +546,8 @@ struct Generation {
     stuck: Mutex<Option<StuckCall>>,
     /// A call of it was refused as fenced, and it is to be made again ([`TxnProducer::fenced`]).
     fenced: AtomicBool,
+    /// The process's time away, which a call's deadline does not count ([`Generation::call`]).
+    away: Option<Arc<away::Clock>>,
 }
 
 impl Generation {
@@ -488,7 +565,13 @@ impl Generation {
             calls,
             stuck: Mutex::new(None),
             fenced: AtomicBool::new(false),
+            away: away::process(),
         })
+    }
+
+    /// The process's time away so far (zero without the clock).
+    fn away(&self, now: Instant) -> Duration {
+        self.away.as_ref().map_or(Duration::ZERO, |c| c.away(now))
     }
 
     fn stuck(&self) -> Option<StuckCall> {
@@ -498,7 +581,11 @@ impl Generation {
     /// Calls `call` on the call thread until it succeeds or fails for good, within `bound` for all
     /// attempts: a retriable error repeats it with a short backoff, at most [`MAX_RETRIES`] times
     /// (then it is fatal); any other error is returned with its class. A call that does not
-    /// return in time marks this producer stuck (module doc, `# Deadlines`).
+    /// return in time marks this producer stuck (module doc, `# Deadlines`). Time the process
+    /// was away (stopped, paused) does not count against `bound`: it is the broker's slowness that
+    /// the deadline bounds, and a call kept from its answer by a SIGSTOP would otherwise be taken
+    /// for stuck on thaw, and the producer made again, registering the transactional id anew
+    /// (module doc, `# Fences`).
     fn call(
         &self,
         step: &'static str,
@@ -518,7 +605,10 @@ impl Generation {
         let mut attempt = 0;
         loop {
             let c = Arc::clone(&call);
-            let err = match self.calls.call(deadline, move |p| c(p)) {
+            let err = match self
+                .calls
+                .call(deadline, self.away.as_deref(), move |p| c(p))
+            {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(e)) => TxnError::new(step, e),
                 Err(NoAnswer::Deadline) => return Err(self.mark_stuck(step, started.elapsed())),
@@ -570,6 +660,13 @@ impl Generation {
     }
 }
 
+/// When a transaction began, and the process's time away at that moment.
+#[derive(Debug, Clone, Copy)]
+struct Began {
+    at: Instant,
+    away: Duration,
+}
+
 /// A producer whose transactional calls retry, classify and end by a deadline in one place.
 pub struct TxnProducer {
     /// The registered librdkafka producer; replaced when it must be made again (a stuck call,
@@ -582,8 +679,8 @@ pub struct TxnProducer {
     txn_timeout: Duration,
     /// Producers made again because one was fenced, since the last commit.
     fences_in_a_row: AtomicU32,
-    /// When the open transaction began (the last `begin`).
-    began: Mutex<Option<Instant>>,
+    /// When the open transaction began (the last `begin`), and the process's time away then.
+    began: Mutex<Option<Began>>,
     /// The next abort fails fatally without asking the broker ([`TxnProducer::fail_next_abort`]).
     fail_next_abort: AtomicBool,
 }
@@ -647,7 +744,7 @@ impl TxnProducer {
 
     /// When the open (or last) transaction began.
     pub fn began(&self) -> Option<Instant> {
-        self.began.lock().ok().and_then(|b| *b)
+        self.began.lock().ok().and_then(|b| *b).map(|b| b.at)
     }
 
     /// Whether a call of the current producer passed its deadline: it is made again at the next
@@ -764,7 +861,11 @@ impl TxnProducer {
             ));
         }
         if let Ok(mut began) = self.began.lock() {
-            *began = Some(Instant::now());
+            let at = Instant::now();
+            *began = Some(Began {
+                at,
+                away: generation.away(at),
+            });
         }
         generation
             .producer
@@ -810,14 +911,16 @@ impl TxnProducer {
     }
 
     /// A call refused because this producer is fenced is abortable once since the last commit,
-    /// when the open transaction is older than the transaction timeout: the producer is made
+    /// when the fence is its coordinator's timeout ([`Fence::TimedOut`]): the producer is made
     /// again at the abort. librdkafka says "fenced" (or "old epoch") also when the coordinator
     /// aborted a transaction of ours that outlived its timeout, e.g. while the group coordinator's
     /// broker was frozen or gone (tests/coordinator.rs): the instance still owns its partitions,
     /// and a restart would register the same transactional id anyway. A fence of a younger
     /// transaction, or a second one before a commit, means another live producer holds the id (a
     /// second dlq-replay of the same DLQ, a replacement of this instance): that stays fatal, so
-    /// two holders of one id do not take it from each other.
+    /// two holders of one id do not take it from each other. So does a fence that came after
+    /// this process was away past the timeout (a thawed zombie): its replacement may hold the id
+    /// (module doc, `# Fences`).
     fn fenced(
         &self,
         generation: &Generation,
@@ -825,24 +928,40 @@ impl TxnProducer {
     ) -> Result<(), TxnError> {
         match result {
             Err(e) if e.is_producer_fenced() && e.class == TxnErrorClass::Fatal => {
-                let timed_out = self
-                    .began
-                    .lock()
-                    .ok()
-                    .and_then(|b| *b)
-                    .is_some_and(|b| b.elapsed() > self.txn_timeout);
-                if !timed_out || self.fences_in_a_row.fetch_add(1, Ordering::Relaxed) > 0 {
-                    return Err(e);
+                match self.fence(generation, Instant::now()) {
+                    Fence::TimedOut
+                        if self.fences_in_a_row.fetch_add(1, Ordering::Relaxed) == 0 =>
+                    {
+                        warn!(call = e.step, error = %e.cause, "transactional producer fenced; registering the transactional id again, once (a coordinator fences a transaction that outlived its timeout)");
+                        generation.fenced.store(true, Ordering::Relaxed);
+                        Err(TxnError {
+                            class: TxnErrorClass::Abortable,
+                            ..e
+                        })
+                    }
+                    Fence::WhileAway(away) => {
+                        error!(call = e.step, error = %e.cause, away_s = format!("{:.1}", away.as_secs_f64()), transaction_timeout_s = self.txn_timeout.as_secs_f64(), "transactional producer fenced after this process was away past its transaction timeout: a replacement may hold the transactional id, which is not taken back");
+                        Err(e)
+                    }
+                    _ => Err(e),
                 }
-                warn!(call = e.step, error = %e.cause, "transactional producer fenced; registering the transactional id again, once (a coordinator fences a transaction that outlived its timeout)");
-                generation.fenced.store(true, Ordering::Relaxed);
-                Err(TxnError {
-                    class: TxnErrorClass::Abortable,
-                    ..e
-                })
             }
             other => other,
         }
+    }
+
+    /// What a fence seen at `now` is: the open transaction's age and the time the process was
+    /// away since it began, judged by [`Fence::of`].
+    fn fence(&self, generation: &Generation, now: Instant) -> Fence {
+        let began = self.began.lock().ok().and_then(|b| *b);
+        let age = began.map(|b| now.saturating_duration_since(b.at));
+        let away = match (&generation.away, began) {
+            (Some(clock), Some(b)) => clock.away(now).saturating_sub(b.away),
+            // Without the clock nothing shows the process was there: away all along.
+            (None, _) => age.unwrap_or_default(),
+            (Some(_), None) => Duration::ZERO,
+        };
+        Fence::of(age, away, self.txn_timeout)
     }
 
     /// Aborts the transaction, once what is in flight has been answered. With records still in
@@ -1095,13 +1214,13 @@ mod tests {
         };
         let g = p.generation();
         // A young transaction fenced: another producer holds the id.
-        *p.began.lock().unwrap() = Some(Instant::now());
+        began_ago(&p, Duration::ZERO);
         assert_eq!(
             p.fenced(&g, fenced()).expect_err("fenced").class,
             TxnErrorClass::Fatal
         );
         // One older than its timeout: the coordinator aborted it; made again once.
-        *p.began.lock().unwrap() = Some(Instant::now() - call_deadline(p.txn_timeout));
+        began_ago(&p, call_deadline(p.txn_timeout));
         let first = p.fenced(&g, fenced()).expect_err("fenced");
         assert_eq!(
             first.class,
@@ -1132,6 +1251,104 @@ mod tests {
             )
             .expect_err("fatal");
         assert_eq!(other.class, TxnErrorClass::Fatal);
+    }
+
+    /// Says that `p`'s transaction began `ago`, with the process's time away of that moment.
+    fn began_ago(p: &TxnProducer, ago: Duration) {
+        let at = Instant::now() - ago;
+        let away = p.generation().away(at);
+        *p.began.lock().unwrap() = Some(Began { at, away });
+    }
+
+    #[test]
+    fn a_fence_is_told_by_the_transactions_age_and_the_time_away() {
+        let s = Duration::from_secs;
+        let timeout = s(6);
+        // Younger than its timeout: no coordinator aborted it, a newer producer registered.
+        assert_eq!(Fence::of(Some(s(2)), s(0), timeout), Fence::Newer);
+        assert_eq!(Fence::of(Some(s(6)), s(0), timeout), Fence::Newer);
+        assert_eq!(Fence::of(None, s(0), timeout), Fence::Newer);
+        // Older, the process there all along (waiting on a frozen coordinator): its timeout.
+        assert_eq!(Fence::of(Some(s(16)), s(0), timeout), Fence::TimedOut);
+        assert_eq!(Fence::of(Some(s(16)), s(3), timeout), Fence::TimedOut);
+        // Older because the process was stopped (issue 43: frozen 15 s, replaced meanwhile).
+        assert_eq!(
+            Fence::of(Some(s(16)), s(15), timeout),
+            Fence::WhileAway(s(15))
+        );
+        assert_eq!(
+            Fence::of(Some(s(16)), s(4), timeout),
+            Fence::WhileAway(s(4))
+        );
+    }
+
+    #[test]
+    fn a_fence_after_the_process_was_away_past_the_timeout_is_fatal_and_not_counted() {
+        let config = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .clone();
+        let p = TxnProducer::non_transactional(&config).expect("producer");
+        // A transaction begun 40 s ago (the timeout is 30 s), of which the process was stopped
+        // 20 s, as the clock's thread saw it.
+        let now = Instant::now();
+        let at = now - Duration::from_secs(40);
+        let clock = Arc::new(away::Clock::new(at));
+        let ticking = |from: Instant, to: Instant| {
+            let mut t = from;
+            while t < to {
+                t += away::TICK;
+                clock.wake(t);
+            }
+        };
+        ticking(at, at + Duration::from_secs(5));
+        ticking(at + Duration::from_secs(25), now);
+        let mut g = generation();
+        g.away = Some(Arc::clone(&clock));
+        let g = Arc::new(g);
+        *p.current.write().unwrap() = Arc::clone(&g);
+        *p.began.lock().unwrap() = Some(Began {
+            at,
+            away: Duration::ZERO,
+        });
+        assert_eq!(p.fence(&g, now), Fence::WhileAway(Duration::from_secs(20)));
+        let err = p
+            .fenced(
+                &g,
+                Err(TxnError::with_class(
+                    "commit_transaction",
+                    TxnErrorClass::Fatal,
+                    KafkaError::MessageProduction(RDKafkaErrorCode::Fenced),
+                )),
+            )
+            .expect_err("fenced");
+        assert_eq!(
+            err.class,
+            TxnErrorClass::Fatal,
+            "the replacement keeps the id"
+        );
+        assert!(err.is_fenced());
+        assert!(!g.fenced.load(Ordering::Relaxed), "not made again");
+        assert_eq!(p.fences_in_a_row.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_call_kept_from_its_answer_while_the_process_was_away_is_not_stuck() {
+        let clock = Arc::new(away::Clock::new(Instant::now()));
+        let mut g = generation();
+        g.away = Some(Arc::clone(&clock));
+        let answered = g.call(
+            "commit_transaction",
+            Duration::from_millis(200),
+            move |_| {
+                // The process is stopped 2 s right after the call went out (as the clock's thread
+                // will see it on thaw), and the answer comes 500 ms after the call began.
+                clock.wake(Instant::now() + Duration::from_secs(2));
+                std::thread::sleep(Duration::from_millis(500));
+                Ok(())
+            },
+        );
+        assert!(answered.is_ok(), "{answered:?}");
+        assert!(g.stuck().is_none());
     }
 
     #[test]

@@ -281,6 +281,31 @@ impl Run {
 }
 
 impl Pipeline {
+    /// As [`Pipeline::prefixed`], and the flag returned is set once a line of its stderr
+    /// contains `needle` (a log line that says it got somewhere, "engine started" say).
+    pub fn prefixed_watching(
+        mut child: std::process::Child,
+        instance: &str,
+        needle: &'static str,
+    ) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Some(stderr) = child.stderr.take() {
+            let tag = instance.to_owned();
+            let flag = std::sync::Arc::clone(&seen);
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains(needle) {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    eprintln!("[{tag}] {line}");
+                }
+            });
+        }
+        (Pipeline::from(child, instance), seen)
+    }
+
     /// A pipeline started from [`Run::command`].
     pub fn from(child: std::process::Child, instance: &str) -> Self {
         Pipeline {
