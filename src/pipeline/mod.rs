@@ -76,7 +76,9 @@ pub async fn run(
         needs.read.push(rules.clone());
         needs.write.push(rules.clone());
     }
+    health.not_ready("checking access");
     access::check_async(&opts.engine.kafka, needs).await?;
+    health.not_ready("creating topics");
     let partitions = topics::ensure(
         &opts.engine.kafka,
         &opts.engine.topics,
