@@ -3,7 +3,7 @@
 //! | path       | answers                                                                       |
 //! |------------|-------------------------------------------------------------------------------|
 //! | `/metrics` | Prometheus text format, every series from the start ([`crate::metrics`]), and the process's `process_*` series |
-//! | `/healthz` | liveness: 200 while the processing loop made progress within `stall_after`, else 503 |
+//! | `/healthz` | liveness: 200 while the processing loop made progress within `stall_after`, else 503; status "restoring, held" (200) while a restore waits, watched, on an undecided transaction |
 //! | `/readyz`  | readiness: 200 once the service says it is ready (assigned, restored, not fenced, not paused), else 503 with the reason |
 //! | other      | 404                                                                           |
 //!
@@ -12,6 +12,12 @@
 //! a call that never returns is not alive (restarting it is the cure). The bodies are short JSON.
 //! The service reports through a [`Health`] handle: [`Health::beat`] on every loop iteration,
 //! [`Health::ready`] and [`Health::not_ready`] as its state changes.
+//!
+//! A wait the loop watches is progress of a kind: a restore held by an undecided transaction
+//! beats with [`Health::held`] at each fresh sighting of the hold (its leader answering that the
+//! transaction is still open), which `/healthz` shows until [`Health::unheld`]; the watchdog
+//! counts those beats like any other, and still ends a loop that neither beats nor sees its hold
+//! (see [`crate::pipeline::held`]).
 
 use anyhow::Context as _;
 use axum::extract::State;
@@ -44,6 +50,8 @@ struct Inner {
     stall_after: Duration,
     /// `None` when ready, else why not.
     not_ready: Mutex<Option<String>>,
+    /// What a watched wait waits for ([`Health::held`]); `None` when the loop waits on nothing.
+    held: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -55,6 +63,7 @@ impl Health {
                 last_beat_ms: AtomicU64::new(0),
                 stall_after,
                 not_ready: Mutex::new(Some("starting".to_owned())),
+                held: Mutex::new(None),
             }),
         }
     }
@@ -76,6 +85,30 @@ impl Health {
         self.inner
             .last_beat_ms
             .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The loop waits on `what`, and has just seen that it still does (a restore held by an
+    /// undecided transaction, its leader asked a moment ago): a beat, and `/healthz` says
+    /// "restoring, held" with `what` until [`Health::unheld`].
+    pub fn held(&self, what: &str) {
+        self.beat();
+        if let Ok(mut h) = self.inner.held.lock() {
+            if h.as_deref() != Some(what) {
+                *h = Some(what.to_owned());
+            }
+        }
+    }
+
+    /// The watched wait is over.
+    pub fn unheld(&self) {
+        if let Ok(mut h) = self.inner.held.lock() {
+            *h = None;
+        }
+    }
+
+    /// What a watched wait waits for, if the loop is in one.
+    pub fn held_on(&self) -> Option<String> {
+        self.inner.held.lock().ok().and_then(|h| h.clone())
     }
 
     pub fn ready(&self) {
@@ -268,11 +301,13 @@ async fn render_metrics(State(endpoint): State<Endpoint>) -> Response {
 async fn healthz(State(Endpoint { health, .. }): State<Endpoint>) -> Response {
     let since = health.since_progress().as_millis() as u64;
     if health.is_alive() {
-        (
-            StatusCode::OK,
-            Json(json!({"status": "alive", "last_progress_ms_ago": since})),
-        )
-            .into_response()
+        let body = match health.held_on() {
+            None => json!({"status": "alive", "last_progress_ms_ago": since}),
+            Some(held) => {
+                json!({"status": "restoring, held", "held": held, "last_progress_ms_ago": since})
+            }
+        };
+        (StatusCode::OK, Json(body)).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -423,5 +458,32 @@ mod tests {
         assert_eq!(h.readiness(), None);
         h.not_ready("restoring");
         assert_eq!(h.readiness().as_deref(), Some("restoring"));
+    }
+
+    /// A held wait beats (the watchdog counts it) and says what it waits for until it ends; the
+    /// watchdog still fires once the sightings stop.
+    #[test]
+    fn a_held_wait_beats_while_it_is_seen_and_the_watchdog_fires_once_it_is_not() {
+        let h = Health::new(Duration::from_secs(60));
+        // Long beside the 20 ms between sightings, so that a loaded machine does not fire it.
+        let bound = Duration::from_secs(1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let _guard = h.watchdog_with(bound, move |_| {
+            let _ = tx.send(());
+        });
+        let started = Instant::now();
+        while started.elapsed() < bound * 3 {
+            h.held("restoring, held by an undecided transaction: s [0]");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(rx.try_recv().is_err(), "fired while the hold was seen");
+        assert_eq!(
+            h.held_on().as_deref(),
+            Some("restoring, held by an undecided transaction: s [0]")
+        );
+        // Sightings stop (a leader that no longer answers, a call that never returns).
+        assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok(), "fired");
+        h.unheld();
+        assert_eq!(h.held_on(), None);
     }
 }

@@ -35,6 +35,7 @@ pub const COMMIT_STEP_SECONDS: &str = "alerts_commit_step_seconds";
 pub const PARTITIONS_RESTORED: &str = "alerts_partitions_restored_total";
 pub const RESTORE_SECONDS: &str = "alerts_restore_seconds";
 pub const RESTORE_RECORDS: &str = "alerts_restore_records_total";
+pub const RESTORE_HELD: &str = "alerts_restore_held_partitions";
 pub const REBALANCES: &str = "alerts_rebalances_total";
 pub const FENCED: &str = "alerts_fenced_total";
 pub const DELIVERY_FAILURES: &str = "alerts_delivery_failures_total";
@@ -99,6 +100,7 @@ pub const CATALOGUE: &[(&str, Kind, &str)] = &[
     (PARTITIONS_RESTORED, Kind::Counter, "Input partitions whose state was restored from the changelog."),
     (RESTORE_SECONDS, Kind::Histogram, "Time to restore a batch of partitions from the changelog."),
     (RESTORE_RECORDS, Kind::Counter, "Changelog records read by restores (with the restore time: the restore rate)."),
+    (RESTORE_HELD, Kind::Gauge, "Partitions whose restore is held by an undecided transaction on the changelog (its last stable offset below the end), as last seen: not ready until it is decided (docs/runbook.md)."),
     (REBALANCES, Kind::Counter, "Rebalance events of the consumer group, by kind (assign, revoke, lost)."),
     (FENCED, Kind::Counter, "Times this instance found itself fenced by a newer one (it then stops)."),
     (TXN_CALLS_STUCK, Kind::Counter, "Transactional calls that did not return within their deadline (the transaction timeout + 10 s), by call; each made the producer again."),
@@ -149,6 +151,7 @@ pub fn describe() {
     }
     gauge!(DLQ_OLDEST_AGE).set(0.0);
     gauge!(DLQ_UNHANDLED).set(0.0);
+    gauge!(RESTORE_HELD).set(0.0);
     // Registered without a sample: rendered with every bucket at zero.
     for name in [COMMIT_SECONDS, RESTORE_SECONDS] {
         let _ = histogram!(name);
@@ -251,6 +254,11 @@ pub fn aborted() {
 pub fn restored(partitions: usize, took: Duration) {
     counter!(PARTITIONS_RESTORED).increment(partitions as u64);
     histogram!(RESTORE_SECONDS).record(took.as_secs_f64());
+}
+
+/// `partitions` partitions' restores are held by an undecided transaction (0: none).
+pub fn restore_held(partitions: usize) {
+    gauge!(RESTORE_HELD).set(partitions as f64);
 }
 
 /// A restore read `records` changelog records.

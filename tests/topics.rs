@@ -249,3 +249,64 @@ fn a_restore_reads_about_one_record_per_symbol_once_the_cleaner_ran() {
     };
     println!("a restore reads {read} records of the {written} written");
 }
+
+/// `ensure` and `ensure_topic` wait on metadata round trips that a slow broker stretches to their
+/// 30 s bound. They must not hold up the runtime thread that polls them meanwhile (issue 43, item
+/// 6): with one worker, what `tokio::runtime::Runtime::new` gives a process pinned to one CPU, a
+/// task beside them (the HTTP endpoint's, say) must go on. The "broker" is a listener that never
+/// accepts: the kernel completes the connection, and no request is ever answered.
+#[test]
+fn topic_set_up_leaves_the_runtime_free_while_a_silent_broker_keeps_it_waiting() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    // How long the tasks beside the set-up are watched, and the longest gap allowed between two
+    // of their 10 ms ticks: far above a loaded machine's scheduling delay, far below the 30 s a
+    // set-up call blocks for.
+    const WATCH: Duration = Duration::from_secs(3);
+    const GAP: Duration = Duration::from_millis(1000);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    let kafka = price_alerts::kafka::KafkaConfig::new(silent.local_addr().unwrap().to_string());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let started = Instant::now();
+    let ticks = Arc::new(Mutex::new(vec![started]));
+    let seen = Arc::clone(&ticks);
+    runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            seen.lock().unwrap().push(Instant::now());
+        }
+    });
+    let topics = Topics::prefixed(&common::prefix("silent"), "app");
+    let spec = TopicSpec {
+        name: topics.dlq.clone(),
+        partitions: 1,
+        cleanup: Cleanup::Delete,
+        retention: None,
+    };
+    let k = kafka.clone();
+    runtime.spawn(async move { topics::ensure(&k, &topics, Some(1)).await });
+    runtime.spawn(async move { topics::ensure_topic(&kafka, &spec).await });
+    std::thread::sleep(WATCH);
+    let mut stamps = ticks.lock().unwrap().clone();
+    stamps.push(Instant::now());
+    // The set-up calls are still waiting on their threads: nothing waits for them.
+    runtime.shutdown_background();
+    let longest = stamps
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]))
+        .max()
+        .unwrap_or_default();
+    println!(
+        "longest gap between ticks beside the set-up: {longest:?} ({} ticks in {WATCH:?})",
+        stamps.len() - 2
+    );
+    assert!(
+        longest < GAP,
+        "a task beside the topic set-up stood still for {longest:?} of {WATCH:?} ({} ticks)",
+        stamps.len() - 2
+    );
+}

@@ -16,7 +16,6 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<()> {
     let args = DeliverArgs::parse();
     let opts = args.options()?;
-    args.kafka.check(&opts.kafka)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
@@ -24,6 +23,10 @@ fn run() -> anyhow::Result<()> {
             // Its metrics are registered by deliver::run, once it knows its subscribers and buckets.
             health::serve(addr, health.clone(), || ()).await?;
         }
+        // Served before the broker is waited for: /healthz answers, and /readyz says why not
+        // ready, however slow the broker is to answer at start.
+        health.not_ready("connecting to the brokers");
+        args.kafka.check_async(&opts.kafka).await?;
         // The group's lag on every partition it consumes, owned or not, where it is scraped.
         let _lag_watch = match args.metrics_addr {
             Some(_) => {

@@ -15,13 +15,16 @@ fn main() -> ExitCode {
 fn run() -> anyhow::Result<()> {
     let args = PipelineArgs::parse();
     let opts = args.options()?;
-    args.kafka.check(&opts.engine.kafka)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(async {
         let health = Health::new(DEFAULT_STALL_AFTER);
         if let Some(addr) = args.metrics_addr {
             health::serve(addr, health.clone(), price_alerts::metrics::describe).await?;
         }
+        // Served before the broker is waited for: /healthz answers, and /readyz says why not
+        // ready, however slow the broker is to answer at start.
+        health.not_ready("connecting to the brokers");
+        args.kafka.check_async(&opts.engine.kafka).await?;
         // The DLQ backlog gauges, only where they are scraped; it stops when dropped at the end.
         let _dlq_watch = match args.metrics_addr {
             Some(_) => {

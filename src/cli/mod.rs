@@ -97,6 +97,18 @@ impl KafkaArgs {
     pub fn check(&self, kafka: &KafkaConfig) -> Result<(), ConnectError> {
         connect::check(kafka, self.connect_timeout)
     }
+
+    /// [`KafkaArgs::check`] for a service that serves `/healthz` meanwhile: the check waits up to
+    /// `--connect-timeout` on the broker, so it runs on a thread of its own
+    /// ([`crate::kafka::blocking`]) and the runtime's workers go on answering.
+    pub async fn check_async(&self, kafka: &KafkaConfig) -> anyhow::Result<()> {
+        let (kafka, timeout) = (kafka.clone(), self.connect_timeout);
+        crate::kafka::blocking::off_runtime("connect-check", move || {
+            connect::check(&kafka, timeout)
+        })
+        .await??;
+        Ok(())
+    }
 }
 
 /// The one duration syntax of every flag: a number with its unit (`100ms`, `1s`, `2m`, `1h 30m`).

@@ -137,6 +137,10 @@ pub struct PipelineArgs {
     /// TEST ONLY: every abort of an open transaction fails fatally, leaving it open on the broker.
     #[arg(long, hide = true)]
     pub test_aborts_fail_fatally: bool,
+    /// TEST ONLY: the watchdog exits the process after this long without progress, instead of
+    /// after the transaction timeout + 80 s.
+    #[arg(long, hide = true, value_parser = super::duration)]
+    pub test_watchdog_bound: Option<std::time::Duration>,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -237,6 +241,7 @@ impl PipelineArgs {
                     abort_after_revoke: self.test_abort_after_revoke,
                     hold_send_offsets: self.test_hold_send_offsets.clone(),
                     aborts_fail_fatally: self.test_aborts_fail_fatally,
+                    watchdog_bound: self.test_watchdog_bound,
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,

@@ -41,9 +41,8 @@ use super::subscriptions::Subscriber;
 use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs, ReadRights};
-use crate::kafka::logging::Logged;
 use crate::kafka::read::{Ends, END_TIMEOUT};
-use crate::kafka::topics::{ensure_topic, Cleanup, TopicSpec};
+use crate::kafka::topics::{ensure_topic, partition_count_of, Cleanup, TopicSpec};
 use crate::kafka::txn::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
 use anyhow::{anyhow, bail, Context as _};
@@ -156,15 +155,13 @@ pub async fn run(
 }
 
 /// Creates the buckets, the DLQ and the parking lot when missing, with the notifications topic's
-/// partition count (which must exist). Returns that count.
+/// partition count (which must exist). Returns that count. The metadata round trips run off the
+/// runtime ([`crate::kafka::blocking`]): a slow broker must not silence `/healthz`.
 async fn create_topics(opts: &DeliverOptions) -> anyhow::Result<i32> {
     let kafka = &opts.kafka;
     let main = opts.buckets.topic.clone();
-    let probe: BaseConsumer<Logged> = kafka
-        .admin()
-        .create_with_context(Logged)
-        .context("creating a metadata client")?;
-    let partitions = crate::kafka::read::partition_count(&probe, &main, Duration::from_secs(30))
+    let partitions = partition_count_of(kafka, &main)
+        .await
         .with_context(|| format!("the notifications topic {main}"))?;
     let mut names = opts.buckets.bucket_topics();
     names.extend([opts.buckets.dlq(), opts.buckets.parking_lot()]);

@@ -8,6 +8,7 @@
 //! - [`access`]: the start-up authorisation check: the rights each binary needs, named when
 //!   missing ("Write on Topic notifications").
 //! - [`logging`]: librdkafka's own lines and events through tracing, rate-limited.
+//! - [`blocking`]: librdkafka's blocking calls made from async code, on a thread of their own.
 //! - [`topics`]: a deployment's topic names, and creating them (changelog partition-aligned);
 //!   deleting them again (tests, benchmarks).
 //! - [`cleanup`]: what a topic does with old records, and the changelog's compaction settings.
@@ -32,6 +33,7 @@
 
 pub mod access;
 pub mod away;
+pub mod blocking;
 pub mod changelog;
 pub mod cleanup;
 pub mod config;

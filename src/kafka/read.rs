@@ -22,6 +22,18 @@
 //! [`End::Visible`] keeps the plain EOF, for the one question it answers: what do committed readers
 //! see right now?
 //!
+//! # Watching a wait
+//! A transaction that nobody decides (a hanging one, or one whose writer's timeout is long) holds
+//! such a read for as long as it stays open, and the caller (the state restore) must tell that
+//! wait from a read that does not progress at all. A watched read
+//! ([`read_partitions_to_end_watched`]) asks the leader of each partition that has reached its
+//! last stable offset below its end for the last stable offset again every [`WATCH_EVERY`]: an
+//! answer still below the end is a [`Hold`], observed afresh. It hands the caller, at the same
+//! pace, the records read since and the holds seen, so that the caller can count either as
+//! progress and say what holds it; a read whose leader stops answering reports no hold. Once
+//! every partition left is held, its deadline no longer ends it with an error: at the deadline,
+//! or after its `slice` already, it returns with the holds, and the caller decides.
+//!
 //! Records are counted as they arrive; offsets are only compared with the watermark, never
 //! subtracted, because transaction markers occupy offsets and an aborted batch leaves offsets that
 //! no committed reader sees.
@@ -105,6 +117,49 @@ pub enum End {
     /// a transaction not decided yet (still open, or committed with its marker not yet written)
     /// are neither read nor waited for.
     Visible,
+}
+
+/// How often a watched read asks the leaders of its held partitions for their last stable offset,
+/// and reports to its caller ([`Watch`]): often enough that the caller's liveness beats stay far
+/// inside any watchdog bound (81 s at the least), rarely enough that the requests cost nothing.
+pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// Bound on one of those requests: past it the partition is not seen held this round (a leader
+/// that does not answer is not an undecided transaction).
+const HOLD_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A partition whose read to [`End::Decided`] waits on an undecided transaction, as its leader
+/// answered a moment ago.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub partition: i32,
+    /// The partition's leader (broker id) when the read began, -1 if unknown: where
+    /// `kafka-transactions find-hanging --broker-id` looks.
+    pub leader: i32,
+    /// The last stable offset the leader answered: the first offset of the oldest transaction on
+    /// the partition that is not decided (`kafka-transactions abort --start-offset`).
+    pub last_stable: i64,
+    /// The end the read waits for: the high watermark of its first end-of-partition event.
+    pub high_watermark: i64,
+}
+
+/// What a watched read ([`read_partitions_to_end_watched`]) does while it waits.
+pub struct Watch<'a> {
+    /// Once every partition left is held and the read has gone on this long, it returns (with
+    /// [`Ended::held`]) instead of waiting on.
+    pub slice: Duration,
+    /// Called every [`WATCH_EVERY`] with the records read since the last call and the partitions
+    /// seen held in this round (none: not held, or their leaders did not answer).
+    pub report: &'a mut dyn FnMut(u64, &[Hold]),
+}
+
+/// How a watched read ended.
+#[derive(Debug, Default)]
+pub struct Ended {
+    /// Records read (those of held partitions included).
+    pub records: u64,
+    /// The partitions not at their end, each held by an undecided transaction; the others are.
+    pub held: Vec<Hold>,
 }
 
 /// One partition's way to its end.
@@ -207,16 +262,57 @@ pub fn read_partitions_to_end(
     partitions: &[i32],
     end: End,
     timeout: Duration,
-    mut f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
+    f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<u64> {
+    read(consumer, topic, partitions, end, timeout, None, f).map(|ended| ended.records)
+}
+
+/// [`read_partitions_to_end`] to [`End::Decided`], watched (see the module doc): reports to
+/// `watch` every [`WATCH_EVERY`], and returns the partitions held by an undecided transaction
+/// instead of failing once they are all that is left, after `watch.slice` or at the deadline.
+/// Fails after `timeout` only if a partition left is not held.
+pub fn read_partitions_to_end_watched(
+    consumer: &Reader,
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+    watch: Watch<'_>,
+    f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<Ended> {
+    read(
+        consumer,
+        topic,
+        partitions,
+        End::Decided,
+        timeout,
+        Some(watch),
+        f,
+    )
+}
+
+fn read(
+    consumer: &Reader,
+    topic: &str,
+    partitions: &[i32],
+    end: End,
+    timeout: Duration,
+    mut watch: Option<Watch<'_>>,
+    mut f: impl FnMut(&BorrowedMessage<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<Ended> {
     let tpl = position_list(topic, partitions.iter().map(|&p| (p, Offset::Beginning)))?;
     // Leaders first: a partition assigned at a logical offset (the beginning) before its leader is
     // known waits for librdkafka's offset-query retry timer (500 ms) instead of asking at once.
     // One metadata round trip makes a fresh reader (every restore after a start) start reading
     // in milliseconds.
-    consumer
+    let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .with_context(|| format!("fetching metadata of {topic}"))?;
+    let leaders: BTreeMap<i32, i32> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| (p.id(), p.leader())))
+        .collect();
     consumer
         .assign(&tpl)
         .context("assigning partitions to the reader")?;
@@ -224,20 +320,46 @@ pub fn read_partitions_to_end(
         .iter()
         .map(|&p| (p, Progress::default()))
         .collect();
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut next_watch = started + WATCH_EVERY;
     let mut count = 0;
+    let mut since_report = 0;
     let result = loop {
         if pending.is_empty() {
-            break Ok(count);
+            break Ok(Ended {
+                records: count,
+                held: Vec::new(),
+            });
         }
         let now = Instant::now();
+        if let Some(w) = watch
+            .as_mut()
+            .filter(|_| now >= next_watch || now >= deadline)
+        {
+            next_watch = now + WATCH_EVERY;
+            let held = holds(consumer, topic, &pending, &leaders);
+            (w.report)(since_report, &held);
+            since_report = 0;
+            if held.len() == pending.len() && (now >= started + w.slice || now >= deadline) {
+                break Ok(Ended {
+                    records: count,
+                    held,
+                });
+            }
+        }
         if now >= deadline {
             break Err(not_at_end(topic, timeout, &pending));
         }
-        match consumer.poll(deadline - now) {
+        let wait = match watch {
+            Some(_) => deadline.min(next_watch),
+            None => deadline,
+        };
+        match consumer.poll(wait.saturating_duration_since(now)) {
             None => {}
             Some(Ok(m)) => {
                 count += 1;
+                since_report += 1;
                 if let Err(e) = f(&m) {
                     break Err(e);
                 }
@@ -271,6 +393,36 @@ pub fn read_partitions_to_end(
     // Leave the reader free for the next call whatever happened.
     let _ = consumer.unassign();
     result
+}
+
+/// The partitions of `pending` held by an undecided transaction, as their leaders answer now: those
+/// that have had their first end-of-partition event (so their end is known) and whose last stable
+/// offset is still below it. A read_committed reader's watermark request is answered with the last
+/// stable offset as its high watermark (see [`fetched_watermarks`]), which is what is asked here;
+/// a request not answered in time leaves its partition out.
+fn holds(
+    consumer: &Reader,
+    topic: &str,
+    pending: &BTreeMap<i32, Progress>,
+    leaders: &BTreeMap<i32, i32>,
+) -> Vec<Hold> {
+    let mut held = Vec::new();
+    for (&partition, progress) in pending {
+        let Some(end) = progress.target else {
+            continue;
+        };
+        match consumer.fetch_watermarks(topic, partition, HOLD_PROBE_TIMEOUT) {
+            Ok((_, stable)) if stable < end => held.push(Hold {
+                partition,
+                leader: leaders.get(&partition).copied().unwrap_or(-1),
+                last_stable: stable,
+                high_watermark: end,
+            }),
+            Ok(_) => {}
+            Err(e) => debug!(topic, partition, error = %e, "last stable offset not answered"),
+        }
+    }
+    held
 }
 
 /// The error of a read that did not reach the end of `pending` within `timeout`: per partition,

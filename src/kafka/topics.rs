@@ -13,10 +13,16 @@
 //! The changelog is created with small segments and an eager cleaner, so that a restore reads
 //! about one record per symbol; [`super::changelog`] says why and checks an existing changelog.
 //!
+//! Creating topics waits on the broker: metadata round trips, bounded by [`ADMIN_TIMEOUT`], and
+//! the short sleeps between them while a new topic shows up. Those calls block, so the async
+//! functions here make them on a thread of their own ([`super::blocking`]): the thread that polls
+//! them, a tokio worker that may also serve `/healthz`, is never held up by a slow broker.
+//!
 //! Tests and benchmarks delete what they created ([`delete_topics`], and by their fresh prefix
 //! with [`delete_topics_with_prefix`] or the [`DropTopics`] guard): the broker is shared, and every
 //! partition left behind holds open files on it.
 
+use super::blocking::off_runtime;
 use super::changelog;
 pub use super::cleanup::Cleanup;
 use super::config::KafkaConfig;
@@ -26,6 +32,7 @@ use anyhow::{anyhow, bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
 
@@ -198,19 +205,9 @@ pub async fn delete_topics_with_prefix(kafka: &KafkaConfig, prefix: &str) -> any
     if prefix.is_empty() {
         bail!("refusing to delete topics by an empty prefix: that is every topic");
     }
-    let probe: BaseConsumer<Logged> = kafka
-        .admin()
-        .create_with_context(Logged)
-        .context("creating a metadata client")?;
-    let metadata = probe
-        .fetch_metadata(None, ADMIN_TIMEOUT)
-        .context("listing topics")?;
-    let names: Vec<&str> = metadata
-        .topics()
-        .iter()
-        .map(|t| t.name())
-        .filter(|n| n.starts_with(prefix))
-        .collect();
+    let probe = Metadata::new(kafka)?;
+    let names = probe.topics_with_prefix(prefix).await?;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     if !names.is_empty() {
         delete_topics(kafka, &names).await?;
     }
@@ -257,11 +254,8 @@ pub async fn ensure(
     topics: &Topics,
     input_partitions: Option<i32>,
 ) -> anyhow::Result<i32> {
-    let probe: BaseConsumer<Logged> = kafka
-        .admin()
-        .create_with_context(Logged)
-        .context("creating a metadata client")?;
-    let input = match partition_count(&probe, &topics.input, ADMIN_TIMEOUT) {
+    let probe = Metadata::new(kafka)?;
+    let input = match probe.partition_count(&topics.input).await {
         Ok(n) => n,
         Err(e) => {
             let Some(n) = input_partitions else {
@@ -277,7 +271,7 @@ pub async fn ensure(
                 }],
             )
             .await?;
-            wait_for_partitions(&probe, &topics.input)?
+            probe.wait_for_partitions(&topics.input).await?
         }
     };
     let specs = [
@@ -302,7 +296,7 @@ pub async fn ensure(
     ];
     let mut missing = Vec::new();
     for s in &specs {
-        if partition_count(&probe, &s.name, ADMIN_TIMEOUT).is_err() {
+        if probe.partition_count(&s.name).await.is_err() {
             missing.push(s.clone());
         }
     }
@@ -312,7 +306,7 @@ pub async fn ensure(
     if !missing.iter().any(|s| s.name == topics.changelog) {
         changelog::warn_of_drift(kafka, &topics.changelog).await;
     }
-    let changelog = wait_for_partitions(&probe, &topics.changelog)?;
+    let changelog = probe.wait_for_partitions(&topics.changelog).await?;
     if changelog != input {
         return Err(anyhow!(
             "changelog {} has {changelog} partitions but input {} has {input}: restoring partition p reads \
@@ -327,15 +321,17 @@ pub async fn ensure(
 /// Creates `spec`'s topic unless it exists; returns its partition count (the existing topic's,
 /// which may differ from the spec's).
 pub async fn ensure_topic(kafka: &KafkaConfig, spec: &TopicSpec) -> anyhow::Result<i32> {
-    let probe: BaseConsumer<Logged> = kafka
-        .admin()
-        .create_with_context(Logged)
-        .context("creating a metadata client")?;
-    if let Some(n) = partition_count_if_exists(&probe, &spec.name, ADMIN_TIMEOUT)? {
+    let probe = Metadata::new(kafka)?;
+    if let Some(n) = probe.partition_count_if_exists(&spec.name).await? {
         return Ok(n);
     }
     create_topics(kafka, std::slice::from_ref(spec)).await?;
-    wait_for_partitions(&probe, &spec.name)
+    probe.wait_for_partitions(&spec.name).await
+}
+
+/// The partition count of `topic`, which must exist, asked off the caller's thread.
+pub async fn partition_count_of(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<i32> {
+    Metadata::new(kafka)?.partition_count(topic).await
 }
 
 /// Makes sure the live alerts' rules topic exists with the input's partition count (creating it
@@ -368,8 +364,75 @@ pub async fn ensure_rules(
     Ok(())
 }
 
+/// A metadata client whose blocking requests run on threads of their own (module doc): each
+/// method is one bounded round trip, or the bounded wait of [`wait_for_partitions`].
+struct Metadata {
+    probe: Arc<BaseConsumer<Logged>>,
+}
+
+impl Metadata {
+    fn new(kafka: &KafkaConfig) -> anyhow::Result<Self> {
+        let probe: BaseConsumer<Logged> = kafka
+            .admin()
+            .create_with_context(Logged)
+            .context("creating a metadata client")?;
+        Ok(Metadata {
+            probe: Arc::new(probe),
+        })
+    }
+
+    /// `call` with the client, off the caller's thread; its error is the call's own.
+    async fn ask<T: Send + 'static>(
+        &self,
+        name: &str,
+        call: impl FnOnce(&BaseConsumer<Logged>) -> anyhow::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let probe = Arc::clone(&self.probe);
+        off_runtime(name, move || call(&probe)).await?
+    }
+
+    async fn partition_count(&self, topic: &str) -> anyhow::Result<i32> {
+        let topic = topic.to_owned();
+        self.ask("topic-metadata", move |p| {
+            partition_count(p, &topic, ADMIN_TIMEOUT)
+        })
+        .await
+    }
+
+    async fn partition_count_if_exists(&self, topic: &str) -> anyhow::Result<Option<i32>> {
+        let topic = topic.to_owned();
+        self.ask("topic-metadata", move |p| {
+            partition_count_if_exists(p, &topic, ADMIN_TIMEOUT)
+        })
+        .await
+    }
+
+    async fn wait_for_partitions(&self, topic: &str) -> anyhow::Result<i32> {
+        let topic = topic.to_owned();
+        self.ask("topic-metadata", move |p| wait_for_partitions(p, &topic))
+            .await
+    }
+
+    /// The names of the cluster's topics that start with `prefix`.
+    async fn topics_with_prefix(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+        let prefix = prefix.to_owned();
+        self.ask("topic-metadata", move |p| {
+            let metadata = p
+                .fetch_metadata(None, ADMIN_TIMEOUT)
+                .context("listing topics")?;
+            Ok(metadata
+                .topics()
+                .iter()
+                .map(|t| t.name().to_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect())
+        })
+        .await
+    }
+}
+
 /// Partition count of a topic that was just created: a broker answers CreateTopics before its
-/// metadata shows the topic, so ask again for a bounded time.
+/// metadata shows the topic, so ask again for a bounded time. Blocking.
 fn wait_for_partitions(probe: &BaseConsumer<Logged>, topic: &str) -> anyhow::Result<i32> {
     let deadline = std::time::Instant::now() + ADMIN_TIMEOUT;
     loop {

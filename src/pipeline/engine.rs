@@ -29,14 +29,16 @@
 
 use super::batch::{self, OpenBatch};
 use super::commit::{Committer, RebalanceHandler, Stats};
+use super::held::RestoreHolds;
 use super::live::LiveRules;
 use super::settings::EngineSettings;
 use super::state::{self, Held, PartitionState};
 use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome, Source};
 use crate::dlq;
+use crate::health::Health;
 use crate::kafka::access;
 use crate::kafka::offsets::seek_to_committed;
-use crate::kafka::read::{reader, Reader};
+use crate::kafka::read::{reader, Hold, Reader};
 use crate::kafka::tpl::partition_list;
 use crate::kafka::txn::{TxnError, TxnErrorClass};
 use crate::kafka::Isolation;
@@ -87,6 +89,11 @@ pub struct Engine {
     restore_reader: Mutex<Reader>,
     /// Live alerts: the rules topic's reader and the barriers (`None` with a rules file).
     live: Option<LiveRules>,
+    /// Changelog partitions whose restore is held by an undecided transaction ([`super::held`]).
+    holds: Mutex<RestoreHolds>,
+    /// Where a held restore beats and says what holds it ([`Engine::with_health`]); without it
+    /// (the demo, library tests) a hold is still logged and counted.
+    health: Option<Health>,
 }
 
 /// The fetch long-poll of the consumer with live alerts (see `Engine::start`).
@@ -134,6 +141,7 @@ impl Engine {
             .as_deref()
             .map(|topic| LiveRules::start(&settings.kafka, topic))
             .transpose()?;
+        let holds = Mutex::new(RestoreHolds::new(&settings.topics.changelog));
         let committer = Committer::start(settings)?;
         let consumer: BaseConsumer<RebalanceHandler> = consumer_cfg
             .create_with_context(RebalanceHandler::new(Arc::clone(&committer)))
@@ -156,7 +164,16 @@ impl Engine {
             committer,
             restore_reader: Mutex::new(restore_reader),
             live,
+            holds,
+            health: None,
         })
+    }
+
+    /// Reports a restore held by an undecided transaction to `health` ([`super::held`]): the
+    /// loop's own beats and readiness go there too.
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = Some(health);
+        self
     }
 
     /// The restore reader, made again when it gets no metadata of the changelog within
@@ -277,16 +294,63 @@ impl Engine {
     }
 
     /// Why the engine cannot process whatever arrives yet (`None` once it owns partitions and
-    /// has every one of them restored).
-    pub fn unsettled(&self) -> anyhow::Result<Option<&'static str>> {
+    /// has every one of them restored); a restore held by an undecided transaction says what holds
+    /// it.
+    pub fn unsettled(&self) -> anyhow::Result<Option<String>> {
         let session = self.committer.lock()?;
         Ok(if session.state.owned().next().is_none() {
-            Some("no partitions assigned")
+            Some("no partitions assigned".to_owned())
         } else if !session.state.pending().is_empty() {
-            Some("restoring state")
+            let held = self.lock_holds()?.describe(Instant::now());
+            Some(held.unwrap_or_else(|| "restoring state".to_owned()))
         } else {
             None
         })
+    }
+
+    fn lock_holds(&self) -> anyhow::Result<MutexGuard<'_, RestoreHolds>> {
+        self.holds
+            .lock()
+            .map_err(|_| anyhow!("restore holds lock poisoned"))
+    }
+
+    /// The changelog partitions held now are `holds` (none: no hold left): said every
+    /// [`super::held::SAY_EVERY`], counted, and shown by the health, whose beat this is.
+    fn holds_now(&self, holds: &[Hold]) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let mut held = self.lock_holds()?;
+        if holds.is_empty() && held.is_empty() {
+            return Ok(());
+        }
+        if held.observed(holds, now) {
+            held.say(now);
+        }
+        crate::metrics::restore_held(held.len());
+        if let Some(health) = &self.health {
+            match held.describe(now) {
+                Some(what) => {
+                    health.held(&what);
+                    health.not_ready(&what);
+                }
+                None => health.unheld(),
+            }
+        }
+        Ok(())
+    }
+
+    /// What a restore's read reports every few seconds ([`crate::kafka::read::WATCH_EVERY`]): a
+    /// sighting of its holds, and records read, are progress; a read that sees neither does not
+    /// beat, so the watchdog still ends one that never returns.
+    fn restore_waited(&self, records: u64, holds: &[Hold]) {
+        if !holds.is_empty() {
+            if let Err(e) = self.holds_now(holds) {
+                warn!(error = format!("{e:#}"), "restore hold not reported");
+            }
+        } else if records > 0 {
+            if let Some(health) = &self.health {
+                health.beat();
+            }
+        }
     }
 
     /// Polls until `n` records have been processed, or fails after `timeout`: how the demo and the
@@ -369,7 +433,9 @@ impl Engine {
     /// unpositioned to their committed offsets first. A refused right (Read on the group or the
     /// input, for the committed offsets) is a setback, not an error: the partitions stay pending
     /// (and unpositioned, since their records are dropped meanwhile) until a later attempt, after
-    /// the back-off, succeeds.
+    /// the back-off, succeeds. So are partitions held by an undecided transaction on the changelog
+    /// ([`state::restore_watched`]): the others are installed, the held ones stay pending and are
+    /// read again at the next poll, and the hold is said and shown ([`super::held`]).
     fn restore_pending(&self) -> anyhow::Result<Restore> {
         let (pending, unpositioned) = {
             let session = self.committer.lock()?;
@@ -378,6 +444,8 @@ impl Engine {
             (pending, unpositioned)
         };
         if pending.is_empty() {
+            // Held partitions revoked meanwhile hold nothing any more.
+            self.holds_now(&[])?;
             return Ok(Restore::default());
         }
         let topics = &self.committer.settings().topics;
@@ -424,15 +492,24 @@ impl Engine {
         // The committed offsets being stable does not mean the changelog has its marker: the
         // restore waits for it itself (see `state`).
         let reader = self.restore_reader()?;
-        let (restored, checkpoints) =
-            state::restore_with_joins(&reader, &topics.changelog, &pending, timeout)?;
+        let restored = state::restore_watched(
+            &reader,
+            &topics.changelog,
+            &pending,
+            timeout,
+            &mut |records, holds| self.restore_waited(records, holds),
+        )?;
+        let done: Vec<i32> = restored.states.keys().copied().collect();
         let joins = match &self.live {
-            Some(live) => Some(live.restore(&reader, &pending, &checkpoints, timeout)?),
-            None => None,
+            Some(live) if !done.is_empty() => {
+                Some(live.restore(&reader, &done, &restored.joins, timeout)?)
+            }
+            _ => None,
         };
         drop(reader);
+        self.holds_now(&restored.held)?;
         let mut session = self.committer.lock()?;
-        for (p, s) in restored {
+        for (p, s) in restored.states {
             session.state.install(p, s);
         }
         if let (Some(live), Some(joins)) = (&self.live, joins) {
@@ -441,10 +518,12 @@ impl Engine {
             }
             live.reassign(&mut session.state)?;
         }
-        session.restored(pending.len(), started.elapsed());
-        debug!(committed = ?committed.to_topic_map(), "restore done");
+        if !done.is_empty() {
+            session.restored(done.len(), started.elapsed());
+        }
+        debug!(committed = ?committed.to_topic_map(), restored = ?done, "restore done");
         Ok(Restore {
-            restored: pending.len(),
+            restored: done.len(),
             sought: unpositioned,
         })
     }

@@ -7,7 +7,8 @@
 //! - [`commit`]: the open transaction, commit, abort-and-rewind, the rebalance callbacks, stats.
 //! - [`crate::kafka::txn`] (shared with alert-deliver and dlq-replay): the transactional producer
 //!   wrapper and the one [`crate::kafka::txn::classify`].
-//! - [`state`]: per-partition symbol state and its restore from the changelog.
+//! - [`state`]: per-partition symbol state and its restore from the changelog; [`held`]: what an
+//!   instance says and shows while that restore is held by an undecided transaction.
 //! - [`settings`]: what an instance is ([`EngineSettings`]) and how it batches
 //!   ([`PipelineOptions`]), test hooks included.
 //!
@@ -31,6 +32,7 @@
 pub mod batch;
 pub mod commit;
 pub mod engine;
+pub mod held;
 pub mod live;
 pub mod settings;
 pub mod state;
@@ -74,7 +76,9 @@ pub async fn run(
         needs.read.push(rules.clone());
         needs.write.push(rules.clone());
     }
+    health.not_ready("checking access");
     access::check_async(&opts.engine.kafka, needs).await?;
+    health.not_ready("creating topics");
     let partitions = topics::ensure(
         &opts.engine.kafka,
         &opts.engine.topics,
@@ -120,11 +124,13 @@ pub fn run_blocking(
     health: &Health,
     stop: &AtomicBool,
 ) -> anyhow::Result<Stats> {
-    let engine = Engine::start(opts.engine.clone())?;
-    let watchdog = health.watchdog(
-        crate::kafka::txn::stuck_bound(opts.engine.transaction_timeout),
-        crate::kafka::txn::EXIT_STUCK,
-    );
+    let engine = Engine::start(opts.engine.clone())?.with_health(health.clone());
+    let bound = opts
+        .engine
+        .hooks
+        .watchdog_bound
+        .unwrap_or_else(|| crate::kafka::txn::stuck_bound(opts.engine.transaction_timeout));
+    let watchdog = health.watchdog(bound, crate::kafka::txn::EXIT_STUCK);
     let result = process_until_stopped(&engine, opts, health, stop);
     drop(watchdog);
     health.not_ready(match &result {
@@ -201,7 +207,7 @@ fn process_until_stopped(
         back_off(engine, stop)?;
         health.beat();
         let unsettled = engine.unsettled()?;
-        match unsettled {
+        match &unsettled {
             None => health.ready(),
             Some(reason) => health.not_ready(reason),
         }

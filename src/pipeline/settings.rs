@@ -54,6 +54,9 @@ pub struct TestHooks {
     /// Every abort of an open transaction fails fatally without reaching the broker, as one
     /// answered INVALID_TXN_STATE does ([`crate::kafka::txn::TxnProducer::fail_next_abort`]).
     pub aborts_fail_fatally: bool,
+    /// The watchdog's bound instead of [`crate::kafka::txn::stuck_bound`] (90 s by default): a
+    /// test sees in seconds whether a wait counts as progress or as a stuck loop.
+    pub watchdog_bound: Option<Duration>,
 }
 
 /// What one processor instance is.

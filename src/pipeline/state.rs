@@ -15,9 +15,25 @@
 //! real (a crashed or frozen previous owner's, or a fenced predecessor's): its abort marker ends it.
 //! The wait ends on the marker; it is bounded by [`restore_timeout`], which lets a transaction
 //! left open by a crashed writer run into its timeout and be aborted by its coordinator.
+//!
+//! # A restore held by an undecided transaction
+//! A transaction that stays open longer (a hanging one, which no coordinator ends, or one of
+//! another writer with a longer timeout) holds every read_committed reader of its partition until
+//! it is decided: restarting the instance cannot help, and failing the restore would only start
+//! a crash loop. So the engine's restore ([`restore_watched`]) watches its wait: it asks the leader
+//! of each partition waiting below its end for the last stable offset every few seconds, and a
+//! partition still below is held ([`Hold`]). Held partitions do not fail the restore at its bound:
+//! every [`HOLD_SLICE`] they go back to the caller, which keeps them pending (not ready), says
+//! what holds them and how to end it ([`super::held`]), polls its consumer, and reads them again;
+//! the partitions that reached their end meanwhile are installed and processed. The restore ends
+//! by itself once the transaction is decided (an operator's `kafka-transactions abort`, or its
+//! coordinator at its timeout). The bound still ends a read that is not held: records that do not
+//! come, a leader that does not answer.
 
 use crate::alert::SymbolState;
-use crate::kafka::read::{read_partitions_to_end, End, Reader};
+use crate::kafka::read::{
+    read_partitions_to_end, read_partitions_to_end_watched, End, Hold, Reader, Watch,
+};
 use crate::rules::live::{JoinCheckpoint, PartitionJoin, JOIN_KEY};
 use anyhow::Context as _;
 use rdkafka::Message;
@@ -41,6 +57,14 @@ const COORDINATOR_ABORT_CHECK: Duration = Duration::from_secs(10);
 pub fn restore_timeout(transaction_timeout: Duration) -> Duration {
     RESTORE_TIMEOUT + transaction_timeout + COORDINATOR_ABORT_CHECK
 }
+
+/// How long a restore held by an undecided transaction ([`restore_watched`]) waits before it
+/// gives the held partitions back to the engine's loop, which polls its group consumer and then
+/// reads them again: far inside `max.poll.interval.ms` (the transaction timeout + 50 s, at least
+/// 51 s), past which the consumer would leave its group and its partitions would move to an
+/// instance that meets the same hold; and long enough that reading the held partitions again
+/// each time is a small share of the wait.
+pub const HOLD_SLICE: Duration = Duration::from_secs(20);
 
 /// Symbol -> state of one partition.
 pub type PartitionState = HashMap<String, SymbolState>;
@@ -242,21 +266,49 @@ pub fn restore(
     partitions: &[i32],
     timeout: Duration,
 ) -> anyhow::Result<BTreeMap<i32, PartitionState>> {
-    Ok(restore_with_joins(reader, changelog, partitions, timeout)?.0)
+    Ok(restore_read(reader, changelog, partitions, timeout, None)?.states)
 }
 
-/// [`restore`], and each partition's join checkpoint (live alerts; key [`JOIN_KEY`]).
-pub fn restore_with_joins(
+/// What a watched restore read.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// The state of each partition read to its end.
+    pub states: BTreeMap<i32, PartitionState>,
+    /// The join checkpoint of each of them that has one (live alerts; key [`JOIN_KEY`]).
+    pub joins: BTreeMap<i32, JoinCheckpoint>,
+    /// The partitions not read to their end, each held by an undecided transaction: not restored.
+    pub held: Vec<Hold>,
+}
+
+/// [`restore`], the join checkpoints too, watched: `report` hears every few seconds of the
+/// records read and the partitions held (see the module doc), and held partitions come back in
+/// [`Restored::held`] after [`HOLD_SLICE`] instead of failing the restore at `timeout`.
+pub fn restore_watched(
     reader: &Reader,
     changelog: &str,
     partitions: &[i32],
     timeout: Duration,
-) -> anyhow::Result<(BTreeMap<i32, PartitionState>, BTreeMap<i32, JoinCheckpoint>)> {
+    report: &mut dyn FnMut(u64, &[Hold]),
+) -> anyhow::Result<Restored> {
+    let watch = Watch {
+        slice: HOLD_SLICE,
+        report,
+    };
+    restore_read(reader, changelog, partitions, timeout, Some(watch))
+}
+
+fn restore_read(
+    reader: &Reader,
+    changelog: &str,
+    partitions: &[i32],
+    timeout: Duration,
+    watch: Option<Watch<'_>>,
+) -> anyhow::Result<Restored> {
     let mut out: BTreeMap<i32, PartitionState> =
         partitions.iter().map(|&p| (p, HashMap::new())).collect();
     let mut joins = BTreeMap::new();
     let mut skipped = 0u64;
-    let n = read_partitions_to_end(reader, changelog, partitions, End::Decided, timeout, |m| {
+    let apply = |m: &rdkafka::message::BorrowedMessage<'_>| {
         let (Some(key), Some(value)) = (m.key(), m.payload()) else {
             // A tombstone or a keyless record: nothing to restore (this code writes neither).
             skipped += 1;
@@ -292,22 +344,49 @@ pub fn restore_with_joins(
             }
         }
         Ok(())
-    })?;
-    crate::metrics::restore_read(n);
+    };
+    let ended = match watch {
+        Some(watch) => {
+            read_partitions_to_end_watched(reader, changelog, partitions, timeout, watch, apply)?
+        }
+        None => crate::kafka::read::Ended {
+            records: read_partitions_to_end(
+                reader,
+                changelog,
+                partitions,
+                End::Decided,
+                timeout,
+                apply,
+            )?,
+            held: Vec::new(),
+        },
+    };
+    crate::metrics::restore_read(ended.records);
     if skipped > 0 {
         warn!(
             changelog,
             skipped, "changelog records without key or value ignored"
         );
     }
-    info!(
-        changelog,
-        partitions = ?partitions,
-        records = n,
-        symbols = out.values().map(HashMap::len).sum::<usize>(),
-        "state restored"
-    );
-    Ok((out, joins))
+    // What a held partition's read found so far is not its state: it is read again.
+    for hold in &ended.held {
+        out.remove(&hold.partition);
+        joins.remove(&hold.partition);
+    }
+    if !out.is_empty() {
+        info!(
+            changelog,
+            partitions = ?out.keys().collect::<Vec<_>>(),
+            records = ended.records,
+            symbols = out.values().map(HashMap::len).sum::<usize>(),
+            "state restored"
+        );
+    }
+    Ok(Restored {
+        states: out,
+        joins,
+        held: ended.held,
+    })
 }
 
 #[cfg(test)]
