@@ -268,3 +268,69 @@ fn a_rules_topic_with_another_partition_count_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(&want));
 }
+
+/// A tick whose timestamp is far ahead (a producer's clock 50 minutes fast: Kafka 4 refuses a
+/// record more than `log.message.timestamp.after.max.ms`, an hour by default, ahead) is not held
+/// until then: its own barrier ends its prefix, and an alert put after it is in force for the
+/// ticks of ordinary time after the put (docs/design.md, section 2a).
+#[test]
+#[ignore = "needs a Kafka broker"]
+fn a_tick_from_far_ahead_holds_nothing_back() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let run = live_run("live-ahead");
+    rules_ok(
+        &run,
+        &[
+            "put",
+            "a",
+            "--symbol",
+            "CCC",
+            "--threshold",
+            "100",
+            "--direction",
+            "up",
+        ],
+    );
+    let _p = run.spawn("0");
+    tick(&run, "CCC", "90", 1);
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+        + 50 * 60 * 1000;
+    let producer: FutureProducer = kafka().idempotent_producer().create().expect("producer");
+    let value = r#"{"symbol":"CCC","price":"110","seq":2}"#;
+    let d = futures::executor::block_on(
+        producer.send(
+            FutureRecord::to(&run.input)
+                .key("CCC")
+                .payload(value)
+                .timestamp(ahead),
+            Duration::from_secs(30),
+        ),
+    )
+    .expect("delivered");
+    wait_past(&run, (d.partition, d.offset), Duration::from_secs(60));
+    rules_ok(
+        &run,
+        &[
+            "put",
+            "b",
+            "--symbol",
+            "CCC",
+            "--threshold",
+            "100",
+            "--direction",
+            "down",
+        ],
+    );
+    let t = tick(&run, "CCC", "90", 3);
+    wait_past(&run, t, Duration::from_secs(60));
+    let n = notifications(&run);
+    assert_eq!(
+        n.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        ["CCC:2:a:up", "CCC:3:b:down"]
+    );
+    let report = run.verify();
+    assert!(report.ok() && report.expected == 2, "{report}");
+}
