@@ -60,6 +60,11 @@ pub struct Report {
     pub max_ms: f64,
     /// The tick period of one symbol (ms): a bound on the wait for its next tick.
     pub tick_period_ms: f64,
+    /// How long each put took to be acknowledged (ms), in put order.
+    pub put_ms: Vec<f64>,
+    /// The timestamp of the tick whose notification was the first, less the put's return (ms):
+    /// where the in-force time went (the join: this; the commit and the read: the rest).
+    pub tick_after_put_ms: Vec<f64>,
 }
 
 impl std::fmt::Display for Report {
@@ -88,7 +93,11 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             .args(["--input", &topics.input, "--output", &topics.notifications])
             .args(["--commit-interval", &opts.commit_interval])
             .args(["--metrics-addr", &metrics_addr])
-            .env("RUST_LOG", "warn")
+            // PIPELINE_LOG: the pipeline's RUST_LOG, to read where a hold's time goes.
+            .env(
+                "RUST_LOG",
+                std::env::var("PIPELINE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", opts.binary.display()))?;
@@ -103,7 +112,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             std::thread::sleep(Duration::from_millis(10));
         }
         // The reader of the notifications: the first time each alert id is seen.
-        let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let seen: Arc<Mutex<HashMap<String, (Instant, String)>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let tail = {
             let (kafka, topic, seen, stop) = (
@@ -129,7 +138,8 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                             Err(_) => continue,
                         };
                     if let (Some(a), Ok(mut seen)) = (n.alert, seen.lock()) {
-                        seen.entry(a.id).or_insert_with(Instant::now);
+                        seen.entry(a.id)
+                            .or_insert_with(|| (Instant::now(), n.tick_ts.clone()));
                     }
                 }
                 Ok(())
@@ -175,6 +185,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         std::thread::sleep(Duration::from_secs(3));
         let runtime = rt()?;
         let mut returned = Vec::with_capacity(opts.puts);
+        let mut put_ms = Vec::with_capacity(opts.puts);
         for k in 0..opts.puts {
             let alert = Alert {
                 symbol: format!("LB{}", k % opts.symbols),
@@ -185,8 +196,10 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
                 rearm_band: None,
             };
             let id = format!("lb-{k}");
+            let asked = Instant::now();
             runtime.block_on(rules.put(&id, &alert))?;
-            returned.push((id, Instant::now()));
+            put_ms.push(asked.elapsed().as_secs_f64() * 1e3);
+            returned.push((id, Instant::now(), std::time::SystemTime::now()));
             std::thread::sleep(opts.every);
         }
         // The last put's notification: a few tick periods and a commit.
@@ -202,9 +215,21 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
         }
         let seen = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
         let mut in_force_ms: Vec<f64> = Vec::new();
-        for (id, at) in &returned {
-            if let Some(t) = seen.get(id) {
+        let mut tick_after_put_ms: Vec<f64> = Vec::new();
+        for (id, at, wall) in &returned {
+            if let Some((t, tick_ts)) = seen.get(id) {
                 in_force_ms.push(t.saturating_duration_since(*at).as_secs_f64() * 1e3);
+                let tick = time::OffsetDateTime::parse(
+                    tick_ts,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .map(|t| t.unix_timestamp_nanos() as f64 / 1e6)
+                .unwrap_or(f64::NAN);
+                let put = wall
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64() * 1e3)
+                    .unwrap_or(f64::NAN);
+                tick_after_put_ms.push(tick - put);
             }
         }
         let fired = in_force_ms.len();
@@ -218,6 +243,8 @@ pub fn run(opts: &Options) -> anyhow::Result<Report> {
             max_ms: sorted.last().copied().unwrap_or(f64::NAN),
             in_force_ms,
             tick_period_ms: opts.symbols as f64 * 1e3 / opts.rate as f64,
+            put_ms,
+            tick_after_put_ms,
         })
     })
 }

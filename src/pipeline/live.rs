@@ -183,8 +183,8 @@ impl LiveRules {
 
     /// Takes what the rules reader has (without waiting) into the joins, then ends the holds whose
     /// join is ready and sends a barrier again for those that waited too long. Returns the
-    /// partitions to resume.
-    pub fn poll(&self, state: &mut StateStore) -> Vec<i32> {
+    /// partitions to resume, each with the offset of its held tick.
+    pub fn poll(&self, state: &mut StateStore) -> Vec<(i32, i64)> {
         for _ in 0..RULES_PER_POLL {
             match self.reader.poll(Duration::ZERO) {
                 None => break,
@@ -212,7 +212,7 @@ impl LiveRules {
             self.said(p, applied, invalid);
             if is_ready {
                 crate::metrics::tick_hold_ended(h.since.elapsed());
-                ready.push(p);
+                ready.push((p, h.offset));
             } else if h.barrier_sent.elapsed() >= BARRIER_RESEND {
                 warn!(
                     partition = p,
@@ -228,7 +228,7 @@ impl LiveRules {
                 }
             }
         }
-        for p in &ready {
+        for (p, _) in &ready {
             state.release(Some(&[*p]));
         }
         ready
