@@ -96,6 +96,9 @@ pub struct Engine {
     health: Option<Health>,
 }
 
+/// How long a restore waits for its primed rules barriers ([`LiveRules::prime`]).
+const PRIME_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The fetch long-poll of the consumer with live alerts (see `Engine::start`).
 const FETCH_WAIT: &str = "fetch.wait.max.ms";
 const LIVE_FETCH_WAIT_MS: &str = "20";
@@ -376,6 +379,10 @@ impl Engine {
             return Ok(false);
         };
         let mut session = self.committer.lock()?;
+        let held = session.state.held_mut().next().is_some();
+        if !live.due(held) {
+            return Ok(false);
+        }
         let ready = live.poll(&mut session.state);
         let input = &self.committer.settings().topics.input;
         let partitions: Vec<i32> = ready.iter().map(|&(p, _)| p).collect();
@@ -523,10 +530,12 @@ impl Engine {
             session.state.install(p, s);
         }
         if let (Some(live), Some(joins)) = (&self.live, joins) {
+            let primed: Vec<i32> = joins.keys().copied().collect();
             for (p, j) in joins {
                 session.state.install_join(p, j);
             }
             live.reassign(&mut session.state)?;
+            live.prime(&mut session.state, &primed, PRIME_TIMEOUT);
         }
         if !done.is_empty() {
             session.restored(done.len(), started.elapsed());

@@ -690,6 +690,13 @@ impl PartitionJoin {
         self.pending.len()
     }
 
+    /// Whether a barrier for `input_offset` has been read and not applied yet.
+    pub fn has_barrier(&self, input_offset: i64) -> bool {
+        self.pending.iter().any(
+            |r| matches!(r.change, RuleChange::Barrier { input_offset: o } if o == input_offset),
+        )
+    }
+
     /// Offset after the last record read.
     pub fn read_to(&self) -> i64 {
         self.read_to
