@@ -98,7 +98,7 @@ echo
 echo "== 5. Live alerts: alerts put while the pipeline runs fire on the ticks after them =="
 live="$run-live"
 "$BIN/alert-pipeline" --live-rules --app-id "$live" --input "$live-market-updates" \
-  --output "$live-notifications" --partitions 3 --exit-when-idle 10s &
+  --output "$live-notifications" --partitions 3 --exit-when-idle 15s &
 live_pid=$!
 # The rules topic is made co-partitioned with the input, which the pipeline creates at start.
 for _ in $(seq 100); do

@@ -352,13 +352,8 @@ fn measure(
     let name = label(binary);
     let (load, live) = ticks.split_at(opts.symbols + opts.ticks);
     if opts.live_alerts > 0 {
-        let topic = futures::executor::block_on(price_alerts::tools::alerts::RulesTopic::open(
-            kafka,
-            app_id,
-            None,
-            &topics.input,
-        ))?;
-        futures::executor::block_on(topic.put_all(&live_alerts(&rules, opts.live_alerts)))?;
+        let alerts = live_alerts(&rules, opts.live_alerts);
+        price_alerts::tools::alerts::load_blocking(kafka, app_id, &topics.input, &alerts)?;
     }
     let feed = Feed::new(kafka)?;
     let landed = feed.send_ticks(&topics.input, load)?;

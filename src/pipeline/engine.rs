@@ -70,6 +70,14 @@ pub struct Polled {
     pub restored: usize,
 }
 
+/// What a tick did, by the rules file or the live alerts, ready to be written.
+enum Evaluated {
+    /// Accepted: its notifications, and the one-shot alerts (id, version) that fired.
+    Accepted(Vec<Notification>, Vec<(String, i64)>),
+    Stale(u64),
+    Unwatched,
+}
+
 /// What one restore of pending partitions did.
 #[derive(Debug, Default)]
 struct Restore {
@@ -627,89 +635,60 @@ impl Engine {
                     txn.counts.retried += 1;
                 }
                 let mut current = states.get(&tick.symbol).cloned();
-                if let Some(join) = join {
-                    let outcome =
-                        apply_alerts(join.table().of_symbol(&tick.symbol), &mut current, &tick);
-                    match outcome {
+                // The crossing rule, against the live alerts in force or the rules file: what
+                // fired as notifications, and the one-shot alerts to delete with them.
+                let source = || Source {
+                    topic: m.topic().to_owned(),
+                    partition: p,
+                    offset: m.offset(),
+                };
+                let tick_ts = || tick.ts.clone().unwrap_or_else(|| record_ts(m));
+                let evaluated = match join {
+                    Some(join) => match apply_alerts(
+                        join.table().of_symbol(&tick.symbol),
+                        &mut current,
+                        &tick,
+                    ) {
                         LiveOutcome::Accepted { fired } => {
-                            let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
-                            let headers = if fired.is_empty() {
-                                OwnedHeaders::new()
-                            } else {
-                                trace::headers(m)
-                            };
-                            let source = Source {
-                                topic: m.topic().to_owned(),
-                                partition: p,
-                                offset: m.offset(),
-                            };
-                            for f in &fired {
-                                let n = Notification::of_alert(
-                                    &tick,
-                                    f,
-                                    tick_ts.clone(),
-                                    source.clone(),
-                                );
-                                let value = serde_json::to_vec(&n).unwrap_or_default();
-                                let record = BaseRecord::to(&settings.topics.notifications)
-                                    .key(tick.symbol.as_bytes())
-                                    .payload(value.as_slice())
-                                    .headers(headers.clone());
-                                c.output(outbox, record)
-                                    .map_err(|e| TxnError::new("produce notification", e))?;
-                                txn.counts.notifications += 1;
-                                if f.one_shot {
-                                    // Deleted in the same transaction as its notification: it
-                                    // fires once, whatever crashes.
-                                    join.fire_one_shot(&f.id, f.version);
-                                    let version = f.version.to_string();
-                                    let record = BaseRecord::<[u8], [u8]>::to(
-                                        settings.rules_topic.as_deref().unwrap_or_default(),
-                                    )
-                                    .partition(p)
-                                    .key(f.id.as_bytes())
-                                    .headers(
-                                        OwnedHeaders::new().insert(Header {
-                                            key: FIRED_HEADER,
-                                            value: Some(version.as_bytes()),
-                                        }),
-                                    );
-                                    c.output(outbox, record).map_err(|e| {
-                                        TxnError::new("produce one-shot tombstone", e)
-                                    })?;
-                                    txn.counts.one_shots += 1;
-                                }
-                            }
-                            if let Some(s) = current {
-                                states.insert(tick.symbol.clone(), s);
-                            }
-                            txn.changed(p, tick.symbol);
+                            let ts = tick_ts();
+                            let mut one_shots = Vec::new();
+                            let ns = fired
+                                .iter()
+                                .map(|f| {
+                                    if f.one_shot {
+                                        join.fire_one_shot(&f.id, f.version);
+                                        one_shots.push((f.id.clone(), f.version));
+                                    }
+                                    Notification::of_alert(&tick, f, ts.clone(), source())
+                                })
+                                .collect();
+                            Evaluated::Accepted(ns, one_shots)
                         }
-                        LiveOutcome::Stale { last_seq } => {
-                            debug!(symbol = %tick.symbol, seq = tick.seq, last_seq, "stale tick ignored");
-                            txn.counts.stale += 1;
+                        LiveOutcome::Stale { last_seq } => Evaluated::Stale(last_seq),
+                    },
+                    None => match apply_rules(&settings.rules, &mut current, &tick) {
+                        Outcome::Accepted { crossings } => {
+                            let ts = tick_ts();
+                            let ns = crossings
+                                .iter()
+                                .map(|c| Notification::new(&tick, c, ts.clone(), source()))
+                                .collect();
+                            Evaluated::Accepted(ns, Vec::new())
                         }
-                    }
-                    txn.processed(p, m.offset(), arrived);
-                    return Ok(true);
-                }
-                match apply_rules(&settings.rules, &mut current, &tick) {
-                    Outcome::Accepted { crossings } => {
-                        let tick_ts = tick.ts.clone().unwrap_or_else(|| record_ts(m));
-                        let headers = if crossings.is_empty() {
+                        Outcome::Stale { last_seq } => Evaluated::Stale(last_seq),
+                        Outcome::Unwatched => Evaluated::Unwatched,
+                    },
+                };
+                match evaluated {
+                    Evaluated::Accepted(notifications, one_shots) => {
+                        let headers = if notifications.is_empty() {
                             OwnedHeaders::new()
                         } else {
                             trace::headers(m)
                         };
-                        for crossing in &crossings {
-                            let source = Source {
-                                topic: m.topic().to_owned(),
-                                partition: p,
-                                offset: m.offset(),
-                            };
-                            let n = Notification::new(&tick, crossing, tick_ts.clone(), source);
+                        for n in &notifications {
                             // Serializing strings, decimals and integers cannot fail.
-                            let value = serde_json::to_vec(&n).unwrap_or_default();
+                            let value = serde_json::to_vec(n).unwrap_or_default();
                             let record = BaseRecord::to(&settings.topics.notifications)
                                 .key(tick.symbol.as_bytes())
                                 .payload(value.as_slice())
@@ -718,16 +697,33 @@ impl Engine {
                                 .map_err(|e| TxnError::new("produce notification", e))?;
                             txn.counts.notifications += 1;
                         }
+                        // Deleted in the same transaction as its notification: a one-shot alert
+                        // fires once, whatever crashes.
+                        for (id, version) in one_shots {
+                            let version = version.to_string();
+                            let record = BaseRecord::<[u8], [u8]>::to(
+                                settings.rules_topic.as_deref().unwrap_or_default(),
+                            )
+                            .partition(p)
+                            .key(id.as_bytes())
+                            .headers(OwnedHeaders::new().insert(Header {
+                                key: FIRED_HEADER,
+                                value: Some(version.as_bytes()),
+                            }));
+                            c.output(outbox, record)
+                                .map_err(|e| TxnError::new("produce one-shot tombstone", e))?;
+                            txn.counts.one_shots += 1;
+                        }
                         if let Some(s) = current {
                             states.insert(tick.symbol.clone(), s);
                         }
                         txn.changed(p, tick.symbol);
                     }
-                    Outcome::Stale { last_seq } => {
+                    Evaluated::Stale(last_seq) => {
                         debug!(symbol = %tick.symbol, seq = tick.seq, last_seq, "stale tick ignored");
                         txn.counts.stale += 1;
                     }
-                    Outcome::Unwatched => txn.counts.unwatched += 1,
+                    Evaluated::Unwatched => txn.counts.unwatched += 1,
                 }
             }
         }

@@ -168,6 +168,20 @@ impl RulesTopic {
     }
 }
 
+/// Loads `alerts` into `<app_id>-rules` (created co-partitioned with `input` if missing), from a
+/// plain thread (no runtime needed); returns the topic's name. The chaos runner and the
+/// benchmarks load their rules so before the ticks.
+pub fn load_blocking(
+    kafka: &KafkaConfig,
+    app_id: &str,
+    input: &str,
+    alerts: &[(String, Alert)],
+) -> anyhow::Result<String> {
+    let topic = futures::executor::block_on(RulesTopic::open(kafka, app_id, None, input))?;
+    futures::executor::block_on(topic.put_all(alerts))?;
+    Ok(topic.name)
+}
+
 async fn send(
     producer: &FutureProducer<crate::kafka::logging::Logged>,
     topic: &str,

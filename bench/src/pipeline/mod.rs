@@ -399,14 +399,8 @@ fn measure(
     // the ticks are written (so that they are in force for them), and no file.
     let live = config.variant.args.iter().any(|a| a == "--live-rules");
     if live {
-        let topic = futures::executor::block_on(price_alerts::tools::alerts::RulesTopic::open(
-            kafka,
-            app_id,
-            None,
-            &topics.input,
-        ))?;
         let alerts = price_alerts::tools::alerts::alerts_of_file(&rules, None);
-        futures::executor::block_on(topic.put_all(&alerts))?;
+        price_alerts::tools::alerts::load_blocking(kafka, app_id, &topics.input, &alerts)?;
     }
     let rules_args: Vec<&str> = if live {
         Vec::new()

@@ -49,11 +49,10 @@ pub fn load(
     input: &str,
     rules: &Rules,
 ) -> anyhow::Result<String> {
-    let topic = futures::executor::block_on(RulesTopic::open(kafka, app_id, None, input))?;
     let alerts = alerts_of_file(rules, None);
-    futures::executor::block_on(topic.put_all(&alerts))?;
-    info!(topic = %topic.name, alerts = alerts.len(), "alerts loaded");
-    Ok(topic.name)
+    let topic = crate::tools::alerts::load_blocking(kafka, app_id, input, &alerts)?;
+    info!(topic = %topic, alerts = alerts.len(), "alerts loaded");
+    Ok(topic)
 }
 
 /// What the changer changes, and when.
