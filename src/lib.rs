@@ -27,7 +27,8 @@
 //! The domain, pure and without I/O:
 //! - [`tick`]: decode and validate ticks; the permanent failure classes.
 //! - [`alert`]: the crossing rule and the notification record.
-//! - [`rules`]: alert thresholds from TOML.
+//! - [`rules`]: alert thresholds from TOML, and live alerts ([`rules::live`]): the rules topic's
+//!   records, the versioned table and the join's one rule, shared by the pipeline and the oracle.
 //!
 //! The processor and its failure path:
 //! - [`pipeline`]: the exactly-once loop, in one folder: driver, engine, commit and rebalance,
@@ -42,7 +43,7 @@
 //! - [`kafka`]: client configuration, secrets, the start-up connect and access checks, topics,
 //!   offsets, readers, the tick feed.
 //! - [`tools`]: the commit/abort experiment, the tick generator, the verifier (oracle), the DLQ
-//!   replay (with its replay ledger), inspection and backlog watcher.
+//!   replay (with its replay ledger), inspection and backlog watcher, `alert-rules` (live alerts).
 //!
 //! Past Kafka's edge, where transactions cannot reach:
 //! - [`sink`]: notifications into PostgreSQL, effectively once (`alert-sink`).

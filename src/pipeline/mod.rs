@@ -9,6 +9,8 @@
 //!   wrapper and the one [`crate::kafka::txn::classify`].
 //! - [`state`]: per-partition symbol state and its restore from the changelog; [`held`]: what an
 //!   instance says and shows while that restore is held by an undecided transaction.
+//! - [`live`]: live alerts: the rules reader, each partition's join restored with its state, the
+//!   holds and their barriers.
 //! - [`settings`]: what an instance is ([`EngineSettings`]) and how it batches
 //!   ([`PipelineOptions`]), test hooks included.
 //!
