@@ -488,6 +488,12 @@ impl AlertTable {
         let at = entries
             .binary_search_by(|e| e.id.as_ref().cmp(id.as_ref()))
             .unwrap_or_else(|i| i);
+        // Grown by an eighth, not doubled: a doubling vector holds up to twice its alerts (a
+        // symbol of ten alerts, capacity sixteen: 480 bytes idle, 48 MB over 100,000 symbols),
+        // while one grown by one would copy a popular symbol's alerts at every put.
+        if entries.len() == entries.capacity() {
+            entries.reserve_exact((entries.len() / 8).max(1));
+        }
         entries.insert(
             at,
             Entry {
