@@ -137,21 +137,7 @@ impl RulesTopic {
 
     /// Every alert in force once all records are applied, by id.
     pub fn list(&self) -> anyhow::Result<Vec<Listed>> {
-        let mut joins: BTreeMap<i32, PartitionJoin> = BTreeMap::new();
-        read_topic_to_end(
-            &self.kafka,
-            &self.name,
-            Isolation::ReadCommitted,
-            DEFAULT_READ_TIMEOUT,
-            |m| {
-                joins
-                    .entry(m.partition())
-                    .or_default()
-                    .push(crate::pipeline::live::rule_record(m, self.partitions));
-                Ok(())
-            },
-        )
-        .with_context(|| format!("reading rules topic {}", self.name))?;
+        let mut joins = read_joins(&self.kafka, &self.name, self.partitions)?;
         let mut out = Vec::new();
         for (p, j) in &mut joins {
             // No record is later than the end of time, and no barrier is for offset -1: all apply.
@@ -180,6 +166,31 @@ pub fn load_blocking(
     let topic = futures::executor::block_on(RulesTopic::open(kafka, app_id, None, input))?;
     futures::executor::block_on(topic.put_all(alerts))?;
     Ok(topic.name)
+}
+
+/// Every record of a rules topic of `partitions` partitions, read_committed to its end, pushed
+/// into a join per partition, none applied yet: what `list` and the oracle start from.
+pub fn read_joins(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<BTreeMap<i32, PartitionJoin>> {
+    let mut joins: BTreeMap<i32, PartitionJoin> = BTreeMap::new();
+    read_topic_to_end(
+        kafka,
+        topic,
+        Isolation::ReadCommitted,
+        DEFAULT_READ_TIMEOUT,
+        |m| {
+            joins
+                .entry(m.partition())
+                .or_default()
+                .push(crate::pipeline::live::rule_record(m, partitions));
+            Ok(())
+        },
+    )
+    .with_context(|| format!("reading rules topic {topic}"))?;
+    Ok(joins)
 }
 
 async fn send(

@@ -11,7 +11,6 @@ use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome
 use crate::dlq::FaultInjection;
 use crate::kafka::read::{read_topic_to_end, DEFAULT_READ_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::rules::live::PartitionJoin;
 use crate::rules::Rules;
 use crate::tick;
 use anyhow::Context as _;
@@ -200,21 +199,7 @@ pub fn expected_from_live(
 ) -> anyhow::Result<Vec<String>> {
     let probe = crate::kafka::read::reader(kafka, Isolation::ReadCommitted)?;
     let partitions = crate::kafka::read::partition_count(&probe, input, DEFAULT_READ_TIMEOUT)?;
-    let mut joins: BTreeMap<i32, PartitionJoin> = BTreeMap::new();
-    read_topic_to_end(
-        kafka,
-        rules_topic,
-        Isolation::ReadCommitted,
-        DEFAULT_READ_TIMEOUT,
-        |m| {
-            joins
-                .entry(m.partition())
-                .or_default()
-                .push(crate::pipeline::live::rule_record(m, partitions));
-            Ok(())
-        },
-    )
-    .with_context(|| format!("reading rules topic {rules_topic}"))?;
+    let mut joins = crate::tools::alerts::read_joins(kafka, rules_topic, partitions)?;
     let mut state: BTreeMap<i32, HashMap<String, Option<SymbolState>>> = BTreeMap::new();
     let mut expected = Vec::new();
     report.input_records = read_topic_to_end(
