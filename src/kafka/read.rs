@@ -14,6 +14,20 @@
 //! So a read ends, by default ([`End::Decided`]), when the reader's position reaches the high
 //! watermark that the fetch response of its first EOF reported: everything written before the
 //! reader got there, each transaction decided (committed records read, aborted ones skipped).
+//!
+//! # A new leader's high watermark
+//! That fetch response can come from a leader elected a moment ago, whose high watermark still
+//! lags its predecessor's: a follower learns the high watermark from the fetch response after the
+//! one that moved it, and a new leader moves its own only once its followers fetch from it. Fetch
+//! responses report it as it is, below records that every replica had and that were
+//! acknowledged; the read would end below a transaction already committed (seen in every round of
+//! tests/restore_leader.rs: the leader SIGKILLed right after a batch was acknowledged). So under
+//! [`End::Decided`] the end is at least the high watermark the partition's leader answers to
+//! ListOffsets "latest" (read_uncommitted, [`leader_high_watermarks`]), asked when the read
+//! begins: Kafka refuses that request (OFFSET_NOT_AVAILABLE) until a new leader's high watermark
+//! reaches the start offset of its epoch, so an answer is at or above every record acknowledged
+//! before the election. A refused partition is asked again every [`FLOOR_RETRY`] and does not end
+//! meanwhile; the read's deadline bounds the wait.
 //! Markers occupy offsets, and librdkafka moves the position past them, so the position reaches
 //! the high watermark exactly when the last marker is read. A transaction still open for real (a
 //! crashed or frozen writer's, which its coordinator aborts after the transaction timeout, or one
@@ -139,7 +153,8 @@ pub struct Hold {
     /// The last stable offset the leader answered: the first offset of the oldest transaction on
     /// the partition that is not decided (`kafka-transactions abort --start-offset`).
     pub last_stable: i64,
-    /// The end the read waits for: the high watermark of its first end-of-partition event.
+    /// The end the read waits for: the high watermark of its first end-of-partition event, or the
+    /// leader's answer to ListOffsets if higher.
     pub high_watermark: i64,
 }
 
@@ -165,16 +180,24 @@ pub struct Ended {
 /// One partition's way to its end.
 #[derive(Debug, Default)]
 struct Progress {
-    /// The high watermark reported with the partition's first EOF of this read: the end under
-    /// [`End::Decided`]; `None` until that EOF.
+    /// The high watermark reported with the partition's first EOF of this read; `None` until that
+    /// EOF.
     target: Option<i64>,
+    /// The high watermark the partition's leader answered to ListOffsets after the read began
+    /// ([`leader_high_watermarks`]); `None` until it answered. Under [`End::Decided`] the end is
+    /// the larger of the two.
+    floor: Option<i64>,
+    /// The leader's latest refusal of that request (OFFSET_NOT_AVAILABLE: a new leader whose high
+    /// watermark lags), for the error that says why a read did not end.
+    refused: Option<String>,
     /// The reader's position at its latest EOF, i.e. the last stable offset then; for the error
     /// that says why a read did not end.
     stable: Option<i64>,
 }
 
 impl Progress {
-    /// At an EOF of `partition`: whether the read of it has reached `end`.
+    /// At an EOF of `partition` (or when its leader's high watermark arrives after one): whether
+    /// the read of it has reached `end`.
     fn at_eof(
         &mut self,
         consumer: &Reader,
@@ -198,9 +221,14 @@ impl Progress {
         let position = position.unwrap_or(low);
         // The first EOF's high watermark, kept: records written after the read got there do not
         // move its end, so a writer that keeps a transaction open at all times cannot starve it.
-        let target = *self.target.get_or_insert(high);
+        self.target.get_or_insert(high);
         self.stable = Some(position);
-        position >= target
+        self.end().is_some_and(|end| position >= end)
+    }
+
+    /// The end under [`End::Decided`], once both high watermarks are known.
+    fn end(&self) -> Option<i64> {
+        Some(self.target?.max(self.floor?))
     }
 }
 
@@ -251,6 +279,115 @@ fn fetched_watermarks(
         RDKafkaErrorCode::NoError => Ok((low, high)),
         code => bail!("watermarks of {topic}/{partition}: {code}"),
     }
+}
+
+/// How long a request for the leaders' high watermarks ([`leader_high_watermarks`]) may take.
+const FLOOR_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How soon a partition whose leader refused its high watermark is asked again: a new leader's
+/// high watermark catches up as soon as its followers fetch from it, within milliseconds unless
+/// one of them stalls.
+const FLOOR_RETRY: Duration = Duration::from_millis(100);
+
+/// The high watermark of each of `partitions` of `topic`, as its leader answers ListOffsets
+/// "latest" under read_uncommitted, or why it did not (its error, or a timeout as an error of the
+/// whole call). Asked through `consumer`'s own connections with librdkafka's admin ListOffsets,
+/// whose isolation level is per request (the reader's watermark request would be answered with
+/// the last stable offset).
+///
+/// Why not the high watermark of a fetch response: after a leader election the new leader's high
+/// watermark lags the old one's until the remaining followers fetch from it (a follower learns the
+/// high watermark from the fetch response after the one that moved it), and Fetch responses report
+/// it as it is, below records that every replica had and that were acknowledged. ListOffsets
+/// "latest" is refused (OFFSET_NOT_AVAILABLE) until the new leader's high watermark reaches the
+/// start offset of its leader epoch, i.e. its own log end when it was elected: an answer is at or
+/// above every record acknowledged before the election (issue 43, item 7).
+fn leader_high_watermarks(
+    consumer: &Reader,
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> anyhow::Result<BTreeMap<i32, Result<i64, RDKafkaErrorCode>>> {
+    use rdkafka::bindings as rd;
+    let topic_c = CString::new(topic).context("topic name with a NUL byte")?;
+    let timeout_ms = i32::try_from(timeout.as_millis())
+        .unwrap_or(i32::MAX)
+        .max(1);
+    let mut answers = BTreeMap::new();
+    // SAFETY: the client handle is valid while `consumer` is borrowed. Every object made here is
+    // destroyed here, once: the partition list and the options after rd_kafka_ListOffsets, which
+    // copies what it needs; the event after it is read; the queue last (a reply that comes after
+    // the poll gave up holds its own reference to the queue, and librdkafka drops it). The result
+    // infos and their partitions belong to the event and are read before it is destroyed.
+    unsafe {
+        let rk = consumer.client().native_ptr();
+        let list = rd::rd_kafka_topic_partition_list_new(partitions.len().max(1) as i32);
+        for &p in partitions {
+            let e = rd::rd_kafka_topic_partition_list_add(list, topic_c.as_ptr(), p);
+            (*e).offset = rd::rd_kafka_OffsetSpec_t::RD_KAFKA_OFFSET_SPEC_LATEST as i64;
+        }
+        let options = rd::rd_kafka_AdminOptions_new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTOFFSETS,
+        );
+        let mut errstr = [0 as std::ffi::c_char; 256];
+        let set_timeout = rd::rd_kafka_AdminOptions_set_request_timeout(
+            options,
+            timeout_ms,
+            errstr.as_mut_ptr(),
+            errstr.len(),
+        );
+        let set_isolation = rd::rd_kafka_AdminOptions_set_isolation_level(
+            options,
+            rd::rd_kafka_IsolationLevel_t::RD_KAFKA_ISOLATION_LEVEL_READ_UNCOMMITTED,
+        );
+        let options_set = RDKafkaErrorCode::from(set_timeout) == RDKafkaErrorCode::NoError
+            && set_isolation.is_null();
+        if !set_isolation.is_null() {
+            rd::rd_kafka_error_destroy(set_isolation);
+        }
+        if !options_set {
+            rd::rd_kafka_AdminOptions_destroy(options);
+            rd::rd_kafka_topic_partition_list_destroy(list);
+            bail!("setting the options of a ListOffsets request on {topic}");
+        }
+        let queue = rd::rd_kafka_queue_new(rk);
+        rd::rd_kafka_ListOffsets(rk, list, options, queue);
+        rd::rd_kafka_AdminOptions_destroy(options);
+        rd::rd_kafka_topic_partition_list_destroy(list);
+        // A little longer than the request's own timeout, after which librdkafka answers with it.
+        let event = rd::rd_kafka_queue_poll(queue, timeout_ms.saturating_add(1000));
+        if event.is_null() {
+            rd::rd_kafka_queue_destroy(queue);
+            bail!("the high watermarks of {topic}: no answer within {timeout:?}");
+        }
+        let err = RDKafkaErrorCode::from(rd::rd_kafka_event_error(event));
+        let result = rd::rd_kafka_event_ListOffsets_result(event);
+        if err == RDKafkaErrorCode::NoError && !result.is_null() {
+            let mut n = 0usize;
+            let infos = rd::rd_kafka_ListOffsets_result_infos(result, &mut n);
+            for i in 0..n {
+                let tp = rd::rd_kafka_ListOffsetsResultInfo_topic_partition(*infos.add(i));
+                if tp.is_null() {
+                    continue;
+                }
+                let code = RDKafkaErrorCode::from((*tp).err);
+                answers.insert(
+                    (*tp).partition,
+                    match code {
+                        RDKafkaErrorCode::NoError => Ok((*tp).offset),
+                        code => Err(code),
+                    },
+                );
+            }
+        }
+        rd::rd_kafka_event_destroy(event);
+        rd::rd_kafka_queue_destroy(queue);
+        if err != RDKafkaErrorCode::NoError {
+            bail!("the high watermarks of {topic}: {err}");
+        }
+    }
+    Ok(answers)
 }
 
 /// Reads the given partitions of `topic` from the beginning up to their [`End`], calling `f` for
@@ -323,6 +460,9 @@ fn read(
     let started = Instant::now();
     let deadline = started + timeout;
     let mut next_watch = started + WATCH_EVERY;
+    // Under End::Decided, the leaders' high watermarks are asked for at once, and again every
+    // FLOOR_RETRY for the partitions whose leader has not answered.
+    let mut next_floor = (end == End::Decided).then_some(started);
     let mut count = 0;
     let mut since_report = 0;
     let result = loop {
@@ -331,6 +471,15 @@ fn read(
                 records: count,
                 held: Vec::new(),
             });
+        }
+        if next_floor.is_some_and(|due| Instant::now() >= due) {
+            let bound = FLOOR_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+            match take_floors(consumer, topic, &mut pending, end, bound) {
+                Ok(true) => next_floor = Some(Instant::now() + FLOOR_RETRY),
+                Ok(false) => next_floor = None,
+                Err(e) => break Err(e),
+            }
+            continue;
         }
         let now = Instant::now();
         if let Some(w) = watch
@@ -351,10 +500,13 @@ fn read(
         if now >= deadline {
             break Err(not_at_end(topic, timeout, &pending));
         }
-        let wait = match watch {
-            Some(_) => deadline.min(next_watch),
-            None => deadline,
-        };
+        let mut wait = deadline;
+        if watch.is_some() {
+            wait = wait.min(next_watch);
+        }
+        if let Some(due) = next_floor {
+            wait = wait.min(due);
+        }
         match consumer.poll(wait.saturating_duration_since(now)) {
             None => {}
             Some(Ok(m)) => {
@@ -395,6 +547,57 @@ fn read(
     result
 }
 
+/// Asks the leaders of the partitions of `pending` whose high watermark is not known yet for it
+/// ([`leader_high_watermarks`], bounded by `bound`), and ends the read of those that have had
+/// their EOF and are at their end with it. Returns whether some are still without one (refused,
+/// or not answered).
+fn take_floors(
+    consumer: &Reader,
+    topic: &str,
+    pending: &mut BTreeMap<i32, Progress>,
+    end: End,
+    bound: Duration,
+) -> anyhow::Result<bool> {
+    let missing: Vec<i32> = pending
+        .iter()
+        .filter(|(_, p)| p.floor.is_none())
+        .map(|(&p, _)| p)
+        .collect();
+    if missing.is_empty() {
+        return Ok(false);
+    }
+    let answers = match leader_high_watermarks(consumer, topic, &missing, bound) {
+        Ok(answers) => answers,
+        Err(e) => {
+            // A leader that does not answer is asked again; the read's deadline bounds it.
+            debug!(topic, error = %e, "high watermarks not answered");
+            return Ok(true);
+        }
+    };
+    let mut reached = Vec::new();
+    for (partition, answer) in answers {
+        let Some(progress) = pending.get_mut(&partition) else {
+            continue;
+        };
+        match answer {
+            Ok(high) => {
+                progress.floor = Some(high);
+                if progress.stable.is_some() && progress.at_eof(consumer, topic, partition, end)? {
+                    reached.push(partition);
+                }
+            }
+            Err(code) => {
+                debug!(topic, partition, error = %code, "high watermark refused by the leader");
+                progress.refused = Some(code.to_string());
+            }
+        }
+    }
+    for p in reached {
+        pending.remove(&p);
+    }
+    Ok(pending.values().any(|p| p.floor.is_none()))
+}
+
 /// The partitions of `pending` held by an undecided transaction, as their leaders answer now: those
 /// that have had their first end-of-partition event (so their end is known) and whose last stable
 /// offset is still below it. A read_committed reader's watermark request is answered with the last
@@ -408,7 +611,7 @@ fn holds(
 ) -> Vec<Hold> {
     let mut held = Vec::new();
     for (&partition, progress) in pending {
-        let Some(end) = progress.target else {
+        let Some(end) = progress.end() else {
             continue;
         };
         match consumer.fetch_watermarks(topic, partition, HOLD_PROBE_TIMEOUT) {
@@ -430,7 +633,18 @@ fn holds(
 fn not_at_end(topic: &str, timeout: Duration, pending: &BTreeMap<i32, Progress>) -> anyhow::Error {
     let mut why = String::new();
     for (p, progress) in pending {
-        let _ = match (progress.stable, progress.target) {
+        let _ = match (progress.stable, progress.end()) {
+            (Some(stable), None) => write!(
+                why,
+                "; partition {p}: at offset {stable}, its leader's high watermark not known{}",
+                match &progress.refused {
+                    Some(code) => format!(
+                        " (refused: {code}; a new leader whose high watermark lags, waiting for \
+                         its followers?)"
+                    ),
+                    None => " (not answered)".to_owned(),
+                }
+            ),
             (Some(stable), Some(high)) => write!(
                 why,
                 "; partition {p}: at the last stable offset {stable}, below the high watermark {high}: \
@@ -578,16 +792,24 @@ impl Ends {
 mod tests {
     use super::Progress;
 
+    /// A partition's progress whose leader answered `high` as its high watermark.
+    fn led(high: i64) -> Progress {
+        Progress {
+            floor: Some(high),
+            ..Progress::default()
+        }
+    }
+
     #[test]
     fn an_empty_partition_ends_at_its_first_eof() {
-        assert!(Progress::default().reached(None, 0, 0));
+        assert!(led(0).reached(None, 0, 0));
         // Everything deleted by retention: the log starts at its high watermark.
-        assert!(Progress::default().reached(None, 40, 40));
+        assert!(led(40).reached(None, 40, 40));
     }
 
     #[test]
     fn a_partition_holding_only_an_open_transaction_waits() {
-        let mut p = Progress::default();
+        let mut p = led(3);
         // Records 0..3 of a transaction without its marker: the LSO is 0, nothing delivered.
         assert!(!p.reached(None, 0, 3));
         // Aborted: the records are skipped, the marker at 3 moves the position to 4.
@@ -596,7 +818,7 @@ mod tests {
 
     #[test]
     fn a_commit_without_its_marker_holds_the_read_until_its_records_are_read() {
-        let mut p = Progress::default();
+        let mut p = led(5);
         // Committed batch at 0..2, marker at 2; the next batch at 3..5, its marker not written:
         // the LSO (and the position) is 3, the high watermark 5.
         assert!(!p.reached(Some(3), 0, 5));
@@ -607,10 +829,27 @@ mod tests {
 
     #[test]
     fn the_end_is_the_first_eofs_high_watermark_not_a_later_one() {
-        let mut p = Progress::default();
+        let mut p = led(5);
         assert!(!p.reached(Some(3), 0, 5));
         // Meanwhile a zombie opened another transaction at 7..9: the end stays at 5.
         assert!(p.reached(Some(7), 0, 9));
         assert_eq!(p.target, Some(5));
+    }
+
+    #[test]
+    fn a_stale_high_watermark_of_a_new_leader_does_not_end_the_read() {
+        // The new leader's fetch response says 401 (its high watermark as a follower), the
+        // batch at 401..801 is in its log, its marker not yet: the LSO is 401.
+        let mut p = Progress::default();
+        assert!(
+            !p.reached(Some(401), 0, 401),
+            "no answer from the leader yet"
+        );
+        // ListOffsets answered once the leader's high watermark caught up: 801.
+        p.floor = Some(801);
+        assert!(!p.reached(Some(401), 0, 401));
+        assert_eq!(p.end(), Some(801));
+        // The marker at 801: the batch is delivered, the position passes the marker.
+        assert!(p.reached(Some(802), 0, 802));
     }
 }

@@ -13,6 +13,10 @@
 //! marker, and a restore that stopped at the last stable offset would miss that batch's state and
 //! redo the batch with stale crossing state. The same wait covers a transaction still open for
 //! real (a crashed or frozen previous owner's, or a fenced predecessor's): its abort marker ends it.
+//! That end is never below the high watermark the partition's leader answers to ListOffsets: right
+//! after a leader election, the fetch responses of the new leader report a high watermark that can
+//! lag below records already acknowledged and committed (see [`crate::kafka::read`], "A new
+//! leader's high watermark"; issue 43, item 7).
 //! The wait ends on the marker; it is bounded by [`restore_timeout`], which lets a transaction
 //! left open by a crashed writer run into its timeout and be aborted by its coordinator.
 //!
