@@ -141,6 +141,10 @@ pub struct PipelineArgs {
     /// after the transaction timeout + 80 s.
     #[arg(long, hide = true, value_parser = super::duration)]
     pub test_watchdog_bound: Option<std::time::Duration>,
+    /// TEST ONLY (--live-rules): while this file exists, the rules topic is not read by the loop,
+    /// so a held partition stays held; the held partitions are written to <FILE>.held.
+    #[arg(long, hide = true)]
+    pub test_freeze_rules: Option<std::path::PathBuf>,
 }
 
 /// `--guarantee`, mapped onto [`Guarantee`].
@@ -242,6 +246,7 @@ impl PipelineArgs {
                     hold_send_offsets: self.test_hold_send_offsets.clone(),
                     aborts_fail_fatally: self.test_aborts_fail_fatally,
                     watchdog_bound: self.test_watchdog_bound,
+                    freeze_rules: self.test_freeze_rules.clone(),
                 },
                 ..crate::pipeline::EngineSettings::new(
                     kafka,

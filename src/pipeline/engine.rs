@@ -150,7 +150,13 @@ impl Engine {
         let live = settings
             .rules_topic
             .as_deref()
-            .map(|topic| LiveRules::start(&settings.kafka, topic))
+            .map(|topic| {
+                LiveRules::start(
+                    &settings.kafka,
+                    topic,
+                    settings.hooks.freeze_rules.as_deref(),
+                )
+            })
             .transpose()?;
         let holds = Mutex::new(RestoreHolds::new(&settings.topics.changelog));
         let committer = Committer::start(settings)?;

@@ -21,11 +21,29 @@
 //! | reader position    | reassigned at the next restore| left (records of p  | every loaded join at  |
 //! |                    |                               | dropped)            | its read position     |
 //!
+//! Why an abort and a revoke end a hold themselves instead of leaving it to its barrier (broker
+//! tests in tests/live_rules.rs, each seen failing without it): after an abort the restored join
+//! holds the hold's barrier, so a hold kept through the abort would end at the next poll and
+//! resume its partition at the held tick, past the ticks of the aborted batch before it: lost. A
+//! revoked partition left paused stays paused in librdkafka, which keeps a pause across a revoke
+//! and a later assignment: given back to this instance, it would never be fetched again. A
+//! restart keeps nothing of a hold: the new instance's restore reads the hold's barrier, and the
+//! held tick is processed at once.
+//!
 //! A hold whose barrier is not read within [`BARRIER_RESEND`] (a lost produce, a rules partition
 //! held by an open transaction) sends another and says so: the first barrier for the tick in the
 //! log is the one that counts, for the pipeline and the oracle alike. A transaction of this
 //! instance that wrote a one-shot's tombstone to rules partition p holds p's last stable offset
 //! until it commits; the loop commits it within the commit interval, whatever is held.
+//!
+//! # Freezing the rules reader (test only)
+//! A hold lasts a barrier's round trip, milliseconds, so a broker test cannot place an abort, a
+//! revoke or a SIGKILL inside one by timing. With `--test-freeze-rules FILE`, while FILE exists the
+//! loop does not read the rules topic ([`LiveRules::poll`] skips its reads; a restore and its
+//! priming still read): a tick newer than every rules record read stays held until an abort, a
+//! revoke or a restart ends its hold, which is what tests/live_rules.rs asks of each. Whenever the
+//! set of held partitions changes, it is written to `FILE.held` (ascending, comma-separated; empty
+//! when none), so the test knows when the hold began and sees it end.
 
 use super::state::{Held, StateStore};
 use crate::kafka::read::{partition_count, read_partitions_to_end, End, Reader};
@@ -40,6 +58,7 @@ use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
@@ -65,6 +84,51 @@ pub struct LiveRules {
     paused: std::sync::Mutex<std::collections::BTreeSet<i32>>,
     /// When the reader was last polled (see [`LiveRules::due`]).
     polled: std::sync::Mutex<Instant>,
+    /// TEST ONLY: `--test-freeze-rules` (see "Freezing the rules reader" above).
+    freeze: Option<Freeze>,
+}
+
+/// TEST ONLY: the file whose existence freezes the rules reader, and the held partitions last
+/// written to `<file>.held`.
+struct Freeze {
+    file: PathBuf,
+    said: std::sync::Mutex<Option<Vec<i32>>>,
+}
+
+impl Freeze {
+    /// Whether the loop is not to read the rules now.
+    fn frozen(&self) -> bool {
+        self.file.exists()
+    }
+
+    /// Writes `held` to `<file>.held` if it changed since the last write: whole, then renamed into
+    /// place, so a reader never sees a half-written list.
+    fn say(&self, held: Vec<i32>) {
+        let Ok(mut said) = self.said.lock() else {
+            return;
+        };
+        if said.as_ref() == Some(&held) {
+            return;
+        }
+        let text = held
+            .iter()
+            .map(i32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let path = crate::kafka::hold::held_path(&self.file);
+        let mut partial = path.clone().into_os_string();
+        partial.push(".partial");
+        match std::fs::write(&partial, &text).and_then(|()| std::fs::rename(&partial, &path)) {
+            Ok(()) => {
+                info!(held = %text, frozen = self.frozen(), "test hook: held partitions written");
+                *said = Some(held);
+            }
+            // The test waits for this file and fails with its own message without it.
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "test hook: cannot write the held partitions")
+            }
+        }
+    }
 }
 
 /// How often the rules reader is polled while no partition is held: a poll per tick (the loop
@@ -88,8 +152,9 @@ pub fn rule_record(m: &BorrowedMessage<'_>, partitions: i32) -> RuleRecord {
 }
 
 impl LiveRules {
-    /// The reader and producer of `topic`, which has `partitions` partitions (checked at start).
-    pub fn start(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<Self> {
+    /// The reader and producer of `topic`, which has `partitions` partitions (checked at start);
+    /// `freeze` is the test hook `--test-freeze-rules` (`None` but in tests).
+    pub fn start(kafka: &KafkaConfig, topic: &str, freeze: Option<&Path>) -> anyhow::Result<Self> {
         let reader = crate::kafka::read::reader(kafka, Isolation::ReadCommitted)
             .context("creating the rules reader")?;
         let partitions = partition_count(&reader, topic, METADATA_TIMEOUT)
@@ -105,6 +170,10 @@ impl LiveRules {
             barriers,
             paused: Default::default(),
             polled: std::sync::Mutex::new(Instant::now()),
+            freeze: freeze.map(|file| Freeze {
+                file: file.to_owned(),
+                said: Default::default(),
+            }),
         })
     }
 
@@ -197,7 +266,11 @@ impl LiveRules {
         if let Ok(mut polled) = self.polled.lock() {
             *polled = Instant::now();
         }
-        for _ in 0..RULES_PER_POLL {
+        let reads = match &self.freeze {
+            Some(f) if f.frozen() => 0,
+            _ => RULES_PER_POLL,
+        };
+        for _ in 0..reads {
             match self.reader.poll(Duration::ZERO) {
                 None => break,
                 Some(Ok(m)) => {
@@ -242,6 +315,9 @@ impl LiveRules {
         }
         for (p, _) in &ready {
             state.release(Some(&[*p]));
+        }
+        if let Some(f) = &self.freeze {
+            f.say(state.held_mut().map(|(p, _)| p).collect());
         }
         ready
     }
@@ -353,5 +429,36 @@ impl LiveRules {
             Ok(_delivery) => crate::metrics::barrier_sent(),
             Err((e, _)) => warn!(partition = p, error = %e, "rules barrier not sent"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Freeze;
+
+    #[test]
+    fn the_freeze_hook_says_the_held_partitions_when_they_change() {
+        let dir =
+            std::env::temp_dir().join(format!("freeze-{}", crate::kafka::topics::unique_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = Freeze {
+            file: dir.join("freeze"),
+            said: Default::default(),
+        };
+        let held = crate::kafka::hold::held_path(&f.file);
+        assert!(!f.frozen(), "no file, not frozen");
+        std::fs::write(&f.file, b"").unwrap();
+        assert!(f.frozen());
+        f.say(vec![]);
+        assert_eq!(std::fs::read_to_string(&held).unwrap(), "");
+        f.say(vec![0, 2]);
+        assert_eq!(std::fs::read_to_string(&held).unwrap(), "0,2");
+        // Unchanged: not written again.
+        std::fs::remove_file(&held).unwrap();
+        f.say(vec![0, 2]);
+        assert!(!held.exists());
+        f.say(vec![2]);
+        assert_eq!(std::fs::read_to_string(&held).unwrap(), "2");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -57,6 +57,11 @@ pub struct TestHooks {
     /// The watchdog's bound instead of [`crate::kafka::txn::stuck_bound`] (90 s by default): a
     /// test sees in seconds whether a wait counts as progress or as a stuck loop.
     pub watchdog_bound: Option<Duration>,
+    /// Live alerts: while this file exists, the loop does not read the rules topic, so a held
+    /// partition stays held until something else ends its hold (an abort, a revoke, a restart);
+    /// the held partitions are written to `<FILE>.held` whenever they change
+    /// ([`crate::pipeline::live`], "Freezing the rules reader").
+    pub freeze_rules: Option<std::path::PathBuf>,
 }
 
 /// What one processor instance is.
