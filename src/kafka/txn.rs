@@ -49,7 +49,12 @@
 //!
 //! # Retries
 //! A retriable error repeats the same call with the same arguments, with a short backoff, at most
-//! [`MAX_RETRIES`] times; past that the error is returned, classified fatal.
+//! [`MAX_RETRIES`] times and while the call's deadline leaves room for the backoff. An error still
+//! retriable after that is a call that did not get done in time, as one that did not return
+//! (below): abortable, and the producer made again at the abort. It was fatal, and a timeout that
+//! librdkafka answered 33 ms before the deadline of `send_offsets_to_transaction` (the group
+//! coordinator's broker SIGKILLed, tests/coordinator.rs) ended an instance that could heal in
+//! place.
 //!
 //! # Deadlines
 //! librdkafka's transactional calls can block for ever: `send_offsets_to_transaction` ignores its
@@ -163,6 +168,29 @@ pub enum TxnErrorClass {
     Fatal,
 }
 
+/// What [`Generation::call`] does after an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterFailure {
+    /// The same call again after this backoff.
+    Retry(Duration),
+    /// A retriable error with no retry left, in count or in time.
+    GiveUp,
+    /// The error is the caller's, with its class.
+    Return,
+}
+
+/// After the `attempt`th retry failed with an error of `class`, `left` before the call's deadline.
+fn after_failure(class: TxnErrorClass, attempt: u32, left: Duration) -> AfterFailure {
+    let backoff = Duration::from_millis(100 * u64::from(attempt + 1));
+    match class {
+        TxnErrorClass::Retriable if attempt < MAX_RETRIES && backoff < left => {
+            AfterFailure::Retry(backoff)
+        }
+        TxnErrorClass::Retriable => AfterFailure::GiveUp,
+        _ => AfterFailure::Return,
+    }
+}
+
 /// Who fenced a producer, as far as this process can tell (module doc, `# Fences`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fence {
@@ -256,24 +284,35 @@ pub enum TxnCause {
     CommitThread(&'static str),
 }
 
-/// A transactional call that did not return within its deadline.
+/// A transactional call that did not get done within its deadline: it did not return, or its
+/// error was still retriable when its retries ran out.
 #[derive(Debug, Clone)]
 pub struct StuckCall {
     pub call: &'static str,
     pub elapsed: Duration,
     /// The transaction coordinator as librdkafka's statistics last named it (`host:port`).
     pub coordinator: Option<String>,
+    /// The retriable error of its last attempt; `None` when the call did not return.
+    pub last_error: Option<String>,
 }
 
 impl std::fmt::Display for StuckCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} did not return within {:.1} s (transaction coordinator last seen: {})",
-            self.call,
-            self.elapsed.as_secs_f64(),
-            self.coordinator.as_deref().unwrap_or("unknown")
-        )
+        let coordinator = self.coordinator.as_deref().unwrap_or("unknown");
+        let s = self.elapsed.as_secs_f64();
+        match &self.last_error {
+            None => write!(
+                f,
+                "{} did not return within {s:.1} s (transaction coordinator last seen: {coordinator})",
+                self.call
+            ),
+            Some(e) => write!(
+                f,
+                "{} still failed after {s:.1} s and its retries: {e} (transaction coordinator \
+                 last seen: {coordinator})",
+                self.call
+            ),
+        }
     }
 }
 
@@ -620,37 +659,54 @@ impl Generation {
                     ))
                 }
             };
-            let backoff = Duration::from_millis(100 * u64::from(attempt + 1));
-            if err.class == TxnErrorClass::Retriable
-                && attempt < MAX_RETRIES
-                && Instant::now() + backoff < deadline
-            {
-                attempt += 1;
-                warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
-                std::thread::sleep(backoff);
-                continue;
+            match after_failure(
+                err.class,
+                attempt,
+                deadline.saturating_duration_since(Instant::now()),
+            ) {
+                AfterFailure::Retry(backoff) => {
+                    attempt += 1;
+                    warn!(step, attempt, error = %err.cause, "retriable transactional error; retrying");
+                    std::thread::sleep(backoff);
+                }
+                AfterFailure::GiveUp => {
+                    return Err(self.give_up(step, started.elapsed(), &err.cause.to_string()))
+                }
+                AfterFailure::Return => return Err(err),
             }
-            if err.class == TxnErrorClass::Retriable {
-                return Err(TxnError {
-                    class: TxnErrorClass::Fatal,
-                    ..err
-                });
-            }
-            return Err(err);
         }
     }
 
+    /// A call whose error was still retriable (`last_error`) when its retries ran out, in count
+    /// or in time: it did not get done within its deadline, as one that did not return, and is
+    /// taken as stuck ([`Generation::mark_stuck`]). Fatal, it ended the process where a new
+    /// producer mends it (module doc, `# Retries`).
+    fn give_up(&self, step: &'static str, elapsed: Duration, last_error: &str) -> TxnError {
+        self.stuck_with(step, elapsed, Some(last_error.to_owned()))
+    }
+
     fn mark_stuck(&self, step: &'static str, elapsed: Duration) -> TxnError {
+        self.stuck_with(step, elapsed, None)
+    }
+
+    fn stuck_with(
+        &self,
+        step: &'static str,
+        elapsed: Duration,
+        last_error: Option<String>,
+    ) -> TxnError {
         let stuck = StuckCall {
             call: step,
             elapsed,
             coordinator: self.producer.context().coordinator(),
+            last_error,
         };
         warn!(
             call = step,
             coordinator = stuck.coordinator.as_deref().unwrap_or("unknown"),
             elapsed_s = format!("{:.1}", elapsed.as_secs_f64()),
-            "transactional call stuck past its deadline; the producer will be made again"
+            last_error = stuck.last_error.as_deref().unwrap_or("(no answer)"),
+            "transactional call not done by its deadline; the producer will be made again"
         );
         crate::metrics::transactional_call_stuck(step);
         if let Ok(mut s) = self.stuck.lock() {
@@ -1202,6 +1258,52 @@ mod tests {
         assert!(
             spent < wait / 4,
             "the drain spent {spent:?} of CPU in a wait of {waited:?}"
+        );
+    }
+
+    /// A retriable error repeats the call while the deadline leaves room; one that is still
+    /// retriable when the room or the retries run out is a call that did not get done in time, as
+    /// a call that did not return: abortable, and the producer made again, not the end of the
+    /// process. Seen in tests/coordinator.rs (the group coordinator's broker SIGKILLed inside
+    /// send_offsets_to_transaction): librdkafka answered "Failed to add offsets to transaction:
+    /// Local: Timed out" 19,967 ms into a 20 s deadline, no retry fitted, and the instance exited
+    /// instead of healing in place.
+    #[test]
+    fn a_retriable_error_without_time_or_retries_left_gives_up_as_stuck() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            after_failure(TxnErrorClass::Retriable, 0, ms(10_000)),
+            AfterFailure::Retry(ms(100))
+        );
+        assert_eq!(
+            after_failure(TxnErrorClass::Retriable, 3, ms(10_000)),
+            AfterFailure::Retry(ms(400))
+        );
+        assert_eq!(
+            after_failure(TxnErrorClass::Retriable, 0, ms(33)),
+            AfterFailure::GiveUp
+        );
+        assert_eq!(
+            after_failure(TxnErrorClass::Retriable, MAX_RETRIES, ms(10_000)),
+            AfterFailure::GiveUp
+        );
+        for class in [TxnErrorClass::Abortable, TxnErrorClass::Fatal] {
+            assert_eq!(after_failure(class, 0, ms(10_000)), AfterFailure::Return);
+        }
+        // Given up, the producer is stuck: the call's error is abortable, and the abort makes the
+        // producer again.
+        let g = generation();
+        let err = g.give_up(
+            "send_offsets_to_transaction",
+            ms(19_967),
+            "Local: Timed out",
+        );
+        assert_eq!(err.class, TxnErrorClass::Abortable);
+        assert!(err.is_stuck(), "{err}");
+        assert!(g.stuck().is_some());
+        assert!(
+            err.to_string().contains("Local: Timed out"),
+            "the last error is named: {err}"
         );
     }
 
