@@ -839,7 +839,14 @@ fn thawed_zombie(test: &str, extra: &[&str]) {
             !a_status.success() && a_status.code().is_some(),
             "the thawed A exits non-zero, fenced: {a_status}"
         );
-        let mut b = run.spawn("0''");
+        // The same instance id: the id A released when it left.
+        let mut b = common::Pipeline::prefixed(
+            run.command("0")
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starting alert-pipeline"),
+            "0''",
+        );
         hurry.store(true, std::sync::atomic::Ordering::Relaxed);
         let landed = loader.join().expect("loader");
         let target = next_offsets(&landed);
