@@ -629,6 +629,26 @@ fn bad_rules_and_bad_properties_are_refused_with_a_clear_message() {
     let (code, err) = refused(&["--rules", good, "-X", "malformed"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("key=value"), "{err}");
+
+    // What the consumer group protocol forbids on the client, refused at start naming it and
+    // where it lives instead; -X group.protocol belongs to the flag.
+    let (code, err) = refused(&[
+        "--rules",
+        good,
+        "--group-protocol",
+        "consumer",
+        "-X",
+        "session.timeout.ms=6000",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("session.timeout.ms is not allowed with --group-protocol consumer")
+            && err.contains("group.consumer.session.timeout.ms"),
+        "{err}"
+    );
+    let (code, err) = refused(&["--rules", good, "-X", "group.protocol=consumer"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("use --group-protocol"), "{err}");
 }
 
 #[test]

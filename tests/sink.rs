@@ -439,7 +439,10 @@ fn the_groups_offsets_reach_the_stored_ones_when_nothing_more_arrives() {
         &s(&["--metrics-addr", &addr, "--lag-watch-interval", "1s"]),
     );
     let want: Vec<i64> = (0..3).map(|p| ends[&p]).collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Under the consumer protocol the killed member keeps its partitions for the broker's session.
+    let deadline = Instant::now()
+        + Duration::from_secs(30)
+        + common::session_timeout(sink.group_protocol, Duration::ZERO);
     while kafka_committed(&sink.group, &topic) != want {
         assert!(
             Instant::now() < deadline,
