@@ -3,11 +3,16 @@
 //! latency stays bounded), the outcome classes (429 with Retry-After, 400, 410), and SIGKILLs
 //! during hand-offs between buckets (no hand-off lost or doubled, counted per bucket against the
 //! oracle). Bucket delays are short (`--buckets`), so each test takes seconds, not minutes.
+//!
+//! Every test runs under the suite's group protocol (`GROUP_PROTOCOL`, tests/common); the held
+//! bucket partition moved away and back while paused also under the consumer protocol (KIP-848)
+//! in every suite (`…_under_the_consumer_protocol`).
 
 mod common;
 
 use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, http_get, kafka, records_with_headers, Pipeline};
+use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::kafka::feed::Feed;
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::topics::{create_topics, Cleanup, DropTopics, TopicSpec};
@@ -944,15 +949,21 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
     // Batches of 100 records, as the crash points below count them: each stage's hand-offs
     // spread over two transactions, so the crashes and kills land inside a stage (the default
     // batch takes all 150 records at once).
-    let no_breaker = [
+    // Under the consumer protocol (GROUP_PROTOCOL=consumer) dynamic membership: each restart
+    // waits for the broker's session of the killed member (common::restart_membership).
+    let protocol = common::suite_protocol();
+    let no_breaker: Vec<&str> = [
         "--breaker-failures",
         "0",
-        "--static-membership",
         "--http-timeout",
         "10s",
         "--max-batch",
         "100",
-    ];
+    ]
+    .into_iter()
+    .chain(common::restart_membership(protocol).iter().copied())
+    .collect();
+    let stage_within = Duration::from_secs(60) + common::session_timeout(protocol, Duration::ZERO);
     let feed = Feed::new(&kafka()).expect("feed");
     let ids = produce(&feed, &setup.topic, 0..150);
     // Crashes inside open hand-off transactions, their records already in the log: after 30
@@ -978,7 +989,7 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
         let at_least = 20 + 40 * (i as u64 % 2);
         wait_until(
             &format!("{topic} has {at_least} hand-offs"),
-            Duration::from_secs(60),
+            stage_within,
             || count_records(&kafka(), topic, Isolation::ReadCommitted).unwrap_or(0) >= at_least,
         );
         deliverer.signal_if_running("KILL");
@@ -988,7 +999,7 @@ fn sigkill_during_hand_offs_neither_loses_nor_doubles_one() {
     }
     wait_until(
         "every failing delivery reached the DLQ",
-        Duration::from_secs(120),
+        Duration::from_secs(120) + common::session_timeout(protocol, Duration::ZERO),
         || {
             count_records(&kafka(), &setup.dlq(), Isolation::ReadCommitted).unwrap_or(0)
                 >= ids.len() as u64
@@ -1095,7 +1106,10 @@ fn produce_retries(topic: &str, subscriber: &str, records: &[(u64, SystemTime)])
 
 /// The partitions of each member of a Stable `group`, as the broker assigned them (no member
 /// while the group rebalances or is empty).
-fn group_assignment(group: &str) -> Vec<BTreeSet<(String, i32)>> {
+fn group_assignment(group: &str, protocol: GroupProtocol) -> Vec<BTreeSet<(String, i32)>> {
+    if protocol == GroupProtocol::Consumer {
+        return consumer_group_assignment(group);
+    }
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let client: BaseConsumer = kafka().admin().create().expect("a client");
     let Ok(list) = client.fetch_group_list(Some(group), Duration::from_secs(10)) else {
@@ -1106,6 +1120,58 @@ fn group_assignment(group: &str) -> Vec<BTreeSet<(String, i32)>> {
         .filter(|g| g.state() == "Stable")
         .flat_map(|g| g.members())
         .map(|m| m.assignment().map(parse_assignment).unwrap_or_default())
+        .collect()
+}
+
+/// [`group_assignment`] of a group of the consumer protocol (KIP-848), which DescribeGroups does
+/// not describe (ConsumerGroupDescribe does; rust-rdkafka has no call for it): each member's
+/// CURRENT-ASSIGNMENT as `kafka-consumer-groups --describe --members --verbose` prints it
+/// (`topic:0,1;other:0`, or `-`), none while the tool says the group is rebalancing.
+fn consumer_group_assignment(group: &str) -> Vec<BTreeSet<(String, i32)>> {
+    let out = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh"))
+        .args([
+            "tool",
+            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+            "--bootstrap-server",
+            &kafka().bootstrap,
+            "--describe",
+            "--members",
+            "--verbose",
+            "--group",
+            group,
+        ])
+        .output()
+        .expect("running kafka-consumer-groups");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success()
+        || text.contains("is rebalancing")
+        || text.contains("has no active members")
+    {
+        return Vec::new();
+    }
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let Some(column) =
+        lines.find_map(|l| l.split_whitespace().position(|h| h == "CURRENT-ASSIGNMENT"))
+    else {
+        return Vec::new();
+    };
+    lines
+        .filter(|l| l.starts_with(group))
+        .map(|l| {
+            let cell = l.split_whitespace().nth(column).unwrap_or("-");
+            let mut owned = BTreeSet::new();
+            for topic in cell.split(';').filter(|t| *t != "-") {
+                let (name, partitions) = topic.rsplit_once(':').expect("topic:partitions");
+                for p in partitions.split(',') {
+                    owned.insert((name.to_owned(), p.parse().expect("a partition")));
+                }
+            }
+            owned
+        })
         .collect()
 }
 
@@ -1181,7 +1247,7 @@ fn aborted_hand_off_reads_a_held_partition_again(test: &str, extra: &[&str]) {
         "the deliverer owns its partitions",
         Duration::from_secs(60),
         || {
-            group_assignment(&setup.group())
+            group_assignment(&setup.group(), common::suite_protocol())
                 .iter()
                 .map(BTreeSet::len)
                 .sum::<usize>()
@@ -1331,6 +1397,20 @@ fn bucket_gauges_follow_a_held_partition_while_it_stays_paused() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
+    held_bucket_partition_moved_away_and_back(common::suite_protocol());
+}
+
+/// Under the consumer protocol the frozen instance 0 is expelled by the broker's session (45 s),
+/// and, thawed, its heartbeat is refused (its member epoch fenced): librdkafka revokes its
+/// partitions as lost, and it joins again as a new member.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again_under_the_consumer_protocol(
+) {
+    held_bucket_partition_moved_away_and_back(GroupProtocol::Consumer);
+}
+
+fn held_bucket_partition_moved_away_and_back(protocol: GroupProtocol) {
     // Each key fails once (429, Retry-After 0) then is accepted: every notification goes through
     // the first bucket once.
     let flaky = Webhook::up(Behaviour::TooManyOnce {
@@ -1339,9 +1419,23 @@ fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
     let setup = Setup::new("deliver-moved", 1, "1s,2s,90s", &[("flaky", flaky.url())]);
     let group = setup.group();
     let all: BTreeSet<(String, i32)> = setup.read_topics().into_iter().map(|t| (t, 0)).collect();
-    let owners = || group_assignment(&group);
-    // Short sessions, so a frozen or stopped (static) member is expelled within seconds.
-    let args = ["-X", "session.timeout.ms=6000", "--breaker-failures", "0"];
+    let owners = || group_assignment(&group, protocol);
+    // Short sessions, so a frozen or stopped (static) member is expelled within seconds (classic;
+    // the broker's 45 s under the consumer protocol).
+    let session = common::session_timeout(protocol, Duration::from_secs(6));
+    let args: Vec<String> = common::session_args(protocol, session)
+        .into_iter()
+        .chain(
+            [
+                "--breaker-failures",
+                "0",
+                "--group-protocol",
+                protocol.as_str(),
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut a = setup.spawn_instance("0", &setup.metrics_addr, &args);
     setup.wait_ready(&mut a);
     wait_until(
@@ -1349,8 +1443,9 @@ fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
         Duration::from_secs(60),
         || owners() == vec![all.clone()],
     );
-    // A retry record due in 60 s: instance 0 holds the first bucket's partition (paused) at it.
-    let h_due = SystemTime::now() + Duration::from_secs(60);
+    // A retry record due in 60 s (plus the session, which must pass before instance 1 takes it):
+    // instance 0 holds the first bucket's partition (paused) at it.
+    let h_due = SystemTime::now() + Duration::from_secs(54) + session;
     let held = produce_retries(&setup.bucket("1s"), "flaky", &[(1000, h_due)]);
     wait_until(
         "instance 0 holds the first bucket's partition",
@@ -1384,7 +1479,7 @@ fn a_held_bucket_partition_moved_away_and_back_while_paused_is_read_again() {
     let thaw = common::Thaw(a.child.id());
     wait_until(
         "instance 1 owns every partition",
-        Duration::from_secs(60),
+        Duration::from_secs(54) + session,
         || owners() == vec![all.clone()],
     );
     assert!(
@@ -1456,7 +1551,7 @@ fn a_retry_due_far_in_the_future_holds_its_bucket_partition_no_longer_than_the_l
         "the deliverer owns its partitions",
         Duration::from_secs(60),
         || {
-            group_assignment(&setup.group())
+            group_assignment(&setup.group(), common::suite_protocol())
                 .iter()
                 .map(BTreeSet::len)
                 .sum::<usize>()

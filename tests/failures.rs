@@ -2,11 +2,19 @@
 //! in the same transaction as the offset past it, poison ticks exactly once, flaky ticks
 //! processed, an unwritable DLQ holds the offset back, at-least-once repeats what exactly-once
 //! does not, and a restart aborts at once what either of the two producers left open.
+//!
+//! # Group protocols
+//! Every test runs under the suite's group protocol (`GROUP_PROTOCOL`, classic by default: see
+//! tests/common); `GROUP_PROTOCOL=consumer scripts/test.sh` runs the whole file under the
+//! consumer protocol (KIP-848). None runs under it in every suite: under that protocol each
+//! crash's restart waits for the broker's 45 s session, two per test here, and tests/pipeline.rs's
+//! consumer-protocol SIGKILL and abort tests cover the same paths.
 
 mod common;
 
-use common::{kafka, Run};
+use common::{kafka, restart_membership, suite_protocol, Run};
 use price_alerts::dlq::FaultInjection;
+use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::kafka::feed::{next_offsets, produce_raw, Feed};
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::topics;
@@ -160,10 +168,13 @@ fn fault_injection_poison_once_each_in_the_dlq_flaky_processed_also_with_sigkill
     });
     let mut run = Run::new("faults", rules);
     run.faults = FaultInjection { enabled: true };
-    // Static membership: each restart (the same instance id) takes the partitions back at once.
-    run.extra = ["--commit-interval", "500ms", "--static-membership"]
-        .map(String::from)
-        .to_vec();
+    // Classic: static membership, so that each restart (the same instance id) takes the
+    // partitions back at once; consumer: dynamic (common::restart_membership says why).
+    run.extra = ["--commit-interval", "500ms"]
+        .iter()
+        .chain(restart_membership(run.group_protocol))
+        .map(|a| a.to_string())
+        .collect();
     run.create_topics(6);
     let poison: BTreeSet<(String, u64)> = ticks
         .iter()
@@ -328,6 +339,7 @@ struct Crash<'a> {
     /// The commit the first run crashes before (its outputs flushed, its offsets sent).
     before_commit: u32,
     transaction_timeout: &'static str,
+    protocol: GroupProtocol,
 }
 
 /// What a [`Crash`] left: the verdict, how long the restart took to commit the input's end, and
@@ -343,20 +355,17 @@ struct Crashed {
 fn crash_between_produce_and_commit(crash: &Crash<'_>, ticks: &[Tick], rules: &Rules) -> Crashed {
     let mut run = Run::new(&format!("crash-{}", crash.name), rules.clone());
     run.transaction_timeout = crash.transaction_timeout;
-    // Static membership: the restart (the same instance id) takes the partitions back at once.
-    // Under the dynamic default it waited for the crashed member's session to expire (librdkafka's
-    // 45 s), twice per test: 99 of the test's 100 s in a suite run.
-    let base: Vec<String> = [
-        "--max-batch",
-        "300",
-        "--commit-interval",
-        "5s",
-        "--static-membership",
-    ]
-    .iter()
-    .chain(crash.args)
-    .map(|a| a.to_string())
-    .collect();
+    run.group_protocol = crash.protocol;
+    // Classic: static membership, so the restart (the same instance id) takes the partitions back
+    // at once. Under the dynamic default it waited for the crashed member's session to expire
+    // (librdkafka's 45 s), twice per test: 99 of the test's 100 s in a suite run. Consumer:
+    // dynamic, and the restart waits for the broker's session (common::restart_membership).
+    let base: Vec<String> = ["--max-batch", "300", "--commit-interval", "5s"]
+        .iter()
+        .chain(restart_membership(crash.protocol))
+        .chain(crash.args)
+        .map(|a| a.to_string())
+        .collect();
     run.create_topics(3);
     let landed = Feed::new(&kafka())
         .unwrap()
@@ -396,12 +405,13 @@ fn crash_between_produce_and_commit(crash: &Crash<'_>, ticks: &[Tick], rules: &R
 }
 
 /// A crash in each guarantee, before the third commit (the first producer's, with two).
-fn crash_in(guarantee: &str, ticks: &[Tick], rules: &Rules) -> Crashed {
+fn crash_in(guarantee: &str, ticks: &[Tick], rules: &Rules, protocol: GroupProtocol) -> Crashed {
     let crash = Crash {
         name: guarantee,
         args: &["--guarantee", guarantee],
         before_commit: 3,
         transaction_timeout: "30s",
+        protocol,
     };
     crash_between_produce_and_commit(&crash, ticks, rules)
 }
@@ -409,14 +419,15 @@ fn crash_in(guarantee: &str, ticks: &[Tick], rules: &Rules) -> Crashed {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn at_least_once_duplicates_after_a_crash_where_exactly_once_does_not() {
+    let protocol = suite_protocol();
     let (rules, ticks) = generate(&GenOptions {
         symbols: 20,
         ticks: 3_000,
         seed: 6,
         stale_every: 0,
     });
-    let alo = crash_in("at-least-once", &ticks, &rules).report;
-    let eos = crash_in("exactly-once", &ticks, &rules).report;
+    let alo = crash_in("at-least-once", &ticks, &rules, protocol).report;
+    let eos = crash_in("exactly-once", &ticks, &rules, protocol).report;
     println!(
         "same input and crash: at-least-once {} duplicates, exactly-once {} duplicates (missing {} / {})",
         alo.duplicate.len(),
@@ -449,11 +460,23 @@ fn a_restart_aborts_what_the_second_producer_left_open() {
         seed: 8,
         stale_every: 0,
     });
+    let protocol = suite_protocol();
+    // Under the consumer protocol the restart gets its partitions only once the broker expired
+    // the crashed member (45 s), whatever the producers do: a transaction timeout that long
+    // beyond it still tells a fence from a wait for the timeout.
+    let (transaction_timeout, bound) = match protocol {
+        GroupProtocol::Classic => ("60s", Duration::from_secs(40)),
+        GroupProtocol::Consumer => (
+            "120s",
+            common::BROKER_CONSUMER_SESSION + Duration::from_secs(40),
+        ),
+    };
     let crash = Crash {
         name: "second-producer",
         args: &["--txn-producers", "2"],
         before_commit: 2,
-        transaction_timeout: "60s",
+        transaction_timeout,
+        protocol,
     };
     let crashed = crash_between_produce_and_commit(&crash, &ticks, &rules);
     println!(
@@ -469,8 +492,8 @@ fn a_restart_aborts_what_the_second_producer_left_open() {
         "the crashed transaction had notifications in the log, aborted"
     );
     assert!(
-        crashed.restart_took < Duration::from_secs(40),
-        "the restart took {:?}: it waited for the transaction timeout (60 s) instead of fencing the second producer",
+        crashed.restart_took < bound,
+        "the restart took {:?}: it waited for the transaction timeout ({transaction_timeout}) instead of fencing the second producer",
         crashed.restart_took
     );
 }

@@ -7,10 +7,17 @@
 //! rejoins for the second round, and is restarted with the same instance id at once, well within
 //! the session timeout. Ownership is judged by what an operator can check from outside: fresh
 //! input on every partition, and the group's committed offsets reaching its end.
+//!
+//! Under the suite's group protocol (`GROUP_PROTOCOL`, tests/common): under the consumer protocol
+//! (KIP-848) there are no rounds, the crash lands right after a revoke all the same, the
+//! sessions are the broker's (45 s: a dead member is expelled that late), and a static restart is
+//! refused while the dead member holds its id (it exits 1; the survivor gets every partition once
+//! the broker expires the dead one). None of these runs under the consumer protocol in every
+//! suite (each waits a 45 s session there); `GROUP_PROTOCOL=consumer scripts/test.sh` runs them.
 
 mod common;
 
-use common::{kafka, Pipeline, Run};
+use common::{kafka, session_args, session_timeout, suite_protocol, Pipeline, Run};
 use price_alerts::rules::Rules;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rust_decimal::Decimal;
@@ -19,10 +26,11 @@ use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 6;
 /// Short sessions, so a member that died is expelled quickly under dynamic membership; the
-/// restart after the crash comes long before it expires.
-const SESSION: &str = "session.timeout.ms=10000";
-/// Every partition must be owned (and its fresh input committed) this soon after the restart.
-const OWNED_WITHIN: Duration = Duration::from_secs(30);
+/// restart after the crash comes long before it expires (classic; the broker's under consumer).
+const SESSION: Duration = Duration::from_secs(10);
+/// Every partition must be owned (and its fresh input committed) this long after the restart
+/// beyond the session.
+const OWNED_BEYOND_SESSION: Duration = Duration::from_secs(20);
 /// Bound on the start of the first instance and its first commits (a loaded machine).
 const STARTED: Duration = Duration::from_secs(120);
 const EXIT: Duration = Duration::from_secs(60);
@@ -134,12 +142,17 @@ fn lag_on_metrics(
 
 /// What a crash between the rounds left behind.
 struct Outcome {
-    /// Partitions whose fresh input was not committed within [`OWNED_WITHIN`] of the restart.
+    /// Partitions whose fresh input was not committed within [`owned_within`] of the restart.
     behind: Vec<i32>,
     /// The lag of every partition on the surviving instance's /metrics, before the fresh input
     /// and once the wait is over.
     lag_before: BTreeMap<i32, f64>,
     lag_after: BTreeMap<i32, f64>,
+}
+
+/// How soon after the restart every partition must be owned and its fresh input committed.
+fn owned_within() -> Duration {
+    session_timeout(suite_protocol(), SESSION) + OWNED_BEYOND_SESSION
 }
 
 /// Fresh input per partition after the restart.
@@ -150,10 +163,10 @@ const FRESH: u64 = 3;
 /// same id; then every partition gets fresh input.
 fn kill_between_rounds(test: &str, membership: &[&str]) -> Outcome {
     let mut run = Run::new(test, rules());
-    run.extra = ["-X", SESSION]
-        .iter()
-        .chain(membership)
-        .map(|s| s.to_string())
+    let owned_within = owned_within();
+    run.extra = session_args(run.group_protocol, SESSION)
+        .into_iter()
+        .chain(membership.iter().map(|s| s.to_string()))
         .collect();
     run.create_topics(PARTITIONS);
 
@@ -183,7 +196,7 @@ fn kill_between_rounds(test: &str, membership: &[&str]) -> Outcome {
     // Everything before the crash was committed: the lag is 0 everywhere.
     let lag_before = lag_on_metrics(&run, &addr, STARTED, |lag| lag.values().all(|l| *l == 0.0));
     let target = fresh_input(&run.input, FRESH, 100);
-    let behind = partitions_left_behind(&run, &target, OWNED_WITHIN);
+    let behind = partitions_left_behind(&run, &target, owned_within);
     println!(
         "{test} {membership:?}: {} partition(s) without progress {:.1}s after the restart: {behind:?}",
         behind.len(),
@@ -219,8 +232,9 @@ fn a_member_killed_between_rebalance_rounds_leaves_no_partition_without_an_owner
     let o = kill_between_rounds("revoke-kill", &[]);
     assert!(
         o.behind.is_empty(),
-        "partitions {:?} have no owner {OWNED_WITHIN:?} after the restart",
-        o.behind
+        "partitions {:?} have no owner {:?} after the restart",
+        o.behind,
+        owned_within()
     );
     assert_eq!(
         o.lag_after.values().sum::<f64>(),
@@ -262,8 +276,9 @@ fn a_partition_nobody_consumes_shows_its_lag_rising_on_another_instance() {
     let run = Run::new("orphan-lag", rules());
     run.create_topics(PARTITIONS);
     let mut first = run.command("0");
-    // The frozen member keeps its partitions for the whole test.
-    first.args(["-X", "session.timeout.ms=180000"]);
+    // The frozen member keeps its partitions for the whole test (classic; under the consumer
+    // protocol for the broker's 45 s session, which the test stays within).
+    first.args(session_args(run.group_protocol, Duration::from_secs(180)));
     let mut a = Pipeline::from(first.spawn().expect("starting instance 0"), "0");
     let target = fresh_input(&run.input, 3, 1);
     let behind = partitions_left_behind(&run, &target, STARTED);

@@ -1,10 +1,21 @@
 //! The processor as people run it: a child process on the real broker, checked by the verifier
 //! (expected notifications from the input through the crossing rule, against what read_committed
 //! readers find). Crashes are real SIGKILLs, shutdowns real SIGTERMs.
+//!
+//! # Group protocols
+//! Every test runs under the suite's group protocol (`GROUP_PROTOCOL`, classic by default: see
+//! tests/common). The crash, rebalance, abort and zombie tests take the protocol as an argument,
+//! and each has a second `#[test]` that runs it under the consumer protocol (KIP-848) in every
+//! suite: `sigkill_mid_stream_…_under_the_consumer_protocol` (one kill, not three: each kill
+//! costs the broker's 45 s session there), `two_instances_…`, `every_third_…` and
+//! `a_paused_zombie_…` `_under_the_consumer_protocol`. `GROUP_PROTOCOL=consumer scripts/test.sh`
+//! runs the whole list under the consumer protocol (the three kills and both thawed zombies
+//! included).
 
 mod common;
 
-use common::{kafka, Run};
+use common::{kafka, restart_membership, session_args, session_timeout, suite_protocol, Run};
+use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::kafka::feed::{next_offsets, produce_ticks, Landed};
 use price_alerts::kafka::read::{count_records, count_visible_records, reader};
 use price_alerts::kafka::Isolation;
@@ -306,19 +317,45 @@ fn uncommitted_output(run: &Run) -> u64 {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
+    sigkill_mid_stream(suite_protocol(), 3);
+}
+
+/// One kill: under the consumer protocol the restart waits for the broker to expire the killed
+/// member (45 s), so three cost over two minutes; the suite's `GROUP_PROTOCOL=consumer` run does
+/// three.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn sigkill_mid_stream_loses_and_doubles_nothing_under_the_consumer_protocol() {
+    sigkill_mid_stream(GroupProtocol::Consumer, 1);
+}
+
+/// `kills` SIGKILLs of the one instance, each in an open transaction with output in the log, each
+/// followed at once by a restart with the same instance id.
+fn sigkill_mid_stream(protocol: GroupProtocol, kills_wanted: u32) {
     // A stream long enough for the kills on a loaded machine (each needs a transaction with
     // output open, so a live stream): 48,000 ticks over a minute, hurried once the kills are
-    // done. In a suite run, under load, three kills outlasted a 15 s stream once.
+    // done. In a suite run, under load, three kills outlasted a 15 s stream once. Under the
+    // consumer protocol each restart waits for the killed member's session (the broker's, 45 s)
+    // before it gets any partition, so the stream lasts that much longer per kill.
     let ticks_total = 48_000;
     let (rules, ticks) = stream(50, ticks_total, 2);
     let mut run = Run::new("crash", rules);
-    // One-second batches over a steady stream: a transaction is open nearly all the time. Static
-    // membership, so that each restart (the same instance id) takes the partitions back at once
-    // and the kills land mid-stream; under the dynamic default a restart waits for the dead
-    // member's session to expire (the chaos run covers that).
-    run.extra = ["--commit-interval", "1s", "--static-membership"]
-        .map(String::from)
-        .to_vec();
+    run.group_protocol = protocol;
+    let spread = Duration::from_secs(60)
+        + match protocol {
+            GroupProtocol::Classic => Duration::ZERO,
+            GroupProtocol::Consumer => common::BROKER_CONSUMER_SESSION * kills_wanted,
+        };
+    // One-second batches over a steady stream: a transaction is open nearly all the time. Under
+    // the classic protocol static membership, so that each restart (the same instance id) takes
+    // the partitions back at once and the kills land mid-stream; under the dynamic default a
+    // restart waits for the dead member's session to expire (the chaos run covers that). Under
+    // the consumer protocol dynamic (common::restart_membership says why).
+    run.extra = ["--commit-interval", "1s"]
+        .iter()
+        .chain(restart_membership(protocol))
+        .map(|a| a.to_string())
+        .collect();
     run.create_topics(6);
     let started = Instant::now();
     let hurry = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -326,14 +363,14 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
         run.input.clone(),
         ticks,
         480,
-        Duration::from_secs(60),
+        spread,
         std::sync::Arc::clone(&hurry),
     );
     let mut kills = 0;
     let mut committed = 0;
     let mut hidden = 0;
     let mut p = run.spawn("0");
-    while kills < 3 {
+    while kills < kills_wanted {
         committed = wait_progress(&run, committed, 1_000);
         // Kill while a transaction has output in the log: uncommitted output grew since the last
         // kill (what earlier kills left behind is aborted and never shrinks).
@@ -365,7 +402,7 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
     let report = assert_exactly_once(&run, ticks_total);
     let aborted = uncommitted_output(&run);
     println!(
-        "crash test: {ticks_total} ticks, {kills} kills, expected {} found {} missing 0 duplicate 0; \
+        "crash test ({protocol}): {ticks_total} ticks, {kills} kills, expected {} found {} missing 0 duplicate 0; \
          notifications of killed transactions (aborted): {aborted}; wall {:.1}s",
         report.expected,
         report.found,
@@ -385,10 +422,24 @@ fn sigkill_mid_stream_three_times_loses_and_doubles_nothing() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn two_instances_share_the_work_and_one_is_replaced() {
+    two_instances_one_replaced(suite_protocol());
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn two_instances_share_the_work_and_one_is_replaced_under_the_consumer_protocol() {
+    two_instances_one_replaced(GroupProtocol::Consumer);
+}
+
+/// Rebalances with a transaction open: B joins (A revokes what moves, committing first, inside
+/// its revoke callback), B is stopped (it commits and leaves), C joins.
+fn two_instances_one_replaced(protocol: GroupProtocol) {
     let (rules, ticks) = stream(50, 10_000, 3);
     let mut run = Run::new("group", rules);
-    // Static members that stop are only evicted after the session timeout: keep it short here.
-    run.extra = vec!["-X".into(), "session.timeout.ms=6000".into()];
+    run.group_protocol = protocol;
+    // Static members that stop are only evicted after the session timeout: keep it short here
+    // (classic; the consumer protocol's session is the broker's, and a clean stop leaves).
+    run.extra = session_args(protocol, Duration::from_secs(6));
     run.create_topics(6);
     let loader = load_slowly(run.input.clone(), ticks, 25, Duration::from_secs(10));
     let a = run.spawn("0");
@@ -412,7 +463,13 @@ fn two_instances_share_the_work_and_one_is_replaced() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn every_third_transaction_aborted_still_exactly_once() {
-    every_third_transaction_aborted("aborts", &[]);
+    every_third_transaction_aborted("aborts", &[], suite_protocol());
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn every_third_transaction_aborted_still_exactly_once_under_the_consumer_protocol() {
+    every_third_transaction_aborted("aborts-kip848", &[], GroupProtocol::Consumer);
 }
 
 /// An abort that librdkafka fails fatally (EndTxn answered INVALID_TXN_STATE, seen on the
@@ -423,12 +480,17 @@ fn every_third_transaction_aborted_still_exactly_once() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn aborts_that_fail_fatally_are_completed_by_registering_again() {
-    every_third_transaction_aborted("fatal-aborts", &["--test-aborts-fail-fatally"]);
+    every_third_transaction_aborted(
+        "fatal-aborts",
+        &["--test-aborts-fail-fatally"],
+        suite_protocol(),
+    );
 }
 
-fn every_third_transaction_aborted(test: &str, extra: &[&str]) {
+fn every_third_transaction_aborted(test: &str, extra: &[&str], protocol: GroupProtocol) {
     let (rules, ticks) = stream(50, 10_000, 4);
     let mut run = Run::new(test, rules);
+    run.group_protocol = protocol;
     run.extra = [
         "--test-abort-every",
         "3",
@@ -567,20 +629,66 @@ fn bad_rules_and_bad_properties_are_refused_with_a_clear_message() {
     let (code, err) = refused(&["--rules", good, "-X", "malformed"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("key=value"), "{err}");
+
+    // What the consumer group protocol forbids on the client, refused at start naming it and
+    // where it lives instead; -X group.protocol belongs to the flag.
+    let (code, err) = refused(&[
+        "--rules",
+        good,
+        "--group-protocol",
+        "consumer",
+        "-X",
+        "session.timeout.ms=6000",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("session.timeout.ms is not allowed with --group-protocol consumer")
+            && err.contains("group.consumer.session.timeout.ms"),
+        "{err}"
+    );
+    let (code, err) = refused(&["--rules", good, "-X", "group.protocol=consumer"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("use --group-protocol"), "{err}");
 }
 
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
+    paused_zombie(suite_protocol());
+}
+
+/// Under the consumer protocol the paused member is expired by the broker's session (45 s), and
+/// the thawed zombie meets a fenced member epoch: its heartbeat is refused (FENCED_MEMBER_EPOCH
+/// or UNKNOWN_MEMBER_ID: librdkafka revokes its partitions as lost, which aborts and rewinds),
+/// or its offsets are (TxnOffsetCommit answered ILLEGAL_GENERATION for a stale member epoch:
+/// abortable).
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_paused_zombie_is_fenced_and_nothing_is_doubled_under_the_consumer_protocol() {
+    paused_zombie(GroupProtocol::Consumer);
+}
+
+fn paused_zombie(protocol: GroupProtocol) {
     let (rules, ticks) = stream(50, 9_000, 7);
     let mut run = Run::new("zombie", rules);
-    // Short sessions so the paused instance is evicted quickly; long batches so it is paused
-    // with a transaction open.
-    run.extra = ["-X", "session.timeout.ms=6000", "--commit-interval", "2s"]
-        .map(String::from)
-        .to_vec();
+    run.group_protocol = protocol;
+    if protocol == GroupProtocol::Consumer {
+        // The zombie must outlive its member epoch, not its transaction: paused past the broker's
+        // 45 s session, a 30 s transaction would time out meanwhile, and the coordinator's abort
+        // would fence the producer first (a fence that tests/pipeline.rs's thawed zombies cover).
+        // With 120 s the thawed A meets its fenced member epoch with its transaction still open.
+        run.transaction_timeout = "120s";
+    }
+    // Short sessions so the paused instance is evicted quickly (classic; the broker's 45 s under
+    // the consumer protocol); long batches so it is paused with a transaction open.
+    run.extra = session_args(protocol, Duration::from_secs(6))
+        .into_iter()
+        .chain(["--commit-interval", "2s"].map(String::from))
+        .collect();
     run.create_topics(6);
-    let loader = load_slowly(run.input.clone(), ticks, 60, Duration::from_secs(15));
+    // The stream outlasts the session, so B takes over a live stream.
+    let spread = Duration::from_secs(15) + session_timeout(protocol, Duration::from_secs(6));
+    let loader = load_slowly(run.input.clone(), ticks, 60, spread);
     let a = run.spawn("0");
     wait_progress(&run, 0, 1_000);
     // Pause A, alone in the group so far, while a transaction with output is open: uncommitted
@@ -629,7 +737,7 @@ fn a_paused_zombie_is_fenced_and_nothing_is_doubled() {
     let report = assert_exactly_once(&run, 9_000);
     let aborted = uncommitted_output(&run);
     println!(
-        "zombie test: expected {} found {}, 0 missing, 0 duplicate; the paused instance exited with {a_status}; \
+        "zombie test ({protocol}): expected {} found {}, 0 missing, 0 duplicate; the paused instance exited with {a_status}; \
          {aborted} notifications in aborted transactions",
         report.expected, report.found
     );
@@ -651,7 +759,11 @@ fn a_thawed_zombie_does_not_take_its_id_back_from_its_replacement() {
 }
 
 /// The same with static membership: B takes A's place in the group at once (the same
-/// `group.instance.id`) and commits while A is still frozen, before A is thawed.
+/// `group.instance.id`) and commits while A is still frozen, before A is thawed. Under the
+/// consumer protocol the broker refuses B's `group.instance.id` while the frozen A holds it
+/// (UNRELEASED_INSTANCE_ID, fatal in librdkafka): B exits 1 and says why; A, thawed, finds its
+/// producer fenced by B's registration and exits non-zero, leaving the group, which releases the
+/// id; B started again then takes over and commits the rest, exactly once.
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_thawed_static_zombie_does_not_take_its_id_back_from_its_replacement() {
@@ -663,18 +775,20 @@ fn thawed_zombie(test: &str, extra: &[&str]) {
     // Short transactions, a long session: the freeze (at least FROZEN) outlasts the first and
     // not the second, so the thawed A still believes it owns its partitions and its transaction.
     const FROZEN: Duration = Duration::from_secs(10);
-    const SESSION: Duration = Duration::from_secs(30);
+    let protocol = suite_protocol();
+    // Under the consumer protocol the session is the broker's (45 s).
+    let session = session_timeout(protocol, Duration::from_secs(30));
     let ticks_total = 12_000;
     let (rules, ticks) = stream(50, ticks_total, 8);
     let mut run = Run::new(test, rules);
     run.transaction_timeout = "6s";
-    let session = format!("session.timeout.ms={}", SESSION.as_millis());
-    run.extra = ["-X", &session, "--commit-interval", "1s"]
-        .iter()
-        .chain(extra)
-        .map(|a| a.to_string())
+    run.extra = session_args(protocol, session)
+        .into_iter()
+        .chain(["--commit-interval", "1s"].map(String::from))
+        .chain(extra.iter().map(|a| a.to_string()))
         .collect();
     let static_membership = extra.contains(&"--static-membership");
+    let refused_static = static_membership && protocol == GroupProtocol::Consumer;
     run.create_topics(3);
     // A steady stream, so A has a transaction open nearly always; hurried once B has taken over.
     let hurry = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -707,19 +821,71 @@ fn thawed_zombie(test: &str, extra: &[&str]) {
     let thaw = common::Thaw(a.child.id());
     let at_pause = run.committed_per_partition();
     thread::sleep(FROZEN); // past A's transaction timeout: the scenario, not a wait for a condition
-    let (mut b, b_started) = common::Pipeline::prefixed_watching(
+    let (mut b, b_said) = common::Pipeline::prefixed_watching_all(
         run.command("0")
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("starting alert-pipeline"),
         "0'",
-        "engine started",
+        &[
+            "engine started",
+            "still held by a member that did not leave",
+        ],
     );
+    let (b_started, b_refused) = (&b_said[0], &b_said[1]);
     let b_running = |b: &mut common::Pipeline, when: &str| {
         if let Ok(Some(status)) = b.child.try_wait() {
             panic!("the replacement B exited ({status}) {when}");
         }
     };
+    if refused_static {
+        let status = b.wait(CAUGHT_UP);
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "B, refused the static id that the frozen A holds, exits 1: {status}"
+        );
+        assert!(
+            b_started.load(std::sync::atomic::Ordering::Relaxed)
+                && b_refused.load(std::sync::atomic::Ordering::Relaxed),
+            "B registered its transactional ids, then was refused, saying so"
+        );
+        let frozen_for = frozen.elapsed();
+        drop(thaw);
+        let thawed = Instant::now();
+        let a_status = a.wait(EXIT);
+        let a_exited_after = thawed.elapsed();
+        assert!(
+            !a_status.success() && a_status.code().is_some(),
+            "the thawed A exits non-zero, fenced: {a_status}"
+        );
+        // The same instance id: the id A released when it left.
+        let mut b = common::Pipeline::prefixed(
+            run.command("0")
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starting alert-pipeline"),
+            "0''",
+        );
+        hurry.store(true, std::sync::atomic::Ordering::Relaxed);
+        let landed = loader.join().expect("loader");
+        let target = next_offsets(&landed);
+        run.wait_committed(&target, CAUGHT_UP);
+        b_running(&mut b, "after it committed the input");
+        b.signal("TERM");
+        assert!(b.wait(EXIT).success(), "B stops cleanly");
+        let report = assert_exactly_once(&run, ticks_total);
+        println!(
+            "{test} ({protocol}): A frozen {:.1} s, B refused its static id (exit 1), A exited \
+             {a_status} {:.1} s after SIGCONT; B started again committed to the end; expected {} \
+             found {}, 0 missing, 0 duplicate",
+            frozen_for.as_secs_f64(),
+            a_exited_after.as_secs_f64(),
+            report.expected,
+            report.found
+        );
+        return;
+    }
     // B has registered the transactional ids (fencing A) once its engine has started.
     let deadline = Instant::now() + CAUGHT_UP;
     while !b_started.load(std::sync::atomic::Ordering::Relaxed) {
@@ -745,8 +911,8 @@ fn thawed_zombie(test: &str, extra: &[&str]) {
     }
     let frozen_for = frozen.elapsed();
     assert!(
-        frozen_for + Duration::from_secs(5) < SESSION,
-        "A was frozen {frozen_for:?}, too close to its session timeout ({SESSION:?}) for the scenario"
+        frozen_for + Duration::from_secs(5) < session,
+        "A was frozen {frozen_for:?}, too close to its session timeout ({session:?}) for the scenario"
     );
     drop(thaw);
     let thawed = Instant::now();
@@ -794,7 +960,7 @@ fn thawed_zombie(test: &str, extra: &[&str]) {
     assert!(b.wait(EXIT).success(), "B stops cleanly");
     let report = assert_exactly_once(&run, ticks_total);
     println!(
-        "{test}: A frozen {:.1} s (transaction timeout 6 s, session {SESSION:?}), exited {a_status} \
+        "{test} ({protocol}): A frozen {:.1} s (transaction timeout 6 s, session {session:?}), exited {a_status} \
          {:.1} s after SIGCONT; B committed to the end; expected {} found {}, 0 missing, 0 duplicate",
         frozen_for.as_secs_f64(),
         a_exited_after.as_secs_f64(),

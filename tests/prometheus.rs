@@ -18,6 +18,11 @@
 //! has grown) reached only now and then (two abort now). The test took 55-67 s alone here, and
 //! 89-94 s in two fresh-clone suite runs.
 //!
+//! Every stage here runs the classic group protocol, whatever the suite's `GROUP_PROTOCOL`
+//! (tests/common): the stalled group needs a frozen member that keeps its partitions for the
+//! whole test (a 900 s session), which the consumer protocol's session, the broker's (45 s),
+//! does not allow, and the static restarts would be refused while a frozen member holds the id.
+//!
 //! | alert | caused by | clears in the test |
 //! |---|---|---|
 //! | DeadLettersWaiting | oversize ticks and injected poison dead-lettered | yes: the limit raised, the faults off, the DLQ replayed |
@@ -49,6 +54,7 @@ mod common;
 use common::postgres::{free_port, Relay, SinkRun};
 use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, kafka, Pipeline, Run};
+use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::rules::Rules;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -441,6 +447,7 @@ fn spawn_deliver(
         ])
         .args(["--http-timeout", "2s", "--breaker-cooldown", "2s"])
         .args(["--metrics-addr", addr, "--lag-watch-interval", "1s"])
+        .args(["--group-protocol", "classic"])
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
@@ -522,6 +529,7 @@ fn shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_panel_answers
     // The main pipeline: fault injection on, a small tick limit. Its notifications feed the sink
     // and the deliverer.
     let mut main = Run::new("prom-main", rules.clone());
+    main.group_protocol = GroupProtocol::Classic;
     main.create_topics(3);
     main.faults.enabled = true;
     main.max_tick_bytes = 512;
@@ -543,6 +551,7 @@ fn shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_panel_answers
     // A group with a member that will freeze, and one that exports the group's lag.
     let stalled = {
         let mut r = Run::new("prom-stall", rules.clone());
+        r.group_protocol = GroupProtocol::Classic;
         // The frozen member keeps its partitions (no session expiry) for the whole test. The poll
         // interval is given too: without it the pipeline raises it for its group consumer only,
         // and librdkafka refuses its readers a session longer than their 300 s poll interval.
@@ -574,7 +583,8 @@ fn shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_panel_answers
     // every 5 s once its back-off has grown (src/backoff.rs), 0.2/s, and TransactionsAborting asks
     // for aborts above 5% of every instance's commits, which the other stages alone make 3 to
     // 4/s here: with one, the rule held only now and then.
-    let aborting = Run::new("prom-abort", rules.clone());
+    let mut aborting = Run::new("prom-abort", rules.clone());
+    aborting.group_protocol = GroupProtocol::Classic;
     aborting.create_topics(2);
     let abort_addrs = [free_addr(), free_addr()];
     let abort_addr = abort_addrs[0].clone();
@@ -604,6 +614,7 @@ fn shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_panel_answers
 
     // The sink, its database behind a relay the test cuts.
     let mut sink = SinkRun::new("prom_sink", &main.output);
+    sink.group_protocol = GroupProtocol::Classic;
     sink.extra = ["--reconnect-max", "1s"].map(String::from).to_vec();
     let relay = Relay::start(&sink.db.url);
     let sink_addr = format!("127.0.0.1:{}", free_port());

@@ -3,6 +3,10 @@
 //! database commit and the Kafka commit), a PostgreSQL crash mid-run, two instances with one
 //! replaced, and malformed records. Every test has a database of its own; the outage test stops
 //! the whole cluster, so it runs alone (`ClusterUse::alone`, which the other lane sees too).
+//!
+//! Every test runs under the suite's group protocol (`GROUP_PROTOCOL`, tests/common); the pause
+//! and revoke test also under the consumer protocol (KIP-848) in every suite
+//! (`…_under_the_consumer_protocol`).
 
 mod common;
 
@@ -11,6 +15,7 @@ use common::postgres::{
 };
 use common::{kafka, load_slowly, Run};
 use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
+use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
 use price_alerts::kafka::offsets::committed_offsets;
 use price_alerts::kafka::read::read_topic_to_end;
@@ -258,15 +263,15 @@ fn sigkill_inside_the_db_transaction_and_between_db_and_kafka_commits_loses_and_
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_kill", &topic);
-    // Small, frequent batches, so there are many of them to stop in. Static membership: each
-    // restart (the same instance id) takes the partitions back at once.
-    sink.extra = s(&[
-        "--commit-interval",
-        "50ms",
-        "--max-batch",
-        "200",
-        "--static-membership",
-    ]);
+    // Small, frequent batches, so there are many of them to stop in. Classic: static
+    // membership, so each restart (the same instance id) takes the partitions back at once;
+    // consumer: dynamic (common::restart_membership says why).
+    sink.extra = s(&["--commit-interval", "50ms", "--max-batch", "200"]);
+    sink.extra.extend(
+        common::restart_membership(sink.group_protocol)
+            .iter()
+            .map(|a| a.to_string()),
+    );
     let records: Vec<_> = input.iter().map(record).collect();
     let loader = load_slowly(topic.clone(), records, 60, Duration::from_secs(12));
     let dir = std::env::temp_dir().join(format!("{prefix}holds"));
@@ -392,8 +397,12 @@ fn the_groups_offsets_reach_the_stored_ones_when_nothing_more_arrives() {
         "60s",
         "--linger",
         "2s",
-        "--static-membership",
     ]);
+    sink.extra.extend(
+        common::restart_membership(sink.group_protocol)
+            .iter()
+            .map(|a| a.to_string()),
+    );
     let records: Vec<_> = input.iter().map(record).collect();
     let landed = load_slowly(topic.clone(), records, 1, Duration::ZERO)
         .join()
@@ -430,7 +439,10 @@ fn the_groups_offsets_reach_the_stored_ones_when_nothing_more_arrives() {
         &s(&["--metrics-addr", &addr, "--lag-watch-interval", "1s"]),
     );
     let want: Vec<i64> = (0..3).map(|p| ends[&p]).collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Under the consumer protocol the killed member keeps its partitions for the broker's session.
+    let deadline = Instant::now()
+        + Duration::from_secs(30)
+        + common::session_timeout(sink.group_protocol, Duration::ZERO);
     while kafka_committed(&sink.group, &topic) != want {
         assert!(
             Instant::now() < deadline,
@@ -581,6 +593,10 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn two_instances_share_the_partitions_and_one_is_replaced() {
+    sink_two_instances_one_replaced(common::suite_protocol());
+}
+
+fn sink_two_instances_one_replaced(protocol: GroupProtocol) {
     let _cluster = ClusterUse::shared();
     let input = notifications(50, 40_000, 41);
     let prefix = common::prefix("sink-group");
@@ -588,20 +604,19 @@ fn two_instances_share_the_partitions_and_one_is_replaced() {
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_group", &topic);
-    // A killed static member keeps its partitions until its session expires: keep it short.
-    sink.extra = s(&[
-        "-X",
-        "session.timeout.ms=6000",
-        "--commit-interval",
-        "50ms",
-        "--max-batch",
-        "300",
-    ]);
+    sink.group_protocol = protocol;
+    // A killed member keeps its partitions until its session expires: keep it short (classic;
+    // the broker's 45 s under the consumer protocol).
+    let session = Duration::from_secs(6);
+    sink.extra = common::session_args(protocol, session)
+        .into_iter()
+        .chain(s(&["--commit-interval", "50ms", "--max-batch", "300"]))
+        .collect();
     let loader = load_slowly(
         topic.clone(),
         input.iter().map(record).collect(),
         60,
-        Duration::from_secs(15),
+        Duration::from_secs(9) + common::session_timeout(protocol, session),
     );
     let a = sink.spawn("0", &[]);
     let at = sink.wait_progress(500, CAUGHT_UP);
@@ -633,6 +648,19 @@ fn wait_metrics(what: &str, done: impl Fn() -> bool) {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
+    revoked_while_paused(common::suite_protocol());
+}
+
+/// Under the consumer protocol the frozen A is expelled by the broker's session (45 s); thawed,
+/// its heartbeat is refused (its member epoch fenced), librdkafka revokes its partitions as lost
+/// and it joins again as a new member.
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back_under_the_consumer_protocol() {
+    revoked_while_paused(GroupProtocol::Consumer);
+}
+
+fn revoked_while_paused(protocol: GroupProtocol) {
     // The outage is a cut relay in front of the database, not a stopped server: only this test's
     // sinks lose the database, so the shared cluster lock is enough.
     let _cluster = ClusterUse::shared();
@@ -642,17 +670,18 @@ fn a_partition_revoked_while_paused_is_read_again_when_it_comes_back() {
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 6);
     let mut sink = SinkRun::new("sink_repause", &topic);
-    // A frozen member is expelled after 6 s; reconnections during the outage at most 1 s apart.
-    sink.extra = s(&[
-        "-X",
-        "session.timeout.ms=6000",
+    sink.group_protocol = protocol;
+    // A frozen member is expelled after 6 s (classic; the broker's 45 s under the consumer
+    // protocol); reconnections during the outage at most 1 s apart.
+    sink.extra = common::session_args(protocol, Duration::from_secs(6));
+    sink.extra.extend(s(&[
         "--commit-interval",
         "50ms",
         "--max-batch",
         "300",
         "--reconnect-max",
         "1s",
-    ]);
+    ]));
     let relay = Relay::start(&sink.db.url);
     let via_relay = relay.url(&sink.db.url);
     let spawn = |instance: &str| {
@@ -855,6 +884,7 @@ fn malformed_records_are_dead_lettered_once_each_with_their_class() {
         topic: topic.clone(),
         db: TestDb::create("unused"),
         extra: vec![],
+        group_protocol: sink.group_protocol,
     };
     let q = again
         .command("0", &[])
@@ -1067,6 +1097,63 @@ fn migrations_apply_once_even_when_two_instances_start_together() {
     assert_eq!(price_alerts::sink::db::known_migrations().len(), 3);
     let again = sink.command("0", &s(&["migrate"])).output().unwrap();
     assert!(String::from_utf8_lossy(&again.stderr).contains("0 migration(s) applied"));
+}
+
+/// Under the consumer protocol (KIP-848) the broker refuses a static member whose
+/// `group.instance.id` is still held by a member that did not leave (here a frozen one):
+/// UNRELEASED_INSTANCE_ID, which librdkafka makes fatal. The sink stops, exit 1, saying why and
+/// what to do, instead of polling a dead consumer for ever (it did, logging "consumer error").
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_static_sink_refused_its_instance_id_stops_saying_why_under_the_consumer_protocol() {
+    let _cluster = ClusterUse::shared();
+    let prefix = common::prefix("sink-unreleased");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 3);
+    let mut sink = SinkRun::new("sink_unreleased", &topic);
+    sink.group_protocol = GroupProtocol::Consumer;
+    sink.extra = s(&["--static-membership"]);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let a = sink.spawn("0", &s(&["--metrics-addr", &addr]));
+    wait_metrics("A owns every partition", || {
+        scrape(&addr, "alerts_sink_assigned_partitions") == 3.0
+    });
+    // A holds the id and stops answering; B comes with the same id.
+    let _thaw = common::Thaw(a.child.id());
+    a.signal("STOP");
+    let mut b = sink
+        .command("0", &[])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting alert-sink");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = b.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = b.kill();
+            let _ = b.wait();
+            panic!("the refused sink still runs 60 s after it started: it polls a dead consumer");
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    use std::io::Read as _;
+    b.stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stderr)
+        .expect("reading its stderr");
+    let said = error_line(&stderr);
+    println!("{said}");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        said.contains("still held by a member that did not leave")
+            && said.contains("dynamic membership"),
+        "{said}"
+    );
 }
 
 #[test]

@@ -122,7 +122,8 @@ impl DeliverArgs {
 
     /// Validates the arguments (the subscriptions file included) and builds the options.
     pub fn options(&self) -> anyhow::Result<DeliverOptions> {
-        let kafka = self.kafka.config()?;
+        // The group protocol first: a property it forbids is named before librdkafka sees any.
+        let kafka = self.membership.kafka(self.kafka.config()?)?;
         kafka.validate()?;
         let buckets = Buckets::parse(&self.topic, &self.buckets).context("--buckets")?;
         let subscriptions = Subscriptions::load(&self.subscriptions)?;

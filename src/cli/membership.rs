@@ -1,6 +1,25 @@
 //! How an instance of a stage (alert-pipeline, alert-sink, alert-deliver) is named and how it
-//! joins its consumer group: `--instance-id`, `--static-membership`, `--dynamic-membership`, the
-//! same flags and the same rules for the three.
+//! joins its consumer group: `--instance-id`, `--static-membership`, `--dynamic-membership`,
+//! `--group-protocol`, the same flags and the same rules for the three.
+//!
+//! # The group protocol
+//! `--group-protocol classic|consumer` (or `GROUP_PROTOCOL`): the classic protocol (the default
+//! until the rebalance benchmark of issue 44 says otherwise), or KIP-848's `consumer` protocol
+//! (Kafka 4.0 or later), where the broker assigns the partitions and each member gives up only
+//! what moves, without a group-wide barrier. The stage's group consumer speaks it; readers and
+//! probes never join a group. Under `consumer`, librdkafka 2.12 refuses `session.timeout.ms`,
+//! `heartbeat.interval.ms`, `partition.assignment.strategy` and `group.protocol.type` on the
+//! client (they are the broker's): this project sets none of them then, and one given with `-X`
+//! or the config file is refused at start, naming it ([`crate::kafka::KafkaConfig::with_group_protocol`],
+//! whose module doc cites librdkafka). `-X group.protocol` is refused in favour of the flag.
+//!
+//! Static membership under `consumer`: supported by librdkafka, but a member whose instance id
+//! is still held by a member that did not leave (a predecessor SIGKILLed, frozen, or on a
+//! machine that vanished) is refused by the broker with UNRELEASED_INSTANCE_ID, fatal in
+//! librdkafka, until the holder's session expires (the broker's
+//! `group.consumer.session.timeout.ms`, 45 s by default): the restart exits 1 saying so, and
+//! its supervisor's next restart after that session gets the partitions. A clean stop releases
+//! the id at once. The classic protocol fenced the older member instead.
 //!
 //! # Dynamic membership by default, static opt-in
 //! As in Kafka Streams. Static membership (KIP-345, `group.instance.id`) lets a restart within
@@ -23,8 +42,9 @@
 //! restart then fences its predecessor and aborts the transaction it left open at once, instead
 //! of after the transaction timeout. Static membership needs a given id.
 
+use crate::kafka::config::GroupProtocol;
 use anyhow::bail;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use tracing::info;
 
 /// `--instance-id`, `--static-membership`, `--dynamic-membership`, as every stage takes them.
@@ -47,6 +67,33 @@ pub struct MembershipArgs {
     /// Dynamic group membership: the default; kept so that existing command lines still run.
     #[arg(long)]
     pub dynamic_membership: bool,
+    /// The consumer group protocol: classic (the default for now), or consumer (KIP-848, Kafka
+    /// 4.0 or later: the broker assigns, each member revokes only what moves). Under consumer
+    /// the session timeout, heartbeat interval and assignor are the broker's
+    /// (group.consumer.session.timeout.ms, 45 s by default; -X group.remote.assignor picks
+    /// uniform or range), so -X session.timeout.ms, heartbeat.interval.ms,
+    /// partition.assignment.strategy and group.protocol.type are refused; and a static member
+    /// restarted while its crashed predecessor still holds its instance id is refused until the
+    /// broker expires that session (README, "Group membership").
+    #[arg(long, value_enum, env = "GROUP_PROTOCOL", default_value = "classic")]
+    pub group_protocol: GroupProtocolArg,
+}
+
+/// `--group-protocol`'s values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum GroupProtocolArg {
+    #[default]
+    Classic,
+    Consumer,
+}
+
+impl From<GroupProtocolArg> for GroupProtocol {
+    fn from(p: GroupProtocolArg) -> Self {
+        match p {
+            GroupProtocolArg::Classic => GroupProtocol::Classic,
+            GroupProtocolArg::Consumer => GroupProtocol::Consumer,
+        }
+    }
 }
 
 /// The resolved identity of one instance.
@@ -56,6 +103,8 @@ pub struct Membership {
     pub instance_id: String,
     /// Static group membership was asked for.
     pub static_membership: bool,
+    /// The group protocol of the stage's group consumer.
+    pub group_protocol: GroupProtocol,
 }
 
 impl MembershipArgs {
@@ -80,7 +129,17 @@ impl MembershipArgs {
         Ok(Membership {
             instance_id,
             static_membership: self.static_membership,
+            group_protocol: self.group_protocol.into(),
         })
+    }
+
+    /// `kafka` with the group protocol asked for, refusing the pass-through properties that the
+    /// protocol does not allow on the client (see the module doc).
+    pub fn kafka(
+        &self,
+        kafka: crate::kafka::KafkaConfig,
+    ) -> anyhow::Result<crate::kafka::KafkaConfig> {
+        kafka.with_group_protocol(self.group_protocol.into())
     }
 }
 
@@ -113,7 +172,7 @@ mod tests {
             a.instance_id, b.instance_id,
             "two replicas never share a default id"
         );
-        let m = parse(&["--instance-id", "pod-2"])
+        let m = parse(&["--instance-id", "pod-2", "--group-protocol", "classic"])
             .unwrap()
             .resolve()
             .unwrap();
@@ -121,7 +180,8 @@ mod tests {
             m,
             Membership {
                 instance_id: "pod-2".into(),
-                static_membership: false
+                static_membership: false,
+                group_protocol: GroupProtocol::Classic,
             }
         );
     }
@@ -140,5 +200,52 @@ mod tests {
         // The old flag still parses: dynamic is what it asked for, and what it gets.
         let m = parse(&["--dynamic-membership"]).unwrap().resolve().unwrap();
         assert!(!m.static_membership);
+    }
+
+    #[test]
+    fn the_group_protocol_is_classic_unless_asked_and_checks_the_properties() {
+        // The default is classic (GROUP_PROTOCOL may be set by the test run itself, the doubled
+        // suite, so the parse without the flag is not asserted).
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "group_protocol")
+            .unwrap();
+        assert_eq!(arg.get_default_values(), ["classic"]);
+        assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new("GROUP_PROTOCOL")));
+        let m = parse(&["--group-protocol", "classic"]).unwrap();
+        assert_eq!(m.resolve().unwrap().group_protocol, GroupProtocol::Classic);
+        let m = parse(&[
+            "--group-protocol",
+            "consumer",
+            "--static-membership",
+            "--instance-id",
+            "a",
+        ])
+        .unwrap();
+        let resolved = m.resolve().unwrap();
+        assert_eq!(resolved.group_protocol, GroupProtocol::Consumer);
+        assert!(
+            resolved.static_membership,
+            "static membership stays allowed"
+        );
+        assert!(parse(&["--group-protocol", "eager"]).is_err());
+        let session = crate::kafka::KafkaConfig::new("h:1")
+            .with_overrides(&["session.timeout.ms=6000"])
+            .unwrap();
+        let err = m.kafka(session.clone()).unwrap_err().to_string();
+        assert!(err.contains("session.timeout.ms"), "{err}");
+        let classic = parse(&["--group-protocol", "classic"]).unwrap();
+        assert_eq!(
+            classic.kafka(session).unwrap().group_protocol,
+            GroupProtocol::Classic
+        );
+        assert_eq!(
+            m.kafka(crate::kafka::KafkaConfig::new("h:1"))
+                .unwrap()
+                .group_protocol,
+            GroupProtocol::Consumer
+        );
     }
 }

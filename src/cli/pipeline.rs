@@ -169,7 +169,8 @@ impl From<GuaranteeArg> for Guarantee {
 impl PipelineArgs {
     /// Validates the arguments, reads the rules and config files, and builds the options.
     pub fn options(&self) -> anyhow::Result<PipelineOptions> {
-        let kafka = self.kafka.config()?;
+        // The group protocol first: a property it forbids is named before librdkafka sees any.
+        let kafka = self.membership.kafka(self.kafka.config()?)?;
         kafka.validate()?;
         let rules = match &self.rules {
             Some(path) => {

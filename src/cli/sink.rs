@@ -163,7 +163,8 @@ impl SinkArgs {
 
     /// Validates the arguments and builds the options.
     pub fn options(&self) -> anyhow::Result<SinkOptions> {
-        let kafka = self.kafka.config()?;
+        // The group protocol first: a property it forbids is named before librdkafka sees any.
+        let kafka = self.membership.kafka(self.kafka.config()?)?;
         kafka.validate()?;
         if self.max_batch == 0 {
             bail!("--max-batch must be at least 1");

@@ -41,12 +41,14 @@ use super::subscriptions::Subscriber;
 use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs, ReadRights};
+use crate::kafka::group::FatalConsumerError;
 use crate::kafka::read::{Ends, END_TIMEOUT};
 use crate::kafka::topics::{ensure_topic, partition_count_of, Cleanup, TopicSpec};
 use crate::kafka::txn::{TxnErrorClass, TxnProducer};
 use crate::tools::replay::Watcher;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, OwnedMessage};
 use rdkafka::{Message, Offset};
 use serde::Deserialize;
@@ -413,6 +415,11 @@ impl Deliverer {
                     self.rights.fetched(m.topic());
                     deliveries += self.deliveries_of(&m);
                     polled.push((self.partitions()?.stamp(), m.detach()));
+                }
+                // The consumer is unusable after a fatal error (a static member refused or
+                // fenced): stop, as the pipeline does, instead of polling a dead consumer.
+                Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                    return Err(FatalConsumerError(code).into());
                 }
                 // A right taken away while running: librdkafka retries; said per back-off step.
                 Some(Err(e)) => {

@@ -16,6 +16,40 @@
 //! loop consumes or produces between two looks at the queue, so the loop never waits for data
 //! that a larger queue would have had ready. A pass-through (`-X`) overrides any of them.
 //! `bench/RESULTS.md` has the measurements behind the values.
+//!
+//! # Group protocol (KIP-848)
+//! The group consumers of the three stages (the only clients that join a group: the readers and
+//! the lag and offset probes assign partitions or ask a coordinator, and never join) speak the
+//! protocol of [`GroupProtocol`]: `classic` (the default, for now: the rebalance benchmark of
+//! issue 44 decides) or `consumer`, KIP-848's, where the broker computes the assignments and
+//! hands them out in the heartbeats. What librdkafka 2.12.1 (this build: rdkafka-sys
+//! 4.10.0+2.12.1) asks of a client under `consumer`:
+//! - `session.timeout.ms`, `heartbeat.interval.ms`, `partition.assignment.strategy` and
+//!   `group.protocol.type` may not be set: `rd_kafka_conf_finalize` (src/rdkafka_conf.c) refuses
+//!   a consumer that has any of them ("`session.timeout.ms` is not supported for
+//!   `group.protocol=consumer`. It is defined broker side"). The session and the heartbeat are
+//!   the broker's (`group.consumer.session.timeout.ms`, 45 s by default, and at least
+//!   `group.consumer.min.session.timeout.ms`, also 45 s), the assignor too
+//!   (`group.remote.assignor`, `uniform` unless set; every KIP-848 assignor is sticky and
+//!   incremental). So under `consumer` this module sets none of them, and
+//!   [`KafkaConfig::with_group_protocol`] refuses a pass-through that does, at start, naming it,
+//!   instead of letting the consumer's creation fail later. Under `classic`,
+//!   `group.remote.assignor` is refused the same way: librdkafka would ignore it.
+//! - `max.poll.interval.ms` is still enforced on the client, and sent to the broker as the
+//!   member's rebalance timeout (how long it may take to revoke); it stays as below.
+//! - The rebalance callback is incremental only (assign and revoke name the partitions that
+//!   move), which is what `cooperative-sticky` gives the callbacks here already.
+//! - Static membership (`group.instance.id`) is supported, with one difference that matters:
+//!   a member that joins with an instance id still held by a live member (one that did not leave:
+//!   a predecessor SIGKILLed or frozen) is refused with UNRELEASED_INSTANCE_ID, which librdkafka
+//!   makes fatal, until the broker expires the holder's session; the classic protocol fenced the
+//!   older member instead.
+//!
+//! Sources: librdkafka's INTRODUCTION.md, "Next Generation Consumer Group Protocol (KIP-848)"
+//! (v2.12.1), its CONFIGURATION.md (`group.protocol`, `group.remote.assignor`, and the "not
+//! supported for `group.protocol=consumer`" notes of the four properties), and its CHANGELOG
+//! (KIP-848 GA in 2.12.0; #5541, fixed in 2.15.0 only: a member past `max.poll.interval.ms`
+//! is refused with a fatal INVALID_REQUEST when it rejoins).
 
 use anyhow::{bail, Context as _};
 use rdkafka::config::ClientConfig;
@@ -164,7 +198,66 @@ const MANAGED: &[(&str, &str)] = &[
         "transactions and the at-least-once mode both require it",
     ),
     ("transaction.timeout.ms", "use --transaction-timeout"),
+    ("group.protocol", "use --group-protocol (or GROUP_PROTOCOL)"),
 ];
+
+/// The properties librdkafka refuses on a consumer of the `consumer` group protocol (KIP-848):
+/// the broker owns them there (module doc, `# Group protocol`).
+pub const CLASSIC_ONLY: &[(&str, &str)] = &[
+    (
+        "session.timeout.ms",
+        "the broker sets it (group.consumer.session.timeout.ms)",
+    ),
+    (
+        "heartbeat.interval.ms",
+        "the broker sets it (group.consumer.heartbeat.interval.ms)",
+    ),
+    (
+        "partition.assignment.strategy",
+        "the broker assigns; -X group.remote.assignor=uniform|range picks its assignor",
+    ),
+    ("group.protocol.type", "the consumer protocol has none"),
+];
+
+/// The consumer group protocol of the stages' group consumers (module doc, `# Group protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// The classic protocol (JoinGroup/SyncGroup), with `cooperative-sticky`: the default.
+    #[default]
+    Classic,
+    /// KIP-848's: the broker assigns, in the heartbeats (Kafka 4.0 or later).
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// librdkafka's name of the protocol (`group.protocol`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
+impl std::fmt::Display for GroupProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for GroupProtocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "classic" => Ok(GroupProtocol::Classic),
+            "consumer" => Ok(GroupProtocol::Consumer),
+            other => Err(format!(
+                "unknown group protocol {other:?}: classic or consumer"
+            )),
+        }
+    }
+}
 
 /// Connection settings shared by every client, plus the user's pass-through properties.
 #[derive(Clone)]
@@ -173,6 +266,8 @@ pub struct KafkaConfig {
     pub bootstrap: String,
     /// Raw librdkafka properties applied to every client after ours (already validated).
     pub properties: BTreeMap<String, String>,
+    /// The group protocol of the group consumers ([`KafkaConfig::group_consumer`]).
+    pub group_protocol: GroupProtocol,
 }
 
 /// Secrets (`sasl.password`, …) show as `[redacted]`: a configuration may end up in a log line.
@@ -181,6 +276,7 @@ impl std::fmt::Debug for KafkaConfig {
         f.debug_struct("KafkaConfig")
             .field("bootstrap", &self.bootstrap)
             .field("properties", &super::secrets::redacted(&self.properties))
+            .field("group_protocol", &self.group_protocol)
             .finish()
     }
 }
@@ -207,7 +303,35 @@ impl KafkaConfig {
         KafkaConfig {
             bootstrap: bootstrap.into(),
             properties: BTreeMap::new(),
+            group_protocol: GroupProtocol::default(),
         }
+    }
+
+    /// The group consumers speak `protocol`; a pass-through property that it does not allow on
+    /// the client is refused here, naming it, rather than by librdkafka when the consumer is
+    /// made (module doc, `# Group protocol`).
+    pub fn with_group_protocol(mut self, protocol: GroupProtocol) -> anyhow::Result<Self> {
+        match protocol {
+            GroupProtocol::Consumer => {
+                if let Some((key, why)) = CLASSIC_ONLY
+                    .iter()
+                    .find(|(k, _)| self.properties.contains_key(*k))
+                {
+                    bail!(
+                        "librdkafka property {key} is not allowed with --group-protocol consumer: {why}"
+                    );
+                }
+            }
+            GroupProtocol::Classic => {
+                if self.properties.contains_key("group.remote.assignor") {
+                    bail!(
+                        "librdkafka property group.remote.assignor needs --group-protocol consumer (the classic protocol assigns on a member, with cooperative-sticky)"
+                    );
+                }
+            }
+        }
+        self.group_protocol = protocol;
+        Ok(self)
     }
 
     /// Adds pass-through properties (`key=value` strings), refusing malformed and managed ones.
@@ -389,9 +513,17 @@ impl KafkaConfig {
         c.set("enable.auto.offset.store", "false");
         // Set explicitly (librdkafka's default today): never process an aborted upstream record.
         c.set("isolation.level", "read_committed");
-        // Incremental rebalances: only the partitions that move are revoked, so the others keep
-        // their open transaction and their state.
-        c.set("partition.assignment.strategy", "cooperative-sticky");
+        match self.group_protocol {
+            // Incremental rebalances: only the partitions that move are revoked, so the others
+            // keep their open transaction and their state.
+            GroupProtocol::Classic => {
+                c.set("partition.assignment.strategy", "cooperative-sticky");
+            }
+            // The broker assigns, incrementally and sticky; librdkafka refuses a strategy here.
+            GroupProtocol::Consumer => {
+                c.set("group.protocol", GroupProtocol::Consumer.as_str());
+            }
+        }
         // A new group starts at the beginning of the input: no tick is skipped.
         c.set("auto.offset.reset", "earliest");
         // Statistics every 5 s give the consumer lag per partition (a metric); cheap at that rate.
@@ -657,6 +789,86 @@ mod tests {
             Some("cooperative-sticky")
         );
         assert_eq!(c.get("group.instance.id"), Some("i"));
+    }
+
+    /// Under the consumer protocol the group consumer names the protocol and none of the
+    /// settings librdkafka refuses there, and librdkafka accepts it (its own check runs when the
+    /// consumer is made); everything the guarantee rests on stays.
+    #[test]
+    fn a_group_consumer_of_the_consumer_protocol_is_accepted_by_librdkafka() {
+        let k = KafkaConfig::new("h:1")
+            .with_group_protocol(GroupProtocol::Consumer)
+            .unwrap();
+        for instance in [None, Some("i")] {
+            let c = k.group_consumer("g", instance, DEFAULT_TRANSACTION_TIMEOUT);
+            assert_eq!(c.get("group.protocol"), Some("consumer"));
+            for (key, _) in CLASSIC_ONLY {
+                assert_eq!(c.get(key), None, "{key} is the broker's under consumer");
+            }
+            assert_eq!(c.get("enable.auto.commit"), Some("false"));
+            assert_eq!(c.get("isolation.level"), Some("read_committed"));
+            assert_eq!(c.get("max.poll.interval.ms"), Some("60000"));
+            assert_eq!(c.get("group.instance.id"), instance);
+            c.create::<rdkafka::consumer::BaseConsumer>()
+                .expect("librdkafka accepts it");
+        }
+        // Only the group consumer joins a group: readers and probes keep librdkafka's default.
+        assert_eq!(
+            k.reader(Isolation::ReadCommitted).get("group.protocol"),
+            None
+        );
+        assert_eq!(
+            k.group_probe("g", Isolation::ReadCommitted)
+                .get("group.protocol"),
+            None
+        );
+        // Classic, the default, is as it was.
+        let c = KafkaConfig::new("h:1").group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT);
+        assert_eq!(c.get("group.protocol"), None);
+    }
+
+    /// What the consumer protocol forbids on the client is refused when the protocol is chosen,
+    /// naming the property and where the setting lives instead; `group.protocol` itself belongs
+    /// to --group-protocol; `group.remote.assignor` is refused under classic, which ignores it.
+    #[test]
+    fn settings_a_protocol_forbids_are_refused_naming_them() {
+        for (key, value) in [
+            ("session.timeout.ms", "6000"),
+            ("heartbeat.interval.ms", "1000"),
+            ("partition.assignment.strategy", "roundrobin"),
+            ("group.protocol.type", "consumer"),
+        ] {
+            let k = KafkaConfig::new("h:1")
+                .with_overrides(&[format!("{key}={value}")])
+                .unwrap();
+            let err = k
+                .clone()
+                .with_group_protocol(GroupProtocol::Consumer)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+            assert!(err.contains("--group-protocol consumer"), "{err}");
+            assert!(!err.contains(value) || value == "consumer", "{err}");
+            // The classic protocol takes them as before.
+            k.with_group_protocol(GroupProtocol::Classic).unwrap();
+        }
+        let err = KafkaConfig::new("h:1")
+            .with_overrides(&["group.protocol=consumer"])
+            .unwrap_err();
+        assert!(err.to_string().contains("--group-protocol"), "{err}");
+        let k = KafkaConfig::new("h:1")
+            .with_overrides(&["group.remote.assignor=range"])
+            .unwrap();
+        let err = k
+            .clone()
+            .with_group_protocol(GroupProtocol::Classic)
+            .unwrap_err();
+        assert!(err.to_string().contains("group.remote.assignor"), "{err}");
+        let k = k.with_group_protocol(GroupProtocol::Consumer).unwrap();
+        let c = k.group_consumer("g", None, DEFAULT_TRANSACTION_TIMEOUT);
+        assert_eq!(c.get("group.remote.assignor"), Some("range"));
+        c.create::<rdkafka::consumer::BaseConsumer>()
+            .expect("librdkafka accepts it");
     }
 
     #[test]

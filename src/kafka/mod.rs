@@ -20,6 +20,8 @@
 //!   the one `classify` of its errors, and the deadline on every transactional call.
 //! - [`away`]: how long the process was stopped or paused, which tells a thawed zombie's fence
 //!   from a coordinator's timeout, and which no call's deadline counts.
+//! - [`group`]: a fatal error of a stage's group consumer (static membership refused or
+//!   fenced), said for what it means under each group protocol.
 //! - [`group_lag`]: the group's committed offset, end and lag on every partition of a topic,
 //!   owned or not, refreshed off the processing thread: a partition nobody consumes shows.
 //! - [`pause`]: the one owner of a consumer's paused partitions, which sets librdkafka's pause
@@ -39,6 +41,7 @@ pub mod cleanup;
 pub mod config;
 pub mod connect;
 pub mod feed;
+pub mod group;
 pub mod group_lag;
 pub mod hold;
 pub mod logging;

@@ -245,7 +245,7 @@ impl Engine {
                 Err(e) => return Err(e.into()),
             },
             Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
-                return Err(anyhow!("fatal consumer error: {code}"))
+                return Err(crate::kafka::group::FatalConsumerError(code).into())
             }
             Some(Err(e)) => {
                 match self.committer.read_refused(e.rdkafka_error_code()) {

@@ -28,8 +28,10 @@ use super::record::Entry;
 use super::store::Store;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
+use crate::kafka::group::FatalConsumerError;
 use anyhow::{bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -190,6 +192,11 @@ fn consume_until_stopped(
                 shared.rights.fetched(&shared.opts.topic);
                 let entry = Entry::of(&m, max_bytes);
                 shared.push(&mut *shared.lock()?, entry, rdkafka::Message::offset(&m));
+            }
+            // The consumer is unusable after a fatal error (a static member refused or fenced):
+            // stop, as the pipeline does, instead of polling a dead consumer for ever.
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                return Err(FatalConsumerError(code).into());
             }
             // A right taken away while running: librdkafka retries; said per back-off step.
             Some(Err(e)) => {

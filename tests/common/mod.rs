@@ -1,4 +1,15 @@
-//! Helpers of the broker tests: the broker address, fresh names, engine settings.
+//! Helpers of the broker tests: the broker address, fresh names, engine settings, the group
+//! protocol.
+//!
+//! # Two group protocols, one list of tests
+//! Every stage a test starts speaks the group protocol of the suite: `GROUP_PROTOCOL`
+//! (`classic` by default, or `consumer`, KIP-848), passed as `--group-protocol` to every child
+//! and set on [`kafka`]'s configuration for the engines a test runs in-process. So
+//! `GROUP_PROTOCOL=consumer scripts/test.sh` runs the whole suite under the consumer protocol.
+//! A test that must run under both in every suite takes the protocol as an argument and has a
+//! thin `#[test]` per protocol (the `…_under_the_consumer_protocol` ones); what differs between
+//! the protocols for a test is here: [`session_args`], [`session_timeout`],
+//! [`restart_membership`].
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod oidc;
@@ -6,7 +17,7 @@ pub mod postgres;
 pub mod secure;
 pub mod webhook;
 
-use price_alerts::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
+use price_alerts::kafka::config::{GroupProtocol, KafkaConfig, DEFAULT_BOOTSTRAP};
 use price_alerts::kafka::topics::{self, DropTopics, Topics};
 use price_alerts::pipeline::EngineSettings;
 use price_alerts::rules::Rules;
@@ -14,11 +25,61 @@ use price_alerts::tick::DEFAULT_MAX_TICK_BYTES;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The broker under test: `KAFKA_BOOTSTRAP`, or the local one of scripts/kafka.sh.
+/// The broker under test: `KAFKA_BOOTSTRAP`, or the local one of scripts/kafka.sh; its group
+/// consumers speak the suite's protocol ([`suite_protocol`]).
 pub fn kafka() -> KafkaConfig {
-    KafkaConfig::new(
+    let mut k = KafkaConfig::new(
         std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| DEFAULT_BOOTSTRAP.to_owned()),
-    )
+    );
+    k.group_protocol = suite_protocol();
+    k
+}
+
+/// The group protocol of the suite: `GROUP_PROTOCOL` (`classic` or `consumer`), classic when
+/// unset. A value that is neither fails the test that asks, naming it.
+pub fn suite_protocol() -> GroupProtocol {
+    match std::env::var("GROUP_PROTOCOL") {
+        Ok(p) => p.parse().unwrap_or_else(|e| panic!("GROUP_PROTOCOL: {e}")),
+        Err(_) => GroupProtocol::Classic,
+    }
+}
+
+/// The broker's session timeout of consumer-protocol members (`group.consumer.session.timeout.ms`:
+/// 45 s by default, and no lower than `group.consumer.min.session.timeout.ms`, also 45 s; the
+/// brokers of scripts/kafka.sh keep both).
+pub const BROKER_CONSUMER_SESSION: Duration = Duration::from_secs(45);
+
+/// `-X session.timeout.ms=<classic>` under the classic protocol; nothing under the consumer
+/// protocol, where the session is the broker's and the stages refuse one on the client.
+pub fn session_args(protocol: GroupProtocol, classic: Duration) -> Vec<String> {
+    match protocol {
+        GroupProtocol::Classic => vec![
+            "-X".into(),
+            format!("session.timeout.ms={}", classic.as_millis()),
+        ],
+        GroupProtocol::Consumer => Vec::new(),
+    }
+}
+
+/// How long a member that stopped answering keeps its partitions: `classic` (what
+/// [`session_args`] set) under the classic protocol, the broker's session under the consumer one.
+pub fn session_timeout(protocol: GroupProtocol, classic: Duration) -> Duration {
+    match protocol {
+        GroupProtocol::Classic => classic,
+        GroupProtocol::Consumer => BROKER_CONSUMER_SESSION,
+    }
+}
+
+/// The membership of a test that restarts a crashed instance at once with the same id. Classic:
+/// static, so the restart takes the partitions back at once (the classic protocol fences the
+/// crashed member). Consumer: dynamic, as the broker refuses a static id that a crashed member
+/// still holds (UNRELEASED_INSTANCE_ID, fatal) until that member's session expires; the restart
+/// joins as a new member and gets the partitions when the crashed one is expired.
+pub fn restart_membership(protocol: GroupProtocol) -> &'static [&'static str] {
+    match protocol {
+        GroupProtocol::Classic => &["--static-membership"],
+        GroupProtocol::Consumer => &[],
+    }
 }
 
 /// A fresh prefix, so tests never share topics, groups or transactional ids.
@@ -128,6 +189,8 @@ pub struct Run {
     pub transaction_timeout: &'static str,
     /// The cluster the run reads and writes: [`kafka`] unless made with [`Run::on`].
     pub kafka: KafkaConfig,
+    /// The group protocol of every instance (`--group-protocol`): the suite's unless set.
+    pub group_protocol: GroupProtocol,
     /// The run's topics go when the run does (see [`drop_topics`]); last, so dropped last.
     _topics: DropTopics,
 }
@@ -159,6 +222,7 @@ impl Run {
             max_tick_bytes: DEFAULT_MAX_TICK_BYTES,
             transaction_timeout: "30s",
             kafka,
+            group_protocol: suite_protocol(),
         }
     }
 
@@ -203,6 +267,7 @@ impl Run {
             .args(self.faults.enabled.then_some("--inject-faults"))
             .args(["--max-tick-bytes", &self.max_tick_bytes.to_string()])
             .args(["--transaction-timeout", self.transaction_timeout])
+            .args(["--group-protocol", self.group_protocol.as_str()])
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
@@ -284,20 +349,39 @@ impl Pipeline {
     /// As [`Pipeline::prefixed`], and the flag returned is set once a line of its stderr
     /// contains `needle` (a log line that says it got somewhere, "engine started" say).
     pub fn prefixed_watching(
-        mut child: std::process::Child,
+        child: std::process::Child,
         instance: &str,
         needle: &'static str,
     ) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-        let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, mut seen) = Self::prefixed_watching_all(child, instance, &[needle]);
+        (p, seen.remove(0))
+    }
+
+    /// As [`Pipeline::prefixed_watching`], one flag per needle, in their order.
+    pub fn prefixed_watching_all(
+        mut child: std::process::Child,
+        instance: &str,
+        needles: &[&'static str],
+    ) -> (Self, Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>) {
+        let seen: Vec<_> = needles
+            .iter()
+            .map(|_| std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)))
+            .collect();
         if let Some(stderr) = child.stderr.take() {
             let tag = instance.to_owned();
-            let flag = std::sync::Arc::clone(&seen);
+            let watched: Vec<_> = needles
+                .iter()
+                .copied()
+                .zip(seen.iter().map(std::sync::Arc::clone))
+                .collect();
             std::thread::spawn(move || {
                 use std::io::BufRead;
                 for line in std::io::BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if line.contains(needle) {
-                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    for (needle, flag) in &watched {
+                        if line.contains(needle) {
+                            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                     }
                     eprintln!("[{tag}] {line}");
                 }

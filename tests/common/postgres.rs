@@ -288,6 +288,8 @@ pub struct SinkRun {
     pub db: TestDb,
     /// Extra arguments for every instance.
     pub extra: Vec<String>,
+    /// The group protocol of every instance (`--group-protocol`): the suite's unless set.
+    pub group_protocol: price_alerts::kafka::config::GroupProtocol,
 }
 
 impl SinkRun {
@@ -297,6 +299,7 @@ impl SinkRun {
             group: format!("{}sink", super::prefix(test)),
             db: TestDb::create(test),
             extra: Vec::new(),
+            group_protocol: super::suite_protocol(),
         }
     }
 
@@ -312,6 +315,7 @@ impl SinkRun {
             &self.group,
         ])
         .args(["--instance-id", instance])
+        .args(["--group-protocol", self.group_protocol.as_str()])
         .args(&self.extra)
         .args(more)
         .env("DATABASE_URL", &self.db.url)

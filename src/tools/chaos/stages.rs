@@ -169,9 +169,16 @@ pub fn membership_args(binary: &Path, want_static: bool) -> anyhow::Result<Vec<S
         .output()
         .with_context(|| format!("running {} --help", binary.display()))?;
     let help = String::from_utf8_lossy(&help.stdout);
-    Ok(membership_from_help(&help, want_static)
+    let mut args: Vec<String> = membership_from_help(&help, want_static)
         .map(|f| vec![f.to_owned()])
-        .unwrap_or_default())
+        .unwrap_or_default();
+    // The classic group protocol, whatever GROUP_PROTOCOL the run's environment holds: every
+    // stage gets -X session.timeout.ms above, which the consumer protocol refuses. Chaos under
+    // the consumer protocol, per stage, is issue 44's item 3.
+    if help.contains("--group-protocol") {
+        args.extend(["--group-protocol".to_owned(), "classic".to_owned()]);
+    }
+    Ok(args)
 }
 
 /// The membership flag to give, from a binary's help text.
