@@ -20,8 +20,9 @@
 //! The second test, the all-stage run with a coordinator kill, shows that hang as a check (an
 //! instance stuck) and runs only when asked for: see its doc.
 
-use price_alerts::kafka::KafkaConfig;
-use price_alerts::tools::chaos::cluster::{Cluster, DEFAULT_CLUSTER_BOOTSTRAP};
+mod common;
+
+use common::cluster::cluster;
 use price_alerts::tools::chaos::plan::Stage;
 use price_alerts::tools::chaos::{self, ChaosOptions};
 use std::path::PathBuf;
@@ -35,23 +36,6 @@ fn seed() -> u64 {
         .unwrap_or_else(rand::random);
     println!("chaos seed {seed} (replay with CHAOS_SEED={seed})");
     seed
-}
-
-/// The local 3-broker cluster, driven through this checkout's scripts/kafka.sh, or
-/// `CHAOS_KAFKA_SH`: the script of the checkout that started the brokers (it recognises them by
-/// path), when the tests run from another worktree.
-fn cluster() -> Cluster {
-    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP")
-        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
-    let kafka_sh = std::env::var_os("CHAOS_KAFKA_SH").map_or_else(
-        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh")),
-        PathBuf::from,
-    );
-    Cluster {
-        kafka_sh,
-        kafka: KafkaConfig::new(bootstrap),
-        brokers: 3,
-    }
 }
 
 #[test]

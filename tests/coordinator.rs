@@ -32,6 +32,7 @@
 
 mod common;
 
+use common::cluster::{broker_pid, cluster, signal};
 use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, http_get, load_until_hurried, records_with_headers_on, Pipeline, Run};
 use price_alerts::kafka::config::COORDINATOR_QUERY_INTERVAL;
@@ -44,7 +45,7 @@ use price_alerts::kafka::tpl::{partition_list, position_list};
 use price_alerts::kafka::txn::send_offsets_deadline;
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::tick::Tick;
-use price_alerts::tools::chaos::cluster::{Cluster, Stop, DEFAULT_CLUSTER_BOOTSTRAP};
+use price_alerts::tools::chaos::cluster::{Cluster, Stop};
 use price_alerts::tools::generate::{generate, GenOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -85,20 +86,6 @@ const REPLICATED: Duration = Duration::from_secs(180);
 const EXIT: Duration = Duration::from_secs(60);
 /// Exit status of an instance that gave up on a stuck call (issue 20): it must heal in place.
 const STUCK_EXIT: i32 = 75;
-
-fn cluster() -> Cluster {
-    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP")
-        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
-    let kafka_sh = std::env::var_os("KAFKA_SH").map_or_else(
-        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh")),
-        PathBuf::from,
-    );
-    Cluster {
-        kafka_sh,
-        kafka: KafkaConfig::new(bootstrap),
-        brokers: 3,
-    }
-}
 
 /// The cluster, once it is fully replicated (a previous test's broker may still be catching up).
 fn replicated_cluster() -> Cluster {
@@ -187,33 +174,6 @@ impl Drop for Frozen<'_> {
             let _ = self.cluster.wait_fully_replicated(REPLICATED);
         }
     }
-}
-
-/// The pid of broker `id`'s JVM (`scripts/kafka.sh broker K pid`).
-fn broker_pid(cluster: &Cluster, id: i32) -> u32 {
-    let out = Command::new(&cluster.kafka_sh)
-        .args(["broker", &id.to_string(), "pid"])
-        .env("KAFKA_BROKERS", cluster.brokers.to_string())
-        .output()
-        .expect("running kafka.sh broker K pid");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| {
-            panic!(
-                "no pid for broker {id} from {} (is KAFKA_SH the script that started the cluster?): {}",
-                cluster.kafka_sh.display(),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-}
-
-fn signal(pid: u32, sig: &str) {
-    let status = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{sig} {pid} failed");
 }
 
 /// The hook's file: created, the instance holds before its next send_offsets; removed, it goes on.

@@ -19,6 +19,7 @@
 
 mod common;
 
+use common::cluster::cluster;
 use common::{free_addr, http_get, Pipeline, Run};
 use price_alerts::alert::SymbolState;
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
@@ -29,7 +30,6 @@ use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::pipeline::state::{self, PartitionState};
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
-use price_alerts::tools::chaos::cluster::{Cluster, DEFAULT_CLUSTER_BOOTSTRAP};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::Consumer;
@@ -37,7 +37,6 @@ use rdkafka::producer::BaseRecord;
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -53,16 +52,6 @@ const RESTORE_BOUND: Duration = Duration::from_secs(60);
 /// How long a restore may take to finish after the transaction it waited for was decided: the
 /// wait ends on the marker, not on a timer. Generous for a loaded 2-core machine.
 const PROMPT: Duration = Duration::from_secs(10);
-
-fn cluster() -> Cluster {
-    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP")
-        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
-    Cluster {
-        kafka_sh: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh")),
-        kafka: KafkaConfig::new(bootstrap),
-        brokers: 3,
-    }
-}
 
 /// Creates the one-partition compacted changelog `name` with its replicas on every broker and its
 /// leader on `leader`, and waits until the metadata says so.

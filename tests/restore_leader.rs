@@ -38,20 +38,20 @@
 
 mod common;
 
+use common::cluster::{broker_pid, cluster, signal};
 use price_alerts::alert::SymbolState;
 use price_alerts::kafka::read::{reader, End};
 use price_alerts::kafka::topics::DropTopics;
 use price_alerts::kafka::txn::TxnProducer;
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::pipeline::state::{self, PartitionState};
-use price_alerts::tools::chaos::cluster::{Cluster, DEFAULT_CLUSTER_BOOTSTRAP};
+use price_alerts::tools::chaos::cluster::Cluster;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::BaseRecord;
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::thread;
@@ -72,48 +72,6 @@ const STALL: Duration = Duration::from_secs(5);
 const RESTORE_BOUND: Duration = Duration::from_secs(90);
 /// Until the cluster is fully replicated again after the killed broker comes back.
 const REPLICATED: Duration = Duration::from_secs(180);
-
-fn cluster() -> Cluster {
-    let bootstrap = std::env::var("KAFKA_CLUSTER_BOOTSTRAP")
-        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
-    let kafka_sh = std::env::var_os("KAFKA_SH").map_or_else(
-        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh")),
-        PathBuf::from,
-    );
-    Cluster {
-        kafka_sh,
-        kafka: KafkaConfig::new(bootstrap),
-        brokers: 3,
-    }
-}
-
-/// The pid of broker `id`'s JVM (`scripts/kafka.sh broker K pid`): the test signals it itself,
-/// so that the SIGKILL lands within milliseconds of the acknowledgement.
-fn broker_pid(cluster: &Cluster, id: i32) -> u32 {
-    let out = Command::new(&cluster.kafka_sh)
-        .args(["broker", &id.to_string(), "pid"])
-        .env("KAFKA_BROKERS", cluster.brokers.to_string())
-        .output()
-        .expect("running kafka.sh broker K pid");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| {
-            panic!(
-                "no pid for broker {id} from {} (is KAFKA_SH the script that started the cluster?): {}",
-                cluster.kafka_sh.display(),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-}
-
-fn signal(pid: u32, sig: &str) {
-    let status = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{sig} {pid} failed");
-}
 
 /// Starts a killed broker again when dropped (unless [`Killed::restart`] did), then waits until
 /// the cluster is fully replicated: a failing test leaves the cluster as it found it.

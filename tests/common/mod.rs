@@ -12,6 +12,7 @@
 //! [`restart_membership`].
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cluster;
 pub mod oidc;
 pub mod postgres;
 pub mod secure;
