@@ -82,6 +82,15 @@ fn wait_past(run: &Run, (partition, offset): (i32, i64), timeout: Duration) {
     run.wait_committed(&BTreeMap::from([(partition, offset + 1)]), timeout);
 }
 
+/// The oracle's verdict: it predicted the output from the two topics alone, `expected`
+/// notifications of it, every tick decided.
+fn assert_predicted(report: &price_alerts::tools::verify::VerifyReport, expected: u64) {
+    assert!(
+        report.ok() && report.expected == expected && report.undecided_ticks == 0,
+        "{report}"
+    );
+}
+
 fn live_run(test: &str) -> Run {
     let mut run = Run::new(test, Rules::default());
     run.live = true;
@@ -174,10 +183,7 @@ fn a_live_put_update_and_delete_change_what_fires_without_a_restart() {
     assert!(listed.is_empty(), "{listed:?}");
     // The oracle predicts the same from the two topics alone.
     let report = run.verify();
-    assert!(
-        report.ok() && report.expected == 2 && report.undecided_ticks == 0,
-        "{report}"
-    );
+    assert_predicted(&report, 2);
 }
 
 #[test]
@@ -427,10 +433,7 @@ fn a_rearm_band_gives_one_notification_while_the_price_hovers() {
     // The oracle (alert-verify --rules-topic) predicts the same from the two topics alone, and
     // ends with the alert's new version disarmed, as the pipeline's committed state does.
     let report = run.verify();
-    assert!(
-        report.ok() && report.expected == 3 && report.undecided_ticks == 0,
-        "{report}"
-    );
+    assert_predicted(&report, 3);
     let oracle = report.final_state.values().find_map(|s| s.get("HOV"));
     let disarmed = oracle.map(|s| {
         s.disarmed
@@ -690,10 +693,7 @@ fn a_partition_held_for_its_rules_is_resumed_by_an_abort_and_its_ticks_processed
         held.1
     );
     let report = run.verify();
-    assert!(
-        report.ok() && report.expected == 2 && report.undecided_ticks == 0,
-        "{report}"
-    );
+    assert_predicted(&report, 2);
 }
 
 /// Partitions held when a second instance joins: those revoked are released and resumed (their
@@ -779,10 +779,7 @@ fn partitions_held_for_their_rules_are_released_by_a_revoke_and_move_on() {
         "exactly once, whoever processed them"
     );
     let report = run.verify();
-    assert!(
-        report.ok() && report.expected == 6 && report.undecided_ticks == 0,
-        "{report}"
-    );
+    assert_predicted(&report, 6);
 }
 
 /// SIGKILL while a partition is held and another's batch is in the log, uncommitted (the hidden
@@ -853,8 +850,5 @@ fn a_partition_held_for_its_rules_at_a_sigkill_is_processed_once_after_the_resta
         "the killed batch's notification stays in the log, aborted: {uncommitted} records"
     );
     let report = run.verify();
-    assert!(
-        report.ok() && report.expected == 2 && report.undecided_ticks == 0,
-        "{report}"
-    );
+    assert_predicted(&report, 2);
 }

@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::cluster::cluster;
+use common::cluster::{cluster, create_changelog_on};
 use common::{free_addr, http_get, Pipeline, Run};
 use price_alerts::alert::SymbolState;
 use price_alerts::kafka::feed::{next_offsets, produce_ticks};
@@ -30,8 +30,6 @@ use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::pipeline::state::{self, PartitionState};
 use price_alerts::rules::Rules;
 use price_alerts::tick::Tick;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::BaseRecord;
 use rust_decimal::Decimal;
@@ -56,22 +54,10 @@ const PROMPT: Duration = Duration::from_secs(10);
 /// Creates the one-partition compacted changelog `name` with its replicas on every broker and its
 /// leader on `leader`, and waits until the metadata says so.
 fn create_changelog(kafka: &KafkaConfig, name: &str, leader: i32, brokers: i32) {
-    let admin: AdminClient<DefaultClientContext> = kafka.admin().create().expect("admin client");
     let replicas: Vec<i32> = std::iter::once(leader)
         .chain((1..=brokers).filter(|&b| b != leader))
         .collect();
-    let assignment = [replicas.as_slice()];
-    // Compacted, as the pipeline's changelog.
-    let topic = NewTopic::new(name, 1, TopicReplication::Variable(&assignment))
-        .set("cleanup.policy", "compact");
-    let results = futures::executor::block_on(admin.create_topics(
-        [&topic],
-        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-    ))
-    .expect("create_topics");
-    for r in results {
-        r.expect("changelog created");
-    }
+    create_changelog_on(kafka, name, &replicas, &[]);
     let probe = reader(kafka, Isolation::ReadCommitted).expect("reader");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -38,7 +38,7 @@
 
 mod common;
 
-use common::cluster::{broker_pid, cluster, signal};
+use common::cluster::{broker_pid, cluster, create_changelog_on, signal};
 use price_alerts::alert::SymbolState;
 use price_alerts::kafka::read::{reader, End};
 use price_alerts::kafka::topics::DropTopics;
@@ -46,8 +46,6 @@ use price_alerts::kafka::txn::TxnProducer;
 use price_alerts::kafka::{Isolation, KafkaConfig};
 use price_alerts::pipeline::state::{self, PartitionState};
 use price_alerts::tools::chaos::cluster::Cluster;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::BaseRecord;
 use rust_decimal::Decimal;
@@ -148,21 +146,7 @@ impl Drop for Frozen {
 /// Creates the one-partition compacted changelog `name` with the replicas in `replicas`' order
 /// (the first is its leader, the second the next one), and waits until the metadata says so.
 fn create_changelog(kafka: &KafkaConfig, name: &str, replicas: &[i32]) {
-    let admin: AdminClient<DefaultClientContext> = kafka.admin().create().expect("admin client");
-    let assignment = [replicas];
-    let topic = NewTopic::new(name, 1, TopicReplication::Variable(&assignment))
-        .set("cleanup.policy", "compact")
-        .set("min.insync.replicas", "2");
-    let results = futures::executor::block_on(admin.create_topics(
-        [&topic],
-        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-    ))
-    .expect("create_topics");
-    for r in results {
-        r.expect("changelog created");
-    }
-    wait_for_leader(kafka, name, replicas[0], Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("{e}"));
+    create_changelog_on(kafka, name, replicas, &[("min.insync.replicas", "2")]);
 }
 
 /// Polls the metadata of `topic` (every 2 ms: the round starts its restore as soon as the new

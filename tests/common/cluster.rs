@@ -54,3 +54,30 @@ pub fn signal(pid: u32, sig: &str) {
         .expect("kill");
     assert!(status.success(), "kill -{sig} {pid} failed");
 }
+
+/// Creates the one-partition compacted topic `name` (a changelog, as the pipeline's) with its
+/// replicas on `replicas`, the first its preferred leader, and the topic configs `configs`.
+pub fn create_changelog_on(
+    kafka: &KafkaConfig,
+    name: &str,
+    replicas: &[i32],
+    configs: &[(&str, &str)],
+) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka.admin().create().expect("admin client");
+    let assignment = [replicas];
+    let mut topic = NewTopic::new(name, 1, TopicReplication::Variable(&assignment))
+        .set("cleanup.policy", "compact");
+    for (k, v) in configs {
+        topic = topic.set(k, v);
+    }
+    let results = futures::executor::block_on(admin.create_topics(
+        [&topic],
+        &AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(30))),
+    ))
+    .expect("create_topics");
+    for r in results {
+        r.expect("changelog created");
+    }
+}
