@@ -24,34 +24,43 @@
 //!    ([`kafka::read`]).
 //!
 //! # Module map
+//! Arrows point down: a module imports only those of the same group or a group below it.
+//!
 //! The domain, pure and without I/O:
 //! - [`tick`]: decode and validate ticks; the permanent failure classes.
 //! - [`alert`]: the crossing rule and the notification record.
 //! - [`rules`]: alert thresholds from TOML, and live alerts ([`rules::live`]): the rules topic's
 //!   records, the versioned table and the join's one rule, shared by the pipeline and the oracle.
+//! - [`duration`]: the one duration syntax of every flag and every duration read from elsewhere.
 //!
-//! The processor and its failure path:
+//! Leaves every layer uses:
+//! - [`metrics`]: every metric, in one place (it imports only [`labels`]);
+//!   [`labels`]: bounded label values; [`backoff`]: retry delays; [`trace`]: trace context
+//!   (traceparent, correlation-id, event-id) carried to what a tick makes.
+//!
+//! Kafka plumbing:
+//! - [`kafka`]: one client configuration for every client, secrets, the start-up connect and
+//!   access checks, topics, offsets, readers, the tick feed, and the transactional producer with
+//!   its error classes and call deadlines ([`kafka::txn`]).
+//! - [`health`]: the `/metrics`, `/healthz` and `/readyz` endpoint; [`background`]: the
+//!   watchers' threads, stopped and waited for at exit.
+//! - [`dlq`]: the failure path: failure classes, bounded retry, fault injection, the dead-letter
+//!   record and its headers; the replay ledger and the DLQ backlog watcher.
+//! - [`oracle`]: what the notifications should be, from the input topics alone, against what
+//!   read_committed readers find (alert-verify, alert-sink's table check, the tests).
+//!
+//! The stages:
 //! - [`pipeline`]: the exactly-once loop, in one folder: driver, engine, commit and rebalance,
-//!   transactional producer and error classes, state, settings.
-//! - [`dlq`]: the failure path in one file: failure classes, bounded retry, fault injection, the
-//!   dead-letter record and its headers.
-//! - [`trace`]: trace context (traceparent, correlation-id, event-id) carried to what a tick makes.
-//! - [`metrics`]: every metric, in one place; [`health`]: the `/metrics`, `/healthz` and
-//!   `/readyz` endpoint; [`background`]: the watchers' threads, stopped and waited for at exit.
+//!   state, settings.
+//! - Past Kafka's edge, where transactions cannot reach: [`sink`], notifications into
+//!   PostgreSQL, effectively once (`alert-sink`); [`deliver`], notifications to subscribers'
+//!   webhooks (`alert-deliver`): retry bucket topics, a parking lot and a DLQ, every hand-off in
+//!   one Kafka transaction with its offset; the HTTP call at least once with an idempotency key.
 //!
-//! Shared plumbing and the tools around the processor:
-//! - [`kafka`]: client configuration, secrets, the start-up connect and access checks, topics,
-//!   offsets, readers, the tick feed.
-//! - [`tools`]: the commit/abort experiment, the tick generator, the verifier (oracle), the DLQ
-//!   replay (with its replay ledger), inspection and backlog watcher, `alert-rules` (live alerts).
-//!
-//! Past Kafka's edge, where transactions cannot reach:
-//! - [`sink`]: notifications into PostgreSQL, effectively once (`alert-sink`).
-//! - [`deliver`]: notifications to subscribers' webhooks (`alert-deliver`): retry bucket topics, a
-//!   parking lot and a DLQ, every hand-off in one Kafka transaction with its offset; the HTTP call
-//!   at least once with an idempotency key.
-//!
-//! - [`cli`]: the command-line layer of the thin binaries in `src/bin/`; the library never
+//! On top:
+//! - [`tools`]: the commit/abort experiment, the tick generator, the DLQ replay and inspection,
+//!   `alert-rules` (live alerts), the chaos runner, the test subscriber and token endpoint.
+//! - [`cli`]: the command-line layer of the thin binaries in `src/bin/`; no other module
 //!   imports it.
 //!
 //! The benchmarks are a crate of their own (`bench/`), so the processor carries none of their
@@ -63,10 +72,12 @@ pub mod backoff;
 pub mod cli;
 pub mod deliver;
 pub mod dlq;
+pub mod duration;
 pub mod health;
 pub mod kafka;
 pub mod labels;
 pub mod metrics;
+pub mod oracle;
 pub mod pipeline;
 pub mod rules;
 pub mod sink;

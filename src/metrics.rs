@@ -318,17 +318,25 @@ pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
         .set(lag as f64);
 }
 
-/// The group's committed offset, the end and their difference on one partition, owned or not
-/// ([`crate::kafka::group_lag`]).
-pub fn group_partition(group: &str, topic: &str, p: &crate::kafka::group_lag::PartitionLag) {
+/// The group's committed offset, the end and their difference (`lag`) on one partition, owned
+/// or not ([`crate::kafka::group_lag`] reads them; plain numbers, so that this module, which every
+/// other imports, imports none of them).
+pub fn group_partition(
+    group: &str,
+    topic: &str,
+    partition: i32,
+    committed: i64,
+    end: i64,
+    lag: i64,
+) {
     let labels = [
         ("group", group.to_owned()),
         ("topic", topic.to_owned()),
-        ("partition", p.partition.to_string()),
+        ("partition", partition.to_string()),
     ];
-    gauge!(GROUP_COMMITTED_OFFSET, &labels).set(p.committed as f64);
-    gauge!(PARTITION_END_OFFSET, &labels).set(p.end as f64);
-    gauge!(GROUP_LAG, &labels).set(p.lag() as f64);
+    gauge!(GROUP_COMMITTED_OFFSET, &labels).set(committed as f64);
+    gauge!(PARTITION_END_OFFSET, &labels).set(end as f64);
+    gauge!(GROUP_LAG, &labels).set(lag as f64);
 }
 
 /// What the DLQ holds that has not been replayed yet: the oldest one's age and how many records.

@@ -345,7 +345,7 @@ struct Crash<'a> {
 /// What a [`Crash`] left: the verdict, how long the restart took to commit the input's end, and
 /// the notifications in the log that read_committed readers do not see (aborted).
 struct Crashed {
-    report: price_alerts::tools::verify::VerifyReport,
+    report: price_alerts::oracle::VerifyReport,
     restart_took: Duration,
     aborted: u64,
 }

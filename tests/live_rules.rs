@@ -84,7 +84,7 @@ fn wait_past(run: &Run, (partition, offset): (i32, i64), timeout: Duration) {
 
 /// The oracle's verdict: it predicted the output from the two topics alone, `expected`
 /// notifications of it, every tick decided.
-fn assert_predicted(report: &price_alerts::tools::verify::VerifyReport, expected: u64) {
+fn assert_predicted(report: &price_alerts::oracle::VerifyReport, expected: u64) {
     assert!(
         report.ok() && report.expected == expected && report.undecided_ticks == 0,
         "{report}"

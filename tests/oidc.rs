@@ -18,9 +18,9 @@ use common::oidc::oidc;
 use common::secure::{assert_exactly_once, run, text, Deployment, EXIT, FAILS_WITHIN};
 use price_alerts::kafka::read::count_records;
 use price_alerts::kafka::Isolation;
+use price_alerts::oracle::verify;
 use price_alerts::rules::Rules;
 use price_alerts::tools::token_endpoint::Mode;
-use price_alerts::tools::verify::verify;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -512,7 +512,7 @@ fn verify_exactly_once(
     input: &str,
     output: &str,
     rules_out: &std::path::Path,
-) -> price_alerts::tools::verify::VerifyReport {
+) -> price_alerts::oracle::VerifyReport {
     let rules = Rules::load(rules_out).expect("generated rules");
     let report = verify(
         admin,

@@ -89,7 +89,7 @@ fn wait_progress(run: &Run, from: i64, by: i64) -> i64 {
     }
 }
 
-fn assert_exactly_once(run: &Run, ticks: usize) -> price_alerts::tools::verify::VerifyReport {
+fn assert_exactly_once(run: &Run, ticks: usize) -> price_alerts::oracle::VerifyReport {
     let report = run.verify();
     println!("{report}");
     assert_eq!(report.input_records, ticks as u64);

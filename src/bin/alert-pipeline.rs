@@ -2,9 +2,9 @@
 
 use clap::Parser;
 use price_alerts::cli::{end_runtime, main_of, shutdown_signal_bounded, PipelineArgs};
+use price_alerts::dlq::Watcher;
 use price_alerts::health::{self, Health, DEFAULT_STALL_AFTER};
 use price_alerts::kafka::group_lag;
-use price_alerts::tools::replay::Watcher;
 use price_alerts::{errln, outln, pipeline};
 use std::process::ExitCode;
 

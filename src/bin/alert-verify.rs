@@ -4,8 +4,8 @@
 
 use clap::Parser;
 use price_alerts::cli::{init_logging, KafkaArgs};
+use price_alerts::oracle::verify;
 use price_alerts::rules::Rules;
-use price_alerts::tools::verify::verify;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -99,7 +99,7 @@ fn run() -> anyhow::Result<bool> {
             &db,
         )?
     } else if let Some(rules_topic) = &cli.rules_topic {
-        price_alerts::tools::verify::verify_live(
+        price_alerts::oracle::verify_live(
             &kafka,
             &cli.input,
             &cli.output,

@@ -27,6 +27,8 @@ pub mod tickgen;
 pub use log::{init_logging, LogGuard};
 pub use membership::{Membership, MembershipArgs};
 pub use pipeline::{GuaranteeArg, PipelineArgs};
+// The value parsers of every duration flag; they live below, in a leaf that the stages use too.
+pub use crate::duration::{duration, interval};
 
 use crate::kafka::config::{KafkaConfig, DEFAULT_BOOTSTRAP};
 use crate::kafka::connect::{self, ConnectError};
@@ -109,29 +111,6 @@ impl KafkaArgs {
         .await??;
         Ok(())
     }
-}
-
-/// The one duration syntax of every flag: a number with its unit (`100ms`, `1s`, `2m`, `1h 30m`).
-/// A bare number is refused: `--commit-interval 100` could mean milliseconds or seconds.
-pub fn duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{t:?} needs a unit, e.g. {t}ms or {t}s"));
-    }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("{t:?} is not a duration (e.g. 100ms, 1s): {e}"))
-}
-
-/// A [`duration`] of at least a millisecond (intervals that would otherwise spin).
-pub fn interval(s: &str) -> Result<Duration, String> {
-    let d = duration(s)?;
-    if d < Duration::from_millis(1) {
-        return Err(format!(
-            "{:?} is below the smallest interval, 1ms",
-            s.trim()
-        ));
-    }
-    Ok(d)
 }
 
 /// Like `println!`, but a closed or broken stdout is ignored instead of panicking.

@@ -144,7 +144,7 @@ impl Buckets {
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| crate::cli::duration(s).map_err(|e| BucketsError::Delay(s.to_owned(), e)))
+            .map(|s| crate::duration::duration(s).map_err(|e| BucketsError::Delay(s.to_owned(), e)))
             .collect::<Result<Vec<_>, _>>()?;
         Self::new(topic, delays)
     }

@@ -140,7 +140,14 @@ impl Probe {
             match self.rounds() {
                 Ok(rows) => {
                     for (topic, r) in &rows {
-                        crate::metrics::group_partition(&self.group, topic, r);
+                        crate::metrics::group_partition(
+                            &self.group,
+                            topic,
+                            r.partition,
+                            r.committed,
+                            r.end,
+                            r.lag(),
+                        );
                     }
                     if failing {
                         info!(group = %self.group, "group lag readable again");

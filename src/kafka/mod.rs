@@ -1,4 +1,5 @@
-//! The Kafka plumbing every binary shares; nothing here knows about ticks' meaning or alerts.
+//! The Kafka plumbing every binary shares; nothing here knows about ticks' meaning or alerts (the
+//! tick feed and the rules topic's reader carry records to and from the domain's codecs).
 //!
 //! - [`config`]: the one place that builds rdkafka client configurations, and the pass-through
 //!   properties with the ones the guarantee rests on refused.
@@ -30,6 +31,8 @@
 //!   subtracting offsets: transaction markers occupy offsets).
 //! - [`feed`]: the upstream tick feed: an idempotent producer that loads input and says where
 //!   each record landed.
+//! - [`rules`]: the rules topic's records as the live-alert join takes them (the domain decodes
+//!   them), and a whole rules topic read into joins.
 //! - [`hold`]: TEST ONLY: holds a process before a transactional call while a test breaks the
 //!   cluster (`--test-hold-send-offsets`).
 
@@ -48,6 +51,7 @@ pub mod logging;
 pub mod offsets;
 pub mod pause;
 pub mod read;
+pub mod rules;
 pub mod secrets;
 pub mod topics;
 pub mod tpl;

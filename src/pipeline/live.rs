@@ -49,12 +49,9 @@ use super::state::{Held, StateStore};
 use crate::kafka::read::{partition_count, read_partitions_to_end, End, Reader};
 use crate::kafka::tpl::position_list;
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::rules::live::{
-    barrier_value, decode, JoinCheckpoint, PartitionJoin, RuleRecord, BARRIER_KEY, FIRED_HEADER,
-};
+use crate::rules::live::{barrier_value, JoinCheckpoint, PartitionJoin, BARRIER_KEY};
 use anyhow::Context as _;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset};
 use std::collections::BTreeMap;
@@ -137,20 +134,6 @@ impl Freeze {
 /// polled on every turn of the loop.
 const RULES_POLL_EVERY: Duration = Duration::from_millis(10);
 
-/// A record of the rules topic as the join takes it.
-pub fn rule_record(m: &BorrowedMessage<'_>, partitions: i32) -> RuleRecord {
-    let fired = m.headers().and_then(|h| {
-        h.iter()
-            .find(|h| h.key == FIRED_HEADER)
-            .and_then(|h| h.value)
-    });
-    RuleRecord {
-        offset: m.offset(),
-        ts: m.timestamp().to_millis().unwrap_or(0),
-        change: decode(m.key(), m.payload(), fired, m.partition(), partitions),
-    }
-}
-
 impl LiveRules {
     /// The reader and producer of `topic`, which has `partitions` partitions (checked at start);
     /// `freeze` is the test hook `--test-freeze-rules` (`None` but in tests).
@@ -215,7 +198,7 @@ impl LiveRules {
                         full.insert(p);
                         return Ok(());
                     }
-                    j.push(rule_record(m, self.partitions));
+                    j.push(crate::kafka::rules::rule_record(m, self.partitions));
                 }
                 Ok(())
             },
@@ -274,7 +257,7 @@ impl LiveRules {
             match self.reader.poll(Duration::ZERO) {
                 None => break,
                 Some(Ok(m)) => {
-                    let record = rule_record(&m, self.partitions);
+                    let record = crate::kafka::rules::rule_record(&m, self.partitions);
                     if let Some(j) = state.join_mut(m.partition()) {
                         // A record before the join's read position was read by its restore.
                         if record.offset >= j.read_to() {
@@ -350,7 +333,7 @@ impl LiveRules {
             }
             match self.reader.poll(Duration::from_millis(5)) {
                 Some(Ok(m)) => {
-                    let record = rule_record(&m, self.partitions);
+                    let record = crate::kafka::rules::rule_record(&m, self.partitions);
                     if let Some(j) = state.join_mut(m.partition()) {
                         if record.offset >= j.read_to() {
                             j.push(record);

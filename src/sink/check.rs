@@ -1,6 +1,6 @@
 //! The oracle for alert-sink's table: the notifications the input implies (the verifier's own
-//! expectation, [`crate::tools::verify::expected_from_input`]) against the ids stored in `alerts`, with the
-//! verifier's own comparison ([`crate::tools::verify::compare`]). `alert-verify --table` and the tests use
+//! expectation, [`crate::oracle::expected_from_input`]) against the ids stored in `alerts`, with the
+//! verifier's own comparison ([`crate::oracle::compare`]). `alert-verify --table` and the tests use
 //! it. The primary key makes a duplicate row impossible, so what this can find is a missing or an
 //! unexpected row.
 
@@ -8,8 +8,8 @@ use super::db;
 use super::options::DbOptions;
 use crate::dlq::FaultInjection;
 use crate::kafka::KafkaConfig;
+use crate::oracle::{compare, expected_from_input, VerifyReport};
 use crate::rules::Rules;
-use crate::tools::verify::{compare, expected_from_input, VerifyReport};
 use anyhow::Context as _;
 use std::collections::HashMap;
 

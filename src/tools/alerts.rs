@@ -7,17 +7,15 @@
 //! the field and the reason before anything is sent. A delete finds the alert's partition by
 //! reading the table first.
 
-use crate::kafka::read::{
-    partition_count_if_exists, read_topic_to_end, reader, DEFAULT_READ_TIMEOUT,
-};
+use crate::kafka::read::{partition_count_if_exists, reader};
+use crate::kafka::rules::read_joins;
 use crate::kafka::topics::{ensure_rules, ADMIN_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
-use crate::rules::live::{check_alert_id, partition_of, rules_topic, Alert, PartitionJoin};
+use crate::rules::live::{check_alert_id, partition_of, rules_topic, Alert};
 use crate::rules::Rules;
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
-use rdkafka::Message as _;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -166,31 +164,6 @@ pub fn load_blocking(
     let topic = futures::executor::block_on(RulesTopic::open(kafka, app_id, None, input))?;
     futures::executor::block_on(topic.put_all(alerts))?;
     Ok(topic.name)
-}
-
-/// Every record of a rules topic of `partitions` partitions, read_committed to its end, pushed
-/// into a join per partition, none applied yet: what `list` and the oracle start from.
-pub fn read_joins(
-    kafka: &KafkaConfig,
-    topic: &str,
-    partitions: i32,
-) -> anyhow::Result<BTreeMap<i32, PartitionJoin>> {
-    let mut joins: BTreeMap<i32, PartitionJoin> = BTreeMap::new();
-    read_topic_to_end(
-        kafka,
-        topic,
-        Isolation::ReadCommitted,
-        DEFAULT_READ_TIMEOUT,
-        |m| {
-            joins
-                .entry(m.partition())
-                .or_default()
-                .push(crate::pipeline::live::rule_record(m, partitions));
-            Ok(())
-        },
-    )
-    .with_context(|| format!("reading rules topic {topic}"))?;
-    Ok(joins)
 }
 
 async fn send(

@@ -3,9 +3,10 @@
 //! - [`demo`] (`txn-demo`): the commit/abort experiment, read_committed 5 versus
 //!   read_uncommitted 10.
 //! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
-//! - [`verify`] (`alert-verify`): the oracle, expected notifications against committed ones.
+//! - `alert-verify` runs the oracle ([`crate::oracle`], below the stages, since alert-sink's table
+//!   check shares its comparison): expected notifications against committed ones.
 //! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once, with a
-//!   replay ledger; inspecting a DLQ; the DLQ backlog watcher behind the pipeline's DLQ gauges.
+//!   replay ledger ([`crate::dlq::ledger`]); inspecting a DLQ.
 //! - [`chaos`] (`alert-chaos`): pipeline instances and brokers of a 3-broker cluster killed,
 //!   paused and bounced while a stream is processed, then exactly-once checked.
 //! - [`subscriber`] (`test-subscriber`): local webhook receivers for alert-deliver that accept,
@@ -20,4 +21,3 @@ pub mod generate;
 pub mod replay;
 pub mod subscriber;
 pub mod token_endpoint;
-pub mod verify;

@@ -64,7 +64,7 @@ impl std::str::FromStr for Spec {
         let behaviour = match how.split_once(':') {
             None if how == "accept" => Behaviour::Accept,
             Some(("fail-for", d)) => Behaviour::FailFor(
-                crate::cli::duration(d).map_err(|e| anyhow::anyhow!("{name}: {e}"))?,
+                crate::duration::duration(d).map_err(|e| anyhow::anyhow!("{name}: {e}"))?,
             ),
             Some(("status", code)) => Behaviour::Status(
                 code.parse::<u16>()

@@ -322,9 +322,9 @@ impl Run {
     }
 
     /// The verifier's report for this run.
-    pub fn verify(&self) -> price_alerts::tools::verify::VerifyReport {
+    pub fn verify(&self) -> price_alerts::oracle::VerifyReport {
         if self.live {
-            return price_alerts::tools::verify::verify_live(
+            return price_alerts::oracle::verify_live(
                 &self.kafka,
                 &self.input,
                 &self.output,
@@ -334,7 +334,7 @@ impl Run {
             )
             .expect("verifier runs");
         }
-        price_alerts::tools::verify::verify(
+        price_alerts::oracle::verify(
             &self.kafka,
             &self.input,
             &self.output,

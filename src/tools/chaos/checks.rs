@@ -2,7 +2,7 @@
 //!
 //! - the group's committed offsets are the input's end on every partition;
 //! - the read_committed notifications are exactly the expected ones (the verifier:
-//!   [`crate::tools::verify`]);
+//!   [`crate::oracle`]);
 //! - no transaction is left open: Kafka's `find-hanging` reports none on any broker, and every
 //!   output partition's last stable offset has reached its high watermark (an open transaction
 //!   holds the LSO back; [`open_transactions`]);

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! The oracle is the pipeline's: the notification ids the input implies
-//! ([`crate::tools::verify::expected_from_input`]). Each subscriber receives every symbol, so its
+//! ([`crate::oracle::expected_from_input`]). Each subscriber receives every symbol, so its
 //! expected keys are `<id>/<subscriber>` for every expected id. The failing subscriber recovers
 //! well before its notifications run out of retry buckets, so normally nothing is given up; what
 //! is given up (DLQ, parking lot) is still accounted for, once, instead of an acceptance.
@@ -29,7 +29,7 @@ use super::ChaosOptions;
 use crate::deliver::Buckets;
 use crate::kafka::offsets::committed_offsets;
 use crate::kafka::KafkaConfig;
-use crate::tools::verify::{compare, VerifyReport};
+use crate::oracle::{compare, VerifyReport};
 use anyhow::Context as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -61,11 +61,9 @@ use crate::dlq::FaultInjection;
 use crate::kafka::feed::{next_offsets, Feed, Landed};
 use crate::kafka::offsets::committed_offsets;
 use crate::kafka::topics::{self, Topics};
+use crate::oracle::{expected_from_input, expected_from_live, verify, verify_live, VerifyReport};
 use crate::tick::DEFAULT_MAX_TICK_BYTES;
 use crate::tools::generate::{generate, GenOptions};
-use crate::tools::verify::{
-    expected_from_input, expected_from_live, verify, verify_live, VerifyReport,
-};
 use anyhow::{anyhow, bail, Context as _};
 use checks::DeadLetters;
 use cluster::{Cluster, Stop};

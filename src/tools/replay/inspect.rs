@@ -9,10 +9,10 @@
 //! A grouping is a `(name, header)` pair, so another one is a line in [`GROUPINGS`]: alert-deliver's
 //! DLQ and parking lot are grouped by `retry.subscriber` too.
 
-use super::ledger::{self, key_of};
 use super::select::Selection;
 use super::{class_of, now_ms, subscriber_of, table};
 use crate::dlq::header;
+use crate::dlq::ledger::{self, key_of};
 use crate::kafka::read::{
     partition_count, read_partitions_to_end, reader, End, DEFAULT_READ_TIMEOUT,
 };

@@ -1,5 +1,6 @@
-//! The DLQ tooling behind `dlq-replay`: replaying dead letters exactly once, inspecting a DLQ, and
-//! the backlog watcher that gives the pipeline its DLQ gauges.
+//! The DLQ tooling behind `dlq-replay`: replaying dead letters exactly once and inspecting a DLQ.
+//! The replay ledger and the backlog watcher that gives the pipeline and the deliverer their DLQ
+//! gauges live below, in [`crate::dlq`], where the stages take them from.
 //!
 //! Progress is kept per dead letter, in a replay ledger beside the DLQ, not as a consumer
 //! group's offsets: an offset can only say "everything before here", which made a filtered replay
@@ -10,21 +11,18 @@
 //! In data-flow order:
 //! - [`select`]: which dead letters a command takes (class, subscriber, partition, offset range); unknown
 //!   classes refused with the known ones.
-//! - [`ledger`]: the ledger topic `<dlq>.replayed`, its keys and entries, reading it.
+//! - [`crate::dlq::ledger`]: the ledger topic `<dlq>.replayed`, its keys and entries, reading it.
 //! - [`run`]: `replay`: fence, read the ledger, scan the DLQ, copy and record in one transaction.
 //! - [`inspect`]: `inspect`: counts by class and source partition, handled or not, ages, samples.
-//! - [`watch`]: the backlog watcher: tails the DLQ and the ledger, sets the DLQ gauges.
+//! - [`crate::dlq::watch`]: the backlog watcher: tails the DLQ and the ledger, sets the DLQ gauges.
 
 pub mod inspect;
-pub mod ledger;
 pub mod run;
 pub mod select;
-pub mod watch;
 
 pub use inspect::{inspect, InspectOptions, Inspection};
 pub use run::{replay, ClassCounts, ReplayHooks, ReplayOptions, ReplayReport, DEFAULT_BATCH};
 pub use select::{SelectError, Selection};
-pub use watch::Watcher;
 
 use rdkafka::message::BorrowedMessage;
 

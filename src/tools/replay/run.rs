@@ -42,9 +42,9 @@
 //! dead letter. Replayed ticks go through the pipeline like any other: one whose seq is no longer
 //! newer than its symbol's state is stale and only counted, which is right for late price data.
 
-use super::ledger;
 use super::select::Selection;
 use super::{class_of, subscriber_of, table};
+use crate::dlq::ledger;
 use crate::dlq::{copy_headers, header};
 use crate::kafka::access::{self, Needs};
 use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;

@@ -1,5 +1,7 @@
-//! The failure path, in one file: why a tick could not be processed, the bounded retry that
-//! decides it, and the dead-letter record that carries it.
+//! The failure path: why a tick could not be processed, the bounded retry that decides it, and
+//! the dead-letter record that carries it; below it, the replay ledger ([`ledger`]: which dead
+//! letters were replayed) and the backlog watcher ([`watch`]: how many are still unhandled), which
+//! the replay tool, alert-pipeline and alert-deliver all take from here.
 //!
 //! Every tick ends in exactly one of two places: processed (its notifications and state change in
 //! the transaction) or dead-lettered (its DLQ record in the same transaction as the offset that
@@ -31,6 +33,11 @@
 //! Off by default. When on, as in the seed experiment: `seq % 25 == 0` fails on every attempt
 //! (poison), `seq % 7 == 0` fails its first two attempts and then succeeds (flaky). A tick that is
 //! both is poison.
+
+pub mod ledger;
+pub mod watch;
+
+pub use watch::Watcher;
 
 use crate::tick::{self, Tick, TickError};
 use crate::trace;

@@ -23,7 +23,6 @@
 //! interval and retried by librdkafka.
 
 use super::ledger::{self, same_letter};
-use super::now_ms;
 use crate::background::Background;
 use crate::kafka::logging::Logged;
 use crate::kafka::read::{partition_count_if_exists, Reader};
@@ -342,6 +341,13 @@ impl Tail {
             }
         }
     }
+}
+
+/// Milliseconds since the epoch, now (the ages of dead letters are measured against it).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

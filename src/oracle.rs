@@ -206,7 +206,7 @@ pub fn expected_from_live(
 ) -> anyhow::Result<Vec<String>> {
     let probe = crate::kafka::read::reader(kafka, Isolation::ReadCommitted)?;
     let partitions = crate::kafka::read::partition_count(&probe, input, DEFAULT_READ_TIMEOUT)?;
-    let mut joins = crate::tools::alerts::read_joins(kafka, rules_topic, partitions)?;
+    let mut joins = crate::kafka::rules::read_joins(kafka, rules_topic, partitions)?;
     let mut state: BTreeMap<i32, HashMap<String, Option<SymbolState>>> = BTreeMap::new();
     let mut expected = Vec::new();
     report.input_records = read_topic_to_end(

@@ -9,7 +9,7 @@
 //! replay that selects some records and commits past the others makes those unreplayable for
 //! good. Progress per record lets a filter take exactly what it selects and leave every other dead
 //! letter as it was. The copy of a dead letter and its ledger entry are written in the same
-//! transaction ([`super::run`]): an entry is visible to read_committed readers iff its copy is.
+//! transaction ([`crate::tools::replay::run`]): an entry is visible to read_committed readers iff its copy is.
 //!
 //! The dead letter's timestamp in the entry guards against a DLQ that was deleted and created
 //! again under the same name: its offsets start at 0 again, and without the timestamp its new dead
