@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod replay;
 pub mod rules;
 pub mod sink;
+pub mod subscriber;
 pub mod tickgen;
 
 pub use log::{init_logging, LogGuard};
