@@ -92,7 +92,7 @@ fn alert_rules_name_only_metrics_that_exist_and_link_the_runbook() {
 
 #[test]
 fn the_statefulset_runs_the_pipeline_with_real_flags_probes_and_grace() {
-    let docs = load("deploy/k8s/statefulset.yml");
+    let docs = load("deploy/k8s/pipeline.yml");
     let set = docs
         .iter()
         .find(|d| d["kind"].as_str() == Some("StatefulSet"))
