@@ -1,6 +1,9 @@
 # syntax=docker/dockerfile:1
-# Image of the price-alert pipeline: `alert-pipeline` (the entrypoint) and its companions
-# (`txn-demo`, `tick-gen`, `alert-verify`, `alert-sink`).
+# Image of the price-alert pipeline: `alert-pipeline` (the entrypoint), the other two stages
+# (`alert-sink`, `alert-deliver`: `docker run --entrypoint alert-sink ...`), the tools people run
+# beside them (`alert-rules`, `dlq-replay`, `alert-verify`, `txn-demo`) and the demo's helpers
+# (`tick-gen`, `test-subscriber`). docker-compose.yml and deploy/k8s/ run them from this one image;
+# tests/deploy.rs checks that every binary they name is copied in here.
 # Built by `docker compose build` (see docker-compose.yml) or `docker build -t price-alerts .`.
 
 # ---- build ----
@@ -20,8 +23,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p price-alerts --bins \
     && mkdir -p /out \
-    && cp target/release/alert-pipeline target/release/txn-demo target/release/tick-gen \
-          target/release/alert-verify target/release/alert-sink /out/
+    && cp target/release/alert-pipeline target/release/alert-sink target/release/alert-deliver \
+          target/release/alert-rules target/release/dlq-replay target/release/alert-verify \
+          target/release/txn-demo target/release/tick-gen target/release/test-subscriber /out/
 
 # ---- runtime ----
 FROM debian:bookworm-slim
@@ -30,7 +34,10 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates libssl3 libcurl4 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/
-# Not root: the pipeline needs no privileges.
-RUN useradd --system --uid 10001 --no-create-home alerts
+# Not root: the pipeline needs no privileges. /var/lib/price-alerts is the one directory it may
+# write (the compose project's tick-gen writes its rules file there): a named volume mounted on it
+# starts with its owner, the user below.
+RUN useradd --system --uid 10001 --no-create-home alerts \
+    && mkdir -p /var/lib/price-alerts && chown alerts:alerts /var/lib/price-alerts
 USER alerts
 ENTRYPOINT ["alert-pipeline"]

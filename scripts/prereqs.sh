@@ -12,9 +12,11 @@
 #     OIDC tests fail): the reason this script exists;
 #   - the prometheus package: promtool checks the alert rules, the server fires them
 #     (tests/deploy.rs, tests/prometheus.rs);
-#   - openssl (test certificates) and jq (scripts/test.sh reads cargo's list of test binaries).
-#     PostgreSQL's server binaries are scripts/postgres.sh's to find or install (it is run on its
-#     own too).
+#   - openssl (test certificates) and jq (scripts/test.sh reads cargo's list of test binaries);
+#   - python3 with its venv module: scripts/validators.sh installs the deployment files'
+#     validators (kubernetes-validate, check-jsonschema) from PyPI into a virtualenv.
+# PostgreSQL's server binaries are scripts/postgres.sh's to find or install (it is run on its own
+# too).
 #
 # A build of librdkafka made before its headers were installed lacks what they bring, and cargo
 # does not build it again by itself: when this script installs a build header, it removes the
@@ -36,6 +38,8 @@ has_pc libcurl || { need libcurl4-openssl-dev; build_headers=1; }
 { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need prometheus
 command -v openssl >/dev/null || need openssl
 command -v jq >/dev/null || need jq
+if ! command -v python3 >/dev/null; then need python3; need python3-venv
+elif ! python3 -c 'import venv, ensurepip' 2>/dev/null; then need python3-venv; fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then

@@ -41,6 +41,8 @@ command -v cargo >/dev/null || { echo "test.sh: cargo not found: install Rust (h
 # What the build and the tests need from the system (librdkafka's headers, Java and Maven,
 # promtool and prometheus), installed when missing and we may; scripts/postgres.sh installs PostgreSQL.
 scripts/prereqs.sh
+# The deployment files' validators (tests/deploy.rs): a virtualenv from PyPI, made once.
+scripts/validators.sh
 
 # PostgreSQL for alert-sink's tests: the cluster of scripts/postgres.sh, started here when it is not
 # running (and stopped again at the end); a DATABASE_URL given by the caller is used as it is.

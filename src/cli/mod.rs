@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod replay;
 pub mod rules;
 pub mod sink;
+pub mod subscriber;
 pub mod tickgen;
 
 pub use log::{init_logging, LogGuard};
@@ -220,15 +221,21 @@ pub fn end_runtime(runtime: tokio::runtime::Runtime) {
 /// Exit status of a process whose shutdown did not finish within its bound.
 pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 3;
 
+/// The moment past a shutdown bound that the watchdog of [`shutdown_signal_bounded`] leaves for
+/// logs to flush before it exits the process: a supervisor's grace period (Kubernetes'
+/// `terminationGracePeriodSeconds`, compose's `stop_grace_period`) must exceed the bound plus
+/// this, or it kills a clean shutdown (tests/deploy.rs checks the shipped ones).
+pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(500);
+
 /// Resolves on SIGINT or SIGTERM, and from then on guarantees that the process ends within
-/// `bound` (plus a moment to flush): a watchdog thread exits it with [`EXIT_SHUTDOWN_TIMEOUT`]
-/// if the clean path is still running by then, whatever a client call is waiting for. An open
-/// transaction left behind is aborted by the broker (at its timeout, or at once when the
-/// instance restarts with the same transactional id).
+/// `bound` (plus [`SHUTDOWN_MARGIN`] to flush): a watchdog thread exits it with
+/// [`EXIT_SHUTDOWN_TIMEOUT`] if the clean path is still running by then, whatever a client call is
+/// waiting for. An open transaction left behind is aborted by the broker (at its timeout, or at
+/// once when the instance restarts with the same transactional id).
 pub async fn shutdown_signal_bounded(bound: Duration) {
     shutdown_signal().await;
     let spawned = std::thread::Builder::new().name("shutdown-watchdog".into()).spawn(move || {
-        std::thread::sleep(bound + Duration::from_millis(500));
+        std::thread::sleep(bound + SHUTDOWN_MARGIN);
         tracing::error!(bound = ?bound, "shutdown did not finish within its bound; exiting");
         crate::errln!("shutdown did not finish within {bound:?}; exiting with status {EXIT_SHUTDOWN_TIMEOUT}");
         std::process::exit(EXIT_SHUTDOWN_TIMEOUT);

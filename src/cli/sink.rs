@@ -17,9 +17,15 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct DbArgs {
     /// PostgreSQL connection string (postgres://user:password@host:port/db?sslmode=...).
-    /// Never logged with its password.
+    /// Never logged with its password. A command line is readable by every local user: where
+    /// the URL holds a password, prefer --database-url-file.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<DatabaseUrl>,
+    /// A file holding the connection string instead (a mounted secret, such as a Kubernetes
+    /// Secret): read once at start, surrounding whitespace ignored. Holding a password, it must
+    /// be readable by its owner only (chmod 600).
+    #[arg(long, env = "DATABASE_URL_FILE", value_name = "FILE")]
+    pub database_url_file: Option<PathBuf>,
     /// TLS mode, as libpq's sslmode (wins over the URL's).
     #[arg(long, env = "PGSSLMODE", value_enum)]
     pub db_ssl_mode: Option<SslMode>,
@@ -40,10 +46,20 @@ pub struct DbArgs {
 impl DbArgs {
     /// The connection settings; an error if no URL was given.
     pub fn options(&self) -> anyhow::Result<DbOptions> {
-        let url = self
-            .database_url
-            .clone()
-            .context("no database: give --database-url or set DATABASE_URL")?;
+        let url = match (&self.database_url, &self.database_url_file) {
+            (Some(url), None) => url.clone(),
+            (None, Some(path)) => read_url_file(path)?,
+            // Refused here, not by clap: either may come from the environment, and which one
+            // was meant cannot be told.
+            (Some(_), Some(_)) => bail!(
+                "two database URLs: give --database-url (DATABASE_URL) or --database-url-file \
+                 (DATABASE_URL_FILE), not both"
+            ),
+            (None, None) => bail!(
+                "no database: give --database-url or set DATABASE_URL (or --database-url-file, \
+                 DATABASE_URL_FILE: a file holding it)"
+            ),
+        };
         let (url, mut tls) = split_tls_params(&url)?;
         let flags = TlsOptions {
             mode: self.db_ssl_mode,
@@ -67,6 +83,20 @@ impl DbArgs {
             connect_timeout: self.db_connect_timeout,
         })
     }
+}
+
+/// The connection string in `path`: whitespace around it (a trailing newline) dropped, and a
+/// file whose URL holds a password refused unless only its owner can read it, as a `--config`
+/// file holding a Kafka secret is. Errors name the file, never its contents.
+fn read_url_file(path: &std::path::Path) -> anyhow::Result<DatabaseUrl> {
+    let what = || format!("database URL file {}", path.display());
+    let text = std::fs::read_to_string(path).with_context(what)?;
+    let url: DatabaseUrl = text.trim().parse().with_context(what)?;
+    // Redaction changes the URL exactly when it holds a password.
+    if url.redacted() != url.expose() {
+        crate::kafka::secrets::check_owner_only(path, "database URL file", "a password")?;
+    }
+    Ok(url)
 }
 
 /// alert-sink's command line.
@@ -238,6 +268,88 @@ mod tests {
             !format!("{:?}", args.options().unwrap()).contains("s3cr3t"),
             "and of the options"
         );
+    }
+
+    /// `text` in a file of its own with `mode`, in a fresh temporary directory.
+    fn url_file(name: &str, text: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!(
+            "sink-url-{}-{name}",
+            crate::kafka::topics::unique_suffix()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("database-url");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    /// The database options of `args` alone: a DATABASE_URL or DATABASE_URL_FILE of the test's
+    /// environment (scripts/test.sh exports DATABASE_URL) does not count.
+    fn options_of(args: &[&str]) -> anyhow::Result<DbOptions> {
+        let mut db = SinkArgs::try_parse_from([&["alert-sink"], args].concat())
+            .unwrap()
+            .db;
+        if !args.contains(&"--database-url") {
+            db.database_url = None;
+        }
+        if !args.contains(&"--database-url-file") {
+            db.database_url_file = None;
+        }
+        db.options()
+    }
+
+    #[test]
+    fn the_url_may_come_from_an_owner_only_file_never_quoted() {
+        let secret = url_file("closed", "postgres://u:s3cr3t@db:5432/alerts\n", 0o600);
+        let path = secret.to_str().unwrap();
+        let db = options_of(&["--database-url-file", path]).unwrap();
+        assert_eq!(
+            db.url.expose(),
+            "postgres://u:s3cr3t@db:5432/alerts",
+            "the newline a file ends with is not part of the URL"
+        );
+
+        // A password in a file others can read is refused, as a Kafka --config file is.
+        let open = url_file("open", "postgres://u:s3cr3t@db/alerts", 0o640);
+        let err = format!(
+            "{:#}",
+            options_of(&["--database-url-file", open.to_str().unwrap()]).unwrap_err()
+        );
+        assert!(
+            err.contains("holds a password but is readable by others (mode 640): chmod 600"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cr3t"), "{err}");
+        // Without a password (certificate or trust authentication) the mode does not matter.
+        let plain = url_file("plain", "postgres://u@db/alerts", 0o644);
+        options_of(&["--database-url-file", plain.to_str().unwrap()]).unwrap();
+
+        // An empty file, a missing one, and both sources at once: refused, naming the file.
+        let empty = url_file("empty", "\n", 0o600);
+        let err = format!(
+            "{:#}",
+            options_of(&["--database-url-file", empty.to_str().unwrap()]).unwrap_err()
+        );
+        assert!(
+            err.contains("database URL file") && err.contains("empty"),
+            "{err}"
+        );
+        assert!(options_of(&["--database-url-file", "/nonexistent/url"]).is_err());
+        let err = format!(
+            "{:#}",
+            options_of(&[
+                "--database-url",
+                "postgres://h/d",
+                "--database-url-file",
+                path
+            ])
+            .unwrap_err()
+        );
+        assert!(err.contains("not both"), "{err}");
+        for f in [secret, open, plain, empty] {
+            let _ = std::fs::remove_dir_all(f.parent().unwrap());
+        }
     }
 
     #[test]

@@ -146,13 +146,15 @@ pub fn read_config_file(path: &Path) -> anyhow::Result<BTreeMap<String, String>>
         })
         .collect();
     if let Some(secret) = properties.keys().find(|k| is_secret(k)) {
-        check_owner_only(path, secret)?;
+        check_owner_only(path, "config file", secret)?;
     }
     Ok(properties)
 }
 
+/// Refuses `path`, a `kind` of file (named in the message) that holds `secret`, when anyone but
+/// its owner may read or write it.
 #[cfg(unix)]
-fn check_owner_only(path: &Path, secret: &str) -> anyhow::Result<()> {
+pub fn check_owner_only(path: &Path, kind: &str, secret: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(path)
         .with_context(|| format!("reading {}", path.display()))?
@@ -160,7 +162,7 @@ fn check_owner_only(path: &Path, secret: &str) -> anyhow::Result<()> {
         .mode();
     if mode & 0o077 != 0 {
         bail!(
-            "config file {} holds {secret} but is readable by others (mode {:03o}): chmod 600 {}",
+            "{kind} {} holds {secret} but is readable by others (mode {:03o}): chmod 600 {}",
             path.display(),
             mode & 0o777,
             path.display()
@@ -169,8 +171,9 @@ fn check_owner_only(path: &Path, secret: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses `path`, a `kind` of file that holds `secret`, when others may read it (Unix only).
 #[cfg(not(unix))]
-fn check_owner_only(_: &Path, _: &str) -> anyhow::Result<()> {
+pub fn check_owner_only(_: &Path, _: &str, _: &str) -> anyhow::Result<()> {
     Ok(())
 }
 

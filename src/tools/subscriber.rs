@@ -258,10 +258,15 @@ async fn hook(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("-")
         .to_owned();
-    match lock(&shared).get_mut(&name) {
+    let status = match lock(&shared).get_mut(&name) {
         Some(s) => s.answer(&key, Instant::now()),
         None => StatusCode::NOT_FOUND,
-    }
+    };
+    // One line per request, as it comes, at debug so that the demo's terminal is not flooded:
+    // the compose project's `webhook` turns it on (RUST_LOG) for `docker compose logs -f
+    // webhook`; the counts come when the receiver stops.
+    tracing::debug!(subscriber = %name, key = %key, status = status.as_u16(), "webhook request");
+    status
 }
 
 /// alert-deliver's subscriptions file for local receivers: each of `names`, at `url_of(name)`,
