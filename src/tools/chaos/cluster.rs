@@ -113,7 +113,8 @@ impl Cluster {
 
     /// The session of a consumer-protocol (KIP-848) member: every broker's
     /// `group.consumer.session.timeout.ms` (the longest, should they differ: any may coordinate a
-    /// group), as `DescribeConfigs` gives it.
+    /// group), as `DescribeConfigs` gives it. One request per broker: librdkafka refuses a
+    /// request that names two brokers' configs ("Conflicting use"), each being that broker's.
     pub fn consumer_session_timeout(&self) -> anyhow::Result<Duration> {
         use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
         const SESSION: &str = "group.consumer.session.timeout.ms";
@@ -122,17 +123,16 @@ impl Cluster {
             .admin()
             .create()
             .context("creating an admin client")?;
-        let brokers: Vec<ResourceSpecifier> =
-            (1..=self.brokers).map(ResourceSpecifier::Broker).collect();
-        let results = futures::executor::block_on(admin.describe_configs(
-            &brokers,
-            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
-        ))
-        .context("describing the brokers' configs")?;
+        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
         let mut longest = None;
-        for (broker, result) in (1..=self.brokers).zip(results) {
-            let resource =
-                result.map_err(|code| anyhow!("describing broker {broker}'s configs: {code}"))?;
+        for broker in 1..=self.brokers {
+            let results = futures::executor::block_on(
+                admin.describe_configs(&[ResourceSpecifier::Broker(broker)], &options),
+            )
+            .with_context(|| format!("describing broker {broker}'s configs"))?;
+            let resource = (results.into_iter().next())
+                .ok_or_else(|| anyhow!("no configs of broker {broker} returned"))?
+                .map_err(|code| anyhow!("describing broker {broker}'s configs: {code}"))?;
             let value = resource.get(SESSION).and_then(|e| e.value.clone());
             let ms: u64 = value
                 .as_deref()
