@@ -7,6 +7,14 @@
 //! exactly-once is checked as the runner does (offsets, verifier, hanging transactions, DLQ).
 //! The short run joins live alerts (the rules topic) and changes 40 of them while it plays.
 //!
+//! Under both group protocols: the suite's (`GROUP_PROTOCOL`, classic by default) and KIP-848's
+//! consumer protocol (`…_under_the_consumer_protocol`), where no client session is given, a
+//! SIGKILLed instance's partitions wait for the broker's 45 s session and the zombie is paused
+//! past it. The two take turns at the cluster. scripts/test.sh skips the second by name, for
+//! time (169 s against the classic one's 128 s, 2026-12-06, on the cluster lane, the suite's
+//! longest): `GROUP_PROTOCOL=consumer scripts/test.sh` runs the first under the consumer protocol,
+//! and by hand `cargo test --test chaos short_chaos -- --include-ignored` runs both.
+//!
 //! The seed is printed; `CHAOS_SEED=<seed>` replays the same stream and schedule.
 //!
 //! Why the suite runs the pipeline-only short run and not the all-stage one (`alert-chaos`'s
@@ -49,9 +57,10 @@ fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
 
 /// The same under KIP-848's consumer protocol: no client session is given, a SIGKILLed
 /// instance's partitions wait for the broker's session (45 s), the zombie is paused past it, and
-/// the bounced group coordinator is the consumer group's.
+/// the bounced group coordinator is the consumer group's. Skipped by name in scripts/test.sh
+/// (module doc).
 #[test]
-#[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
+#[ignore = "needs the 3-broker cluster; skipped by scripts/test.sh for time: run by hand"]
 fn short_chaos_on_three_brokers_loses_and_doubles_nothing_under_the_consumer_protocol() {
     short_chaos(GroupProtocol::Consumer);
 }
