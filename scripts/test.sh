@@ -103,8 +103,12 @@ SECONDS=0
 # (about five minutes), and three of tests/coordinator.rs's cases (a coordinator gone from the
 # metadata or bounced, and alert-deliver's kill: they pass). The suite keeps the pipeline's kill
 # and 60 s freeze, alert-deliver's freeze, and the offsets clients' freeze. Run them by hand: the
-# test files say how.
+# test files say how. Also the short chaos run under the consumer protocol (169 s on 2026-12-06,
+# against 128 s for the classic one beside it): the cluster lane is the longest already, and it
+# would add about three minutes to the suite; `GROUP_PROTOCOL=consumer scripts/test.sh` runs the
+# short chaos run under the consumer protocol all the same (tests/chaos.rs).
 skipped=(a_coordinator_kill_leaves_no_instance_stuck
+  short_chaos_on_three_brokers_loses_and_doubles_nothing_under_the_consumer_protocol
   pipeline_heals_when_send_offsets_starts_after_the_group_coordinator_is_gone
   pipeline_heals_after_a_hard_bounce_of_the_group_coordinator_inside_send_offsets
   deliver_hand_offs_heal_after_a_sigkill_of_the_group_coordinator_inside_send_offsets)

@@ -32,7 +32,7 @@
 
 mod common;
 
-use common::cluster::{broker_pid, cluster, signal};
+use common::cluster::{broker_pid, cluster, cluster_to_myself, signal};
 use common::webhook::{Behaviour, Webhook};
 use common::{free_addr, http_get, load_until_hurried, records_with_headers_on, Pipeline, Run};
 use price_alerts::kafka::config::COORDINATOR_QUERY_INTERVAL;
@@ -402,14 +402,6 @@ fn committed_reached(run: &Run, target: &BTreeMap<i32, i64>) -> bool {
 /// One pipeline instance on a live stream; its send_offsets is held while the group coordinator's
 /// broker is lost, then let go. It must commit again within the transaction timeout + 30 s, and
 /// the whole stream must come out exactly once.
-/// One test at a time takes a broker of the shared cluster down.
-fn cluster_to_myself() -> std::sync::MutexGuard<'static, ()> {
-    static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    CLUSTER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 fn pipeline_survives(test: &str, loss: Loss) {
     let _cluster = cluster_to_myself();
     let cluster = replicated_cluster();

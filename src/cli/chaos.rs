@@ -10,8 +10,11 @@
 //!     --coordinator-kills 3 --database-downs 3 --limit 90m --work-dir /tmp/chaos-all-long
 //! ```
 
+use super::membership::GroupProtocolArg;
 use crate::kafka::KafkaConfig;
 use crate::tools::chaos::cluster::{Cluster, DEFAULT_CLUSTER_BOOTSTRAP};
+use crate::tools::chaos::plan::Stage;
+use crate::tools::chaos::stages::GroupProtocols;
 use crate::tools::chaos::ChaosOptions;
 use clap::Parser;
 use std::path::PathBuf;
@@ -119,11 +122,42 @@ pub struct ChaosArgs {
     /// dynamic (the default).
     #[arg(long)]
     pub static_membership: bool,
+    /// The group protocol of every stage's instances: classic, or consumer (KIP-848). A classic
+    /// stage gets -X session.timeout.ms=10000; a consumer stage none, its session being the
+    /// broker's group.consumer.session.timeout.ms (45 s by default, read from the cluster), which
+    /// its zombies' pause then outlasts. The report says which protocol each stage ran.
+    #[arg(long, value_enum, env = "GROUP_PROTOCOL", default_value = "classic")]
+    pub group_protocol: GroupProtocolArg,
+    /// The group protocol of the pipeline's instances, over --group-protocol.
+    #[arg(long, value_enum)]
+    pub pipeline_group_protocol: Option<GroupProtocolArg>,
+    /// The group protocol of the sink's instances, over --group-protocol.
+    #[arg(long, value_enum, conflicts_with = "pipeline_only")]
+    pub sink_group_protocol: Option<GroupProtocolArg>,
+    /// The group protocol of the deliverer's instances, over --group-protocol.
+    #[arg(long, value_enum, conflicts_with = "pipeline_only")]
+    pub deliver_group_protocol: Option<GroupProtocolArg>,
 }
 
 impl ChaosArgs {
+    /// Each stage's group protocol: its own flag, else --group-protocol.
+    fn group_protocols(&self) -> GroupProtocols {
+        let mut protocols = GroupProtocols::all(self.group_protocol.into());
+        for (stage, own) in [
+            (Stage::Pipeline, self.pipeline_group_protocol),
+            (Stage::Sink, self.sink_group_protocol),
+            (Stage::Deliver, self.deliver_group_protocol),
+        ] {
+            if let Some(p) = own {
+                protocols.set(stage, p.into());
+            }
+        }
+        protocols
+    }
+
     /// The run's options: the short run's, with what was given on the command line.
     pub fn options(self) -> anyhow::Result<ChaosOptions> {
+        let group_protocols = self.group_protocols();
         let here = std::env::current_exe()?;
         let pipeline = match self.pipeline {
             Some(p) => p,
@@ -169,6 +203,7 @@ impl ChaosArgs {
         o.coordinator_down = self.coordinator_down.unwrap_or(o.coordinator_down);
         o.work_dir = self.work_dir.unwrap_or(o.work_dir);
         o.static_membership = self.static_membership;
+        o.group_protocols = group_protocols;
         o.alert_changes = self.live_rules.then_some(self.alert_changes);
         let f = &mut o.faults;
         f.kills = self.kills.unwrap_or(f.kills);
@@ -197,4 +232,73 @@ fn postgres_url(postgres_sh: &std::path::Path) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChaosArgs;
+    use crate::kafka::config::GroupProtocol::{Classic, Consumer};
+    use crate::tools::chaos::stages::GroupProtocols;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<ChaosArgs, clap::Error> {
+        ChaosArgs::try_parse_from(std::iter::once("alert-chaos").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn every_stage_takes_the_run_protocol_unless_its_own_is_given() {
+        // --group-protocol always given: the test run's own GROUP_PROTOCOL must not decide.
+        let all = parse(&["--group-protocol", "consumer"]).unwrap();
+        assert_eq!(all.group_protocols(), GroupProtocols::all(Consumer));
+        let mixed = parse(&[
+            "--group-protocol",
+            "consumer",
+            "--sink-group-protocol",
+            "classic",
+        ])
+        .unwrap();
+        assert_eq!(
+            mixed.group_protocols(),
+            GroupProtocols {
+                pipeline: Consumer,
+                sink: Classic,
+                deliver: Consumer
+            }
+        );
+        let own = parse(&[
+            "--group-protocol",
+            "classic",
+            "--pipeline-group-protocol",
+            "consumer",
+            "--deliver-group-protocol",
+            "consumer",
+        ])
+        .unwrap();
+        assert_eq!(
+            own.group_protocols(),
+            GroupProtocols {
+                pipeline: Consumer,
+                sink: Classic,
+                deliver: Consumer
+            }
+        );
+        let o = parse(&[
+            "--group-protocol",
+            "consumer",
+            "--database-url",
+            "postgres://h/d",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
+        assert_eq!(o.group_protocols, GroupProtocols::all(Consumer));
+    }
+
+    #[test]
+    fn a_pipeline_only_run_takes_no_downstream_protocol() {
+        assert!(parse(&["--pipeline-only", "--sink-group-protocol", "consumer"]).is_err());
+        assert!(parse(&["--pipeline-only", "--deliver-group-protocol", "classic"]).is_err());
+        assert!(parse(&["--pipeline-only", "--pipeline-group-protocol", "consumer"]).is_ok());
+        assert!(parse(&["--group-protocol", "eager"]).is_err());
+    }
 }

@@ -26,6 +26,16 @@ pub fn cluster() -> Cluster {
     }
 }
 
+/// One test at a time takes a broker of the shared cluster down (the tests of one binary run
+/// on two threads): each holds this for its whole run.
+pub fn cluster_to_myself() -> std::sync::MutexGuard<'static, ()> {
+    static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding it has given the cluster back all the same.
+    CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The pid of broker `id`'s JVM (`scripts/kafka.sh broker K pid`), for a test that signals it
 /// itself (a SIGSTOP, or a SIGKILL that must land within milliseconds of an event).
 pub fn broker_pid(cluster: &Cluster, id: i32) -> u32 {

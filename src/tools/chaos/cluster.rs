@@ -111,6 +111,38 @@ impl Cluster {
             .ok_or_else(|| anyhow!("no coordinator in the group describe output: {out:?}"))
     }
 
+    /// The session of a consumer-protocol (KIP-848) member: every broker's
+    /// `group.consumer.session.timeout.ms` (the longest, should they differ: any may coordinate a
+    /// group), as `DescribeConfigs` gives it. One request per broker: librdkafka refuses a
+    /// request that names two brokers' configs ("Conflicting use"), each being that broker's.
+    pub fn consumer_session_timeout(&self) -> anyhow::Result<Duration> {
+        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+        const SESSION: &str = "group.consumer.session.timeout.ms";
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self
+            .kafka
+            .admin()
+            .create()
+            .context("creating an admin client")?;
+        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+        let mut longest = None;
+        for broker in 1..=self.brokers {
+            let results = futures::executor::block_on(
+                admin.describe_configs(&[ResourceSpecifier::Broker(broker)], &options),
+            )
+            .with_context(|| format!("describing broker {broker}'s configs"))?;
+            let resource = (results.into_iter().next())
+                .ok_or_else(|| anyhow!("no configs of broker {broker} returned"))?
+                .map_err(|code| anyhow!("describing broker {broker}'s configs: {code}"))?;
+            let value = resource.get(SESSION).and_then(|e| e.value.clone());
+            let ms: u64 = value
+                .as_deref()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("broker {broker} gave no {SESSION}: {value:?}"))?;
+            longest = longest.max(Some(Duration::from_millis(ms)));
+        }
+        longest.ok_or_else(|| anyhow!("no broker to describe"))
+    }
+
     /// Open transactions on broker `id`'s partitions that their coordinator does not know
     /// (Kafka's `TransactionsCommand find-hanging`), at any age: the default looks only at those
     /// older than 15 minutes, longer than a chaos run. One line per hanging transaction.

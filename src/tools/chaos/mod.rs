@@ -29,9 +29,9 @@
 //! PostgreSQL database, alert-deliver instances post them to the runner's own webhook
 //! subscribers, one of which fails (503) for a while so the retry buckets carry its deliveries
 //! ([`downstream`], [`subscribers`]). Each stage's instances ([`stages`]) get the same kinds and
-//! counts of faults as the pipeline's (the zombies paused beyond the transaction timeout, which
-//! is also far beyond every stage's session timeout), and PostgreSQL is shut down at once
-//! (`pg_ctl -m immediate`) and started again a few seconds later ([`database`]).
+//! counts of faults as the pipeline's (the zombies paused beyond the transaction timeout and
+//! beyond their stage's session: [`ChaosOptions::zombie_pause`]), and PostgreSQL is shut down at
+//! once (`pg_ctl -m immediate`) and started again a few seconds later ([`database`]).
 //!
 //! ```text
 //!   feed ──► input ──► pipeline × N ──► notifications ─┬─► sink × N ──► PostgreSQL (alerts)
@@ -41,6 +41,12 @@
 //!   end: pipeline drained ─► sink and deliver drained (their groups at their inputs' data ends)
 //!        ─► SIGTERM all ─► checks of every stage ─► figures
 //! ```
+//!
+//! Each stage's instances speak the group protocol [`ChaosOptions::group_protocols`] gives that
+//! stage: `classic` (the default, with the run's short client session) or KIP-848's `consumer`
+//! (the broker's session, read from the cluster at the start); the zombies' pause follows it,
+//! and the report says which protocol each stage ran ([`stages`], `# The group protocol of each
+//! stage`).
 //!
 //! Bounded in time: the whole run fails past `limit`. Only one broker is down at a time, and the
 //! next bounce waits until every partition's ISR is complete again, so no partition drops below
@@ -58,6 +64,7 @@ pub mod stages;
 pub mod subscribers;
 
 use crate::dlq::FaultInjection;
+use crate::kafka::config::GroupProtocol;
 use crate::kafka::feed::{next_offsets, Feed, Landed};
 use crate::kafka::offsets::committed_offsets;
 use crate::kafka::topics::{self, Topics};
@@ -74,7 +81,7 @@ use instances::{InstanceFigures, Instances, Launch};
 use plan::{Fault, FaultCounts, Stage, Target};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use stages::Stages;
+use stages::{GroupProtocols, Stages};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
@@ -85,6 +92,10 @@ use tracing::{info, warn};
 
 /// Bound on waiting for every ISR to be complete, before and after a bounce.
 const REPLICATION_TIMEOUT: Duration = Duration::from_secs(180);
+/// Kafka's default `group.consumer.session.timeout.ms` (and its floor,
+/// `group.consumer.min.session.timeout.ms`): the session of a consumer-protocol member until a
+/// run has read the cluster's.
+pub const BROKER_CONSUMER_SESSION: Duration = Duration::from_secs(45);
 /// Main-loop period: how late a due fault or an exited instance is noticed.
 const STEP: Duration = Duration::from_millis(100);
 /// From a coordinator kill's moment in the schedule to the broker's death: the replication wait
@@ -112,9 +123,17 @@ pub struct ChaosOptions {
     pub faults: FaultCounts,
     /// The instances' --transaction-timeout; the zombie's pause exceeds it.
     pub transaction_timeout: Duration,
-    /// The instances' session.timeout.ms: a paused or dead static member keeps its partitions
-    /// this long, so it stays well below the zombie's pause.
+    /// The session.timeout.ms of the classic-protocol stages' instances: a paused or dead member
+    /// keeps its partitions this long ([`Self::session`]).
     pub session_timeout: Duration,
+    /// The group protocol of each stage's instances ([`stages`], `# The group protocol of each
+    /// stage`).
+    pub group_protocols: GroupProtocols,
+    /// The session of a consumer-protocol member, which is the broker's
+    /// (`group.consumer.session.timeout.ms`, 45 s by default; scripts/kafka.sh's cluster keeps
+    /// it): a run with a consumer-protocol stage reads it from the cluster at its start
+    /// ([`Cluster::consumer_session_timeout`]).
+    pub consumer_session_timeout: Duration,
     /// The instances' --shutdown-timeout.
     pub shutdown_timeout: Duration,
     /// The instances' --commit-interval.
@@ -170,6 +189,8 @@ impl ChaosOptions {
             },
             transaction_timeout,
             session_timeout: Duration::from_secs(10),
+            group_protocols: GroupProtocols::default(),
+            consumer_session_timeout: BROKER_CONSUMER_SESSION,
             shutdown_timeout: Duration::from_secs(20),
             // One-second batches: a transaction is open nearly all the time, so every kill, pause
             // and bounce lands in one (and a commit's fixed cost on three replicas is paid less
@@ -230,6 +251,24 @@ impl ChaosOptions {
         self.transaction_timeout + Duration::from_secs(30)
     }
 
+    /// How long a member of `stage` that stopped heartbeating (killed, paused) keeps its
+    /// partitions before its group gives them to the others: the session of the stage's protocol,
+    /// the client's [`Self::session_timeout`] under classic, the broker's
+    /// [`Self::consumer_session_timeout`] under consumer.
+    pub fn session(&self, stage: Stage) -> Duration {
+        match self.group_protocols.of(stage) {
+            GroupProtocol::Classic => self.session_timeout,
+            GroupProtocol::Consumer => self.consumer_session_timeout,
+        }
+    }
+
+    /// How long a zombie of `stage` is paused: beyond its transaction timeout, so that the
+    /// coordinator aborts its transaction, and beyond its session, so that its group has moved on
+    /// when it wakes (and fences it), by 10 s.
+    pub fn zombie_pause(&self, stage: Stage) -> Duration {
+        self.transaction_timeout.max(self.session(stage)) + Duration::from_secs(10)
+    }
+
     /// The stages this run starts.
     pub fn stages(&self) -> Vec<Stage> {
         if self.downstream.is_some() {
@@ -263,6 +302,9 @@ pub struct ChaosReport {
     pub figures: InstanceFigures,
     /// Every stage's instance figures (the pipeline's first).
     pub stages: Vec<(Stage, InstanceFigures)>,
+    /// The group protocol each stage ran, and the session of its members under it
+    /// ([`ChaosOptions::session`]).
+    pub group_protocols: Vec<(Stage, GroupProtocol, Duration)>,
     pub bounces: Vec<Bounce>,
     /// The coordinator kills, each with the outcome of every instance watched.
     pub coordinator_kills: Vec<CoordinatorKill>,
@@ -350,6 +392,31 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     // Every broker up and every ISR complete first: topics get the cluster's replication factor
     // only with all brokers registered.
     opts.cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
+    // A consumer-protocol stage's session is the broker's: the zombies' pause must outlast it.
+    let read;
+    let opts = if opts
+        .group_protocols
+        .any(&opts.stages(), GroupProtocol::Consumer)
+    {
+        read = ChaosOptions {
+            consumer_session_timeout: opts.cluster.consumer_session_timeout()?,
+            ..opts.clone()
+        };
+        &read
+    } else {
+        opts
+    };
+    let group_protocols: Vec<(Stage, GroupProtocol, Duration)> = (opts.stages().into_iter())
+        .map(|s| (s, opts.group_protocols.of(s), opts.session(s)))
+        .collect();
+    for (stage, protocol, session) in &group_protocols {
+        info!(
+            stage = stage.name(),
+            %protocol,
+            session_s = session.as_secs_f64(),
+            "group protocol"
+        );
+    }
     futures::executor::block_on(topics::ensure(kafka, &topics, Some(opts.partitions)))?;
     let rules_topic = match opts.alert_changes {
         Some(_) => Some(alerts::load(kafka, &app_id, &topics.input, &rules)?),
@@ -547,6 +614,7 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         instances: opts.instances,
         figures: stages.figures(Stage::Pipeline),
         stages: stages.all_figures(),
+        group_protocols,
         bounces: played.bounces,
         coordinator_kills,
         commits,
@@ -903,14 +971,10 @@ fn fire(
                 Fault::Zombie(_) if processing.is_empty() => Ok(false),
                 Fault::Kill(_) => instances.kill(pick(rng, &running)).map(|()| true),
                 Fault::Term(_) => instances.terminate(pick(rng, &running)).map(|()| true),
-                // Beyond the transaction timeout, so the coordinator aborts the zombie's
-                // transaction, and far beyond the session timeout, so the group has moved on
-                // when it wakes (the sink's database session too: its write timeout is shorter).
+                // Beyond the transaction timeout and the stage's session (the sink's database
+                // session too: its write timeout is shorter).
                 _ => instances
-                    .pause(
-                        pick(rng, &processing),
-                        opts.transaction_timeout + Duration::from_secs(10),
-                    )
+                    .pause(pick(rng, &processing), opts.zombie_pause(stage))
                     .map(|()| true),
             }
         }
@@ -1072,6 +1136,22 @@ impl fmt::Display for ChaosReport {
             self.seed
         )?;
         writeln!(f, "{:<22} {}", "ticks", self.ticks)?;
+        let protocols: Vec<String> = self
+            .group_protocols
+            .iter()
+            .map(|(s, p, session)| {
+                let whose = match p {
+                    GroupProtocol::Classic => "the client's",
+                    GroupProtocol::Consumer => "the broker's",
+                };
+                format!(
+                    "{} {p} (session {}s, {whose})",
+                    s.name(),
+                    session.as_secs_f64()
+                )
+            })
+            .collect();
+        writeln!(f, "{:<22} {}", "group protocols", protocols.join("; "))?;
         writeln!(
             f,
             "{:<22} {} ({} process starts)",
@@ -1261,6 +1341,47 @@ impl fmt::Display for ChaosReport {
                 "VERDICT: FAILED (the run's topics are kept: prefix {})",
                 self.prefix
             )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ChaosOptions, GroupProtocols, Stage};
+    use crate::kafka::config::GroupProtocol;
+    use crate::kafka::KafkaConfig;
+    use std::time::Duration;
+
+    fn short() -> ChaosOptions {
+        let cluster = super::Cluster {
+            kafka_sh: "kafka.sh".into(),
+            kafka: KafkaConfig::new("h:1"),
+            brokers: 3,
+        };
+        ChaosOptions::short(cluster, "alert-pipeline".into(), 7)
+    }
+
+    /// A zombie wakes after its transaction timed out and after its group expired it, whichever
+    /// protocol its stage speaks: the classic session is the client's 10 s, the consumer one the
+    /// broker's 45 s (the cluster's default), so the pause follows the longer.
+    #[test]
+    fn the_zombie_outlasts_the_session_of_its_stage_protocol() {
+        let mut o = short();
+        assert_eq!(o.session(Stage::Pipeline), Duration::from_secs(10));
+        assert_eq!(o.zombie_pause(Stage::Pipeline), Duration::from_secs(40));
+        o.group_protocols = GroupProtocols::all(GroupProtocol::Classic);
+        o.group_protocols.set(Stage::Sink, GroupProtocol::Consumer);
+        assert_eq!(o.session(Stage::Sink), Duration::from_secs(45));
+        assert_eq!(o.zombie_pause(Stage::Sink), Duration::from_secs(55));
+        assert_eq!(o.zombie_pause(Stage::Deliver), Duration::from_secs(40));
+        // A cluster configured otherwise: the pause follows what the run read from it.
+        o.consumer_session_timeout = Duration::from_secs(60);
+        assert_eq!(o.zombie_pause(Stage::Sink), Duration::from_secs(70));
+        for stage in Stage::ALL {
+            assert!(
+                o.zombie_pause(stage) > o.session(stage).max(o.transaction_timeout),
+                "{stage:?}"
+            );
         }
     }
 }
