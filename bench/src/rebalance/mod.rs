@@ -184,8 +184,9 @@ pub struct RunResult {
     /// From the spawn of the three instances to a steady group (s).
     pub start_s: f64,
     pub events: Vec<EventResult>,
-    /// Ticks the paced stream sent during the run.
+    /// Ticks the paced stream sent during the run, and their rate (the pace it kept).
     pub ticks_sent: u64,
+    pub ticks_per_s: f64,
 }
 
 /// The session settings each protocol ran with, as stated in the report.
@@ -240,6 +241,13 @@ impl Report {
             self.settle.quiet_s,
             self.settle.hold_s
         );
+        let fed: Vec<f64> = self.runs.iter().map(|r| r.ticks_per_s).collect();
+        if let Some(fed) = crate::stats::Spread::of(&fed) {
+            out.push_str(&format!(
+                "ticks fed per second, over the runs: median {:.0} ({:.0}-{:.0})\n",
+                fed.median, fed.min, fed.max
+            ));
+        }
         for s in &self.sessions {
             out.push_str(&format!(
                 "{}: session timeout {} ms, heartbeat interval {} ms ({})\n",
@@ -279,6 +287,10 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> anyhow::Result<Rep
                 });
             let r = scenario::run(opts, protocol, repeat, session, &mut progress)
                 .with_context(|| format!("run {protocol} #{repeat}"))?;
+            progress(&format!(
+                "{protocol} #{repeat}: {} ticks fed at {:.0}/s",
+                r.ticks_sent, r.ticks_per_s
+            ));
             runs.push(r);
         }
     }

@@ -236,6 +236,7 @@ mod tests {
                         })
                         .collect(),
                     ticks_sent: 1,
+                    ticks_per_s: 1.0,
                 })
             })
             .collect();

@@ -248,6 +248,7 @@ mod tests {
                     event("consumer", r, Event::Join, &[Some(0.3), None]),
                 ],
                 ticks_sent: 1,
+                ticks_per_s: 1.0,
             })
             .collect();
         let s = summarize(&report(runs));
@@ -283,6 +284,7 @@ mod tests {
             start_s: 1.0,
             events: vec![event("classic", 0, Event::Join, &[Some(0.25), None])],
             ticks_sent: 1,
+            ticks_per_s: 1.0,
         }]);
         assert_eq!(
             idle_csv(&r),

@@ -140,6 +140,8 @@ pub fn run(
         std::fs::write(&rules, rules_of(opts.symbols).to_toml())
             .with_context(|| format!("writing {}", rules.display()))?;
         std::fs::create_dir_all(&opts.log_dir)?;
+        let committed = Committed::new(&opts.kafka, app_id, &topics.input, opts.partitions)?;
+        // Nothing between the feeder's start and its finish returns early: it would feed on.
         let feeder = Feeder::start(&opts.kafka, &topics.input, opts.symbols, opts.rate);
         let mut play = Play {
             opts,
@@ -149,7 +151,7 @@ pub fn run(
             topics,
             rules: rules.clone(),
             origin: Instant::now(),
-            committed: Committed::new(&opts.kafka, app_id, &topics.input, opts.partitions)?,
+            committed,
             progress: Progress::new(opts.partitions as usize),
             running: BTreeMap::new(),
         };
@@ -159,12 +161,14 @@ pub fn run(
         let sent = feeder.finish();
         let _ = std::fs::remove_file(&rules);
         let (start_s, events) = played?;
+        let (ticks_sent, fed_s) = sent?;
         Ok(RunResult {
             protocol: protocol.as_str().to_owned(),
             repeat,
             start_s,
             events,
-            ticks_sent: sent?,
+            ticks_sent,
+            ticks_per_s: ticks_sent as f64 / fed_s,
         })
     })
 }
@@ -193,7 +197,7 @@ fn tick(n: u64, symbols: usize) -> Tick {
 /// The paced stream, on a thread of its own until told to stop.
 struct Feeder {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<anyhow::Result<u64>>,
+    thread: JoinHandle<anyhow::Result<(u64, f64)>>,
 }
 
 /// The stream goes out in slices this far apart, each sent and acknowledged before the wait for
@@ -205,7 +209,7 @@ impl Feeder {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (kafka, topic, stop) = (kafka.clone(), topic.to_owned(), Arc::clone(&stop));
-            std::thread::spawn(move || -> anyhow::Result<u64> {
+            std::thread::spawn(move || -> anyhow::Result<(u64, f64)> {
                 let feed = Feed::new(&kafka)?;
                 let per_slice = (rate as u64 * SLICE.as_millis() as u64 / 1000).max(1);
                 let started = Instant::now();
@@ -219,14 +223,14 @@ impl Feeder {
                     let next = started + SLICE * slice;
                     std::thread::sleep(next.saturating_duration_since(Instant::now()));
                 }
-                Ok(n)
+                Ok((n, started.elapsed().as_secs_f64()))
             })
         };
         Feeder { stop, thread }
     }
 
-    /// Stops the stream; the ticks it sent.
-    fn finish(self) -> anyhow::Result<u64> {
+    /// Stops the stream; the ticks it sent, and over how many seconds.
+    fn finish(self) -> anyhow::Result<(u64, f64)> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
             .join()
