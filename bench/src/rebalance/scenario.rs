@@ -329,7 +329,7 @@ impl Play<'_> {
             self.spawn(id)?;
         }
         let mut window = Window::open_all(t0, self.opts.partitions as usize);
-        let (_, settled) = self.watch(
+        let (t, settled) = self.watch(
             &mut window,
             Anchor::Committed(&FIRST),
             Instant::now() + self.opts.start_timeout,
@@ -342,7 +342,7 @@ impl Play<'_> {
                 self.opts.log_dir.display()
             );
         }
-        let start_s = window.close(self.now(), true).closed_after;
+        let start_s = window.close(t, true).closed_after;
         progress(&format!(
             "{} #{}: steady {start_s:.1} s after the start",
             self.protocol, self.repeat
