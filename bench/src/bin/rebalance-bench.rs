@@ -60,6 +60,10 @@ struct Cli {
     /// Bound on the start of the three instances.
     #[arg(long, default_value = "180s", value_parser = price_alerts::cli::duration)]
     start_timeout: Duration,
+    /// Write the table, the CSVs and idle.png again from a results.json written before, beside
+    /// it, and run nothing.
+    #[arg(long)]
+    replot: Option<PathBuf>,
     /// Where to write results.json, results.md, the CSVs, idle.png and the pipelines' logs.
     #[arg(long, default_value = "bench/out/rebalance")]
     out: PathBuf,
@@ -71,6 +75,12 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(results) = &cli.replot {
+        let report = rebalance::read_report(results)?;
+        let dir = results.parent().unwrap_or(std::path::Path::new("."));
+        price_alerts::outln!("{}", rebalance::write_outputs(dir, &report)?);
+        return Ok(());
+    }
     let binary = match cli.binary {
         Some(b) => b,
         None => price_alerts_bench::child::bin_dir()?.join("alert-pipeline"),

@@ -54,7 +54,7 @@ pub mod scenario;
 use anyhow::Context as _;
 use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::kafka::KafkaConfig;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -93,7 +93,7 @@ pub struct Options {
 }
 
 /// A change of the group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Event {
     /// One instance stopped with SIGTERM: it commits, leaves the group and exits.
     Sigterm,
@@ -122,7 +122,7 @@ impl std::fmt::Display for Event {
 }
 
 /// What one event did to the partitions, in one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EventResult {
     pub protocol: String,
     pub repeat: usize,
@@ -171,13 +171,13 @@ impl std::fmt::Display for EventResult {
             idle.join(" "),
             self.exit
                 .as_ref()
-                .map_or(String::new(), |e| format!("; exit {e}")),
+                .map_or(String::new(), |e| format!("; {e}")),
         )
     }
 }
 
 /// One run: a protocol in one repeat.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunResult {
     pub protocol: String,
     pub repeat: usize,
@@ -190,7 +190,7 @@ pub struct RunResult {
 }
 
 /// The session settings each protocol ran with, as stated in the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Session {
     pub protocol: String,
     pub session_timeout_ms: u64,
@@ -200,7 +200,7 @@ pub struct Session {
 }
 
 /// Everything a run of the benchmark measured, with its settings.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub partitions: i32,
     pub rate: usize,
@@ -212,7 +212,7 @@ pub struct Report {
     pub runs: Vec<RunResult>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct SettleSettings {
     pub quiet_s: f64,
     pub hold_s: f64,
@@ -320,6 +320,16 @@ pub fn write_outputs(dir: &Path, report: &Report) -> anyhow::Result<String> {
     std::fs::write(dir.join("summary.csv"), report::summary_csv(&summaries))?;
     plot::write_png(report, &summaries, &dir.join("idle.png"))?;
     Ok(text)
+}
+
+/// The report of a `results.json` written before (rebalance-bench --replot), to write its
+/// outputs again.
+pub fn read_report(results_json: &Path) -> anyhow::Result<Report> {
+    let text = std::fs::read_to_string(results_json)
+        .with_context(|| format!("reading {}", results_json.display()))?;
+    let (report, _summaries): (Report, serde_json::Value) = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not rebalance-bench's results", results_json.display()))?;
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //!
 //! One column per event and protocol, every figure a dot (partitions and repeats spread
 //! sideways so they do not hide each other), a thin bar at the column's p50 and a thick one at its
-//! p99, and the event's goal as a dashed line over its column. The y axis is logarithmic: a
+//! p99, and the event's goal as a dashed line over its column. The legend sits top right, over
+//! the join's column, whose figures are the shortest at the top of the axis. The y axis is logarithmic: a
 //! SIGKILL's idle times are the session timeout (tens of seconds) while a join's are fractions of
 //! a second, and both matter.
 
@@ -181,7 +182,7 @@ fn draw(
         .label_font(("sans-serif", 15))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .draw()?;
     root.present()?;
     Ok(())
