@@ -516,7 +516,11 @@ impl Play<'_> {
         }
         let child = cmd
             .args(&opts.pipeline_args)
-            .env("RUST_LOG", "warn,price_alerts=info")
+            // PIPELINE_LOG: the instances' RUST_LOG (with `-X debug=cgrp`, to trace a rebalance).
+            .env(
+                "RUST_LOG",
+                std::env::var("PIPELINE_LOG").unwrap_or_else(|_| "warn,price_alerts=info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
