@@ -15,9 +15,10 @@
 //! - **The instances** are the release `alert-pipeline` as it is deployed, as child processes
 //!   ([`crate::child`]), each with its own `--instance-id` (so its own transactional id) and the
 //!   product's default membership, **dynamic**: a stop leaves the group at once and a crash is
-//!   noticed when its session expires. Static membership would change the SIGTERM story (a
-//!   static member's clean stop does not leave the group under classic, so its partitions would
-//!   wait out its session) and it is not what ships (README, "Group membership").
+//!   noticed when its session expires. Static membership would change the SIGTERM story (under
+//!   KIP-345 a static member's clean stop is meant not to leave the group, so that a restart
+//!   finds its partitions, and a stop for good waits out its session) and it is not what ships
+//!   (README, "Group membership").
 //!   `--group-protocol` is the only thing that differs between the two protocols' runs, besides
 //!   the classic session timeout, which the bench sets explicitly (`-X session.timeout.ms`,
 //!   librdkafka's default 45 s unless told otherwise) so the report can state it; under the

@@ -34,7 +34,8 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the broker's metadata and config answers.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// librdkafka's `heartbeat.interval.ms`, which the pipeline leaves as it is under classic.
+/// librdkafka's `heartbeat.interval.ms`, which the pipeline leaves as it is under classic (the
+/// report states this value; one given with `--pipeline-arg` is not read back).
 const CLASSIC_HEARTBEAT_MS: u64 = 3_000;
 
 /// The instances at the start, and which of them each event stops; the one that joins.
