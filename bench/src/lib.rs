@@ -16,6 +16,9 @@
 //!   state: time to restore it from the changelog and to the first commit.
 //! - [`rules`] (`rules-bench`): live alerts: from `alert-rules put` returning to the alert's
 //!   first notification, at a paced stream.
+//! - [`rebalance`] (`rebalance-bench`): how long each partition goes without committed progress
+//!   when one of three instances is stopped, killed or joined by a fourth, classic group protocol
+//!   against KIP-848's consumer protocol.
 //! - [`plot`]: the font and colours of the PNG plots.
 //! - [`tail`]: pipeline-bench's latency reader, tailing the notifications read_committed.
 //! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
@@ -28,6 +31,7 @@ pub mod deliver;
 pub mod pipeline;
 pub mod plot;
 pub mod producer;
+pub mod rebalance;
 pub mod recovery;
 pub mod rules;
 pub mod sink;
