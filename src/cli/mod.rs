@@ -23,6 +23,7 @@ pub mod replay;
 pub mod rules;
 pub mod sink;
 pub mod tickgen;
+pub mod verify;
 
 pub use log::{init_logging, LogGuard};
 pub use membership::{Membership, MembershipArgs};
