@@ -14,19 +14,8 @@
 //!
 //! The rebalance callbacks, which close the open transaction before partitions go, are in
 //! [`super::rebalance`]; the overlapped commit (`--overlap-commits`: a batch's commit on a thread
-//! of its own, and the outputs held back for it) is in [`super::overlap`].
-//!
-//! # Two producers in turn (`--txn-producers 2`)
-//! When `commit_transaction` returns, the coordinator has logged the commit but is still writing
-//! its markers. The next transaction's first record makes librdkafka ask AddPartitionsToTxn at
-//! once, the broker answers CONCURRENT_TRANSACTIONS until the markers are written, and librdkafka
-//! waits a fixed 20 ms before it asks again: nothing of the new batch leaves meanwhile, and its
-//! commit waits for that (bench/RESULTS.md section 7). With two producers (two transactional ids)
-//! each batch begins on the one that did not commit last, whose markers were written a whole batch
-//! ago. Still one transaction at a time: a batch begins only after the previous one committed or
-//! aborted, so the order per key, rewinds and revokes are the same as with one; an
-//! abort, a revoke or a crash concerns the open transaction, whichever producer holds it. Both
-//! ids are registered at start, so a restart fences both and aborts what either left open.
+//! of its own, and the outputs held back for it) is in [`super::overlap`]; the producers a batch
+//! begins on in turn (`--txn-producers 2`) are in [`super::producers`].
 //!
 //! # Back-off
 //! Every abort drops the state of every owned partition, which is restored before the next
@@ -49,6 +38,7 @@
 
 use super::batch::OpenBatch;
 use super::overlap::Outbox;
+use super::producers::Producers;
 use super::rebalance::resume;
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
@@ -59,13 +49,12 @@ use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::kafka::Isolation;
 use crate::metrics as m;
 use crate::rules::live::{PartitionJoin, JOIN_KEY};
-use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::BaseRecord;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
@@ -273,10 +262,8 @@ impl Session {
 /// The transactional side of one engine: the producer and the session, shared by the processing
 /// loop and the rebalance callback.
 pub(super) struct Committer {
-    /// One producer, or two taken in turn (see "Two producers in turn" above).
-    pub(super) producers: Vec<Arc<TxnProducer>>,
-    /// The index in `producers` of the one whose transaction is open, or was the last to be.
-    active: AtomicUsize,
+    /// One producer, or two taken in turn.
+    pub(super) producers: Producers,
     /// Where rewinds and restores read the group's committed offsets ([`GroupOffsets`] says why
     /// not through the group consumer).
     offsets: GroupOffsets,
@@ -287,36 +274,17 @@ pub(super) struct Committer {
 }
 
 impl Committer {
-    /// Creates the producer: transactional (registering the transactional id fences a
-    /// predecessor and aborts what it left open), or idempotent in the at-least-once mode.
+    /// Creates the producers ([`Producers::start`]) and the reader of the group's offsets.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
-        let producers = match settings.guarantee {
-            Guarantee::ExactlyOnce => {
-                settings.check_instance_id()?;
-                settings
-                    .transactional_ids()
-                    .iter()
-                    .map(|id| TxnProducer::start(&settings.kafka, id, settings.transaction_timeout))
-                    .collect::<anyhow::Result<Vec<_>>>()?
-            }
-            Guarantee::AtLeastOnce => {
-                vec![
-                    TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
-                        .context("starting the idempotent producer")?,
-                ]
-            }
-        };
+        let producers = Producers::start(&settings)?;
         // read_committed: a restore waits until a previous owner's pending offsets are decided.
         let offsets = GroupOffsets::new(
             &settings.kafka,
             settings.group_id(),
             Isolation::ReadCommitted,
         )?;
-        // The first batch begins on the first producer.
-        let last = producers.len() - 1;
         Ok(Arc::new(Committer {
             producers,
-            active: AtomicUsize::new(last),
             offsets,
             settings,
             session: Mutex::new(Session::default()),
@@ -336,13 +304,13 @@ impl Committer {
     /// The producer that the open batch's outputs go through (the last batch's, between
     /// batches).
     pub fn producer(&self) -> &TxnProducer {
-        &self.producers[self.active()]
+        self.producers.current()
     }
 
     /// The index in `producers` of the producer of the open batch (the last batch's, between
     /// batches).
     pub(super) fn active(&self) -> usize {
-        self.active.load(Ordering::Relaxed) % self.producers.len()
+        self.producers.active()
     }
 
     pub fn lock(&self) -> Result<MutexGuard<'_, Session>, TxnError> {
@@ -358,8 +326,7 @@ impl Committer {
             if self.settings.guarantee == Guarantee::ExactlyOnce {
                 // The next producer in turn: the last one's commit markers may still be on
                 // their way, and its next AddPartitionsToTxn would meet CONCURRENT_TRANSACTIONS.
-                let next = (self.active.load(Ordering::Relaxed) + 1) % self.producers.len();
-                self.active.store(next, Ordering::Relaxed);
+                self.producers.take_turn();
                 self.producer().begin()?;
             }
             session.txn = Some(OpenTxn::new());
@@ -697,7 +664,7 @@ impl Committer {
         // an EndTxn(abort) with records in flight with INVALID_TXN_STATE).
         let t = &self.settings.topics;
         let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
-        let producer = &self.producers[i];
+        let producer = self.producers.get(i);
         if self.settings.hooks.aborts_fail_fatally {
             producer.fail_next_abort();
         }

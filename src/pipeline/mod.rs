@@ -4,8 +4,8 @@
 //!   transactions, shutdown.
 //! - [`batch`]: when the open batch is due to commit.
 //! - [`engine`]: poll, decode, crossing rule, produce; the invariants are stated at its top.
-//! - [`commit`]: the open transaction, commit, abort-and-rewind, two producers in turn, the
-//!   back-off after a setback, stats.
+//! - [`commit`]: the open transaction, commit, abort-and-rewind, the back-off after a setback,
+//!   stats; [`producers`]: one transactional producer, or two taken in turn.
 //! - [`overlap`]: the overlapped commit (`--overlap-commits`): a batch's commit on a thread of its
 //!   own while the next batch fills, and the outputs held back for it.
 //! - [`rebalance`]: the consumer's context: the rebalance callbacks that close the open
@@ -42,6 +42,7 @@ pub mod engine;
 pub mod held;
 pub mod live;
 pub mod overlap;
+pub mod producers;
 pub mod rebalance;
 pub mod settings;
 pub mod state;

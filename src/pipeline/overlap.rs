@@ -288,8 +288,8 @@ impl Committer {
         let producer = self.active();
         let (tell, said) = mpsc::channel();
         let commit = {
-            let next = Arc::clone(&self.producers[(producer + 1) % self.producers.len()]);
-            let producer = Arc::clone(&self.producers[producer]);
+            let next = Arc::clone(self.producers.after(producer));
+            let producer = Arc::clone(self.producers.get(producer));
             let n = Some(session.stats.commits + 1);
             let hooks = InFlightHooks {
                 crash: self.settings().hooks.crash_before_commit == n,
