@@ -50,8 +50,8 @@
 //!   read_committed readers find (alert-verify, alert-sink's table check, the tests).
 //!
 //! The stages:
-//! - [`pipeline`]: the exactly-once loop, in one folder: driver, engine, commit and rebalance,
-//!   state, settings.
+//! - [`pipeline`]: the exactly-once loop, in one folder: driver, engine, commit, the overlapped
+//!   commit, the rebalance callbacks, state, settings.
 //! - Past Kafka's edge, where transactions cannot reach: [`sink`], notifications into
 //!   PostgreSQL, effectively once (`alert-sink`); [`deliver`], notifications to subscribers'
 //!   webhooks (`alert-deliver`): retry bucket topics, a parking lot and a DLQ, every hand-off in

@@ -699,7 +699,7 @@ fn a_partition_held_for_its_rules_is_resumed_by_an_abort_and_its_ticks_processed
 /// Partitions held when a second instance joins: those revoked are released and resumed (their
 /// holds are the old owner's; the new owner restores and processes their ticks), those kept stay
 /// held; when the second instance leaves, the partitions it had come back to the first, which
-/// processes them: none was left paused by the revoke (commit.rs, `pre_rebalance`).
+/// processes them: none was left paused by the revoke (pipeline/rebalance.rs, `pre_rebalance`).
 #[test]
 #[ignore = "needs a Kafka broker"]
 fn partitions_held_for_their_rules_are_released_by_a_revoke_and_move_on() {

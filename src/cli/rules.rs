@@ -2,6 +2,7 @@
 
 use super::KafkaArgs;
 use crate::rules::live::{parse_positive, Alert, FieldError, Watch};
+use crate::tools::alerts::Request;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -102,6 +103,36 @@ impl PutArgs {
         };
         alert.check()?;
         Ok(alert)
+    }
+}
+
+impl RulesArgs {
+    /// What to do, refused (naming the field, or the subscriber the subscriptions file does not
+    /// know) before anything is sent.
+    pub fn request(&self) -> anyhow::Result<Request> {
+        Ok(match &self.command {
+            RulesCommand::Put(p) => {
+                let alert = p.alert()?;
+                check_subscriber(alert.subscriber.as_deref(), p.subscriptions.as_deref())?;
+                Request::Put {
+                    id: p.id.clone(),
+                    alert,
+                }
+            }
+            RulesCommand::Delete { id } => Request::Delete { id: id.clone() },
+            RulesCommand::List { json } => Request::List { json: *json },
+            RulesCommand::Load {
+                file,
+                subscriber,
+                subscriptions,
+            } => {
+                check_subscriber(subscriber.as_deref(), subscriptions.as_deref())?;
+                Request::Load {
+                    file: file.clone(),
+                    subscriber: subscriber.clone(),
+                }
+            }
+        })
     }
 }
 

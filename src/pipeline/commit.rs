@@ -1,5 +1,4 @@
-//! The transaction of the engine: the open batch, commit, abort with rewind, and the rebalance
-//! callbacks that close the open transaction before partitions go.
+//! The transaction of the engine: the open batch, commit, and abort with rewind.
 //!
 //! ```text
 //!  begin (first record of a batch) ─► … records … ─► stage: dirty states to changelog partition p,
@@ -8,40 +7,15 @@
 //!        partition to its committed offset (the state is restored before the next record)
 //! ```
 //!
-//! Both the processing loop ([`super::engine`]) and the rebalance callback (which runs inside
-//! `poll`, on the same thread) come here with the [`Session`] locked, so there is one path for
-//! each outcome. The lock is never contended; it exists because the callback reaches the session
-//! through the consumer's context.
+//! Both the processing loop ([`super::engine`]) and the rebalance callback ([`super::rebalance`],
+//! which runs inside `poll`, on the same thread) come here with the [`Session`] locked, so there
+//! is one path for each outcome. The lock is never contended; it exists because the callback
+//! reaches the session through the consumer's context.
 //!
-//! # Rebalances
-//! On revoke, the open transaction is committed (aborted if the assignment was lost: another
-//! member may own the partitions already) before the partitions go, inside the callback, as
-//! librdkafka's `transactions.c` does; the callback gets the consumer, so it sends fresh group
-//! metadata. On assign, the new partitions are marked for restore.
-//!
-//! # Two producers in turn (`--txn-producers 2`)
-//! When `commit_transaction` returns, the coordinator has logged the commit but is still writing
-//! its markers. The next transaction's first record makes librdkafka ask AddPartitionsToTxn at
-//! once, the broker answers CONCURRENT_TRANSACTIONS until the markers are written, and librdkafka
-//! waits a fixed 20 ms before it asks again: nothing of the new batch leaves meanwhile, and its
-//! commit waits for that (bench/RESULTS.md section 7). With two producers (two transactional ids)
-//! each batch begins on the one that did not commit last, whose markers were written a whole batch
-//! ago. Still one transaction at a time: a batch begins only after the previous one committed or
-//! aborted, so everything above (order per key, rewinds, revokes) is the same as with one; an
-//! abort, a revoke or a crash concerns the open transaction, whichever producer holds it. Both
-//! ids are registered at start, so a restart fences both and aborts what either left open.
-//!
-//! # Overlapped commits (`--overlap-commits`, two producers)
-//! A due batch puts its states and its offsets (with the group metadata of that moment) into its
-//! transaction on the loop's thread, then hands its drain and EndTxn to a thread of their own
-//! ([`Committer::hand_off`]), and the loop goes on: the next
-//! batch begins on the other producer while the first one commits. At most one commit is in
-//! flight: the next hand-off, a revoke, an abort and the shutdown wait for it first
-//! ([`Committer::settle`]), so offsets and states still commit in order. The records of the two
-//! producers are not ordered with each other, so the open batch's outputs are held back until
-//! every record of the batch in flight is in the log (its drain). A commit in flight that fails
-//! aborts the open batch too, whose state and offsets follow from it, and the rewind goes back to
-//! the last commit: an abort or a stall rewinds both.
+//! The rebalance callbacks, which close the open transaction before partitions go, are in
+//! [`super::rebalance`]; the overlapped commit (`--overlap-commits`: a batch's commit on a thread
+//! of its own, and the outputs held back for it) is in [`super::overlap`]; the producers a batch
+//! begins on in turn (`--txn-producers 2`) are in [`super::producers`].
 //!
 //! # Back-off
 //! Every abort drops the state of every owned partition, which is restored before the next
@@ -63,6 +37,9 @@
 //! after an abort is never counted twice.
 
 use super::batch::OpenBatch;
+use super::overlap::Outbox;
+use super::producers::Producers;
+use super::rebalance::resume;
 use super::settings::{EngineSettings, Guarantee};
 use super::state::{PartitionState, StateStore};
 use crate::backoff::Setbacks;
@@ -72,15 +49,13 @@ use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
 use crate::kafka::Isolation;
 use crate::metrics as m;
 use crate::rules::live::{PartitionJoin, JOIN_KEY};
-use anyhow::Context as _;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::OwnedHeaders;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::BaseRecord;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
@@ -153,7 +128,7 @@ pub(super) struct OpenTxn {
     started: Instant,
     /// When its oldest record arrived (see [`super::batch`]).
     oldest_arrival: Instant,
-    records: u64,
+    pub(super) records: u64,
     pub counts: BatchCounts,
     /// Next offset to read, per input partition with records in this transaction.
     offsets: BTreeMap<i32, i64>,
@@ -197,13 +172,13 @@ impl OpenTxn {
 /// right is missing.
 #[derive(Default)]
 pub(super) struct Session {
-    txn: Option<OpenTxn>,
+    pub(super) txn: Option<OpenTxn>,
     /// The batch whose commit is in flight and the open batch's outputs held back for it
     /// (`--overlap-commits`; empty otherwise).
-    outbox: Outbox,
+    pub(super) outbox: Outbox,
     pub state: StateStore,
-    fatal: Option<TxnError>,
-    stats: Stats,
+    pub(super) fatal: Option<TxnError>,
+    pub(super) stats: Stats,
     /// Setbacks since the last commit: aborts, and refusals of a right seen outside an abort
     /// (a fetch or an offset lookup refused). The back-off before the next attempt grows with
     /// them ([`crate::backoff`]); a commit resets them.
@@ -214,7 +189,7 @@ pub(super) struct Session {
     backoff: Option<Duration>,
     /// When the last commit began, unless an abort came after it: where the next batch's commit
     /// interval may start counting (see [`super::batch`]).
-    previous_commit: Option<Instant>,
+    pub(super) previous_commit: Option<Instant>,
     /// A fetch of the input was refused (Read on the input), and no record of it arrived since.
     /// librdkafka reports such a refusal once per partition, then waits silently: while this is
     /// set, the engine asks the broker once per back-off step whether it still refuses, so the
@@ -252,7 +227,7 @@ impl Session {
 
     /// Whether a commit is in flight or outputs are held back for one.
     pub fn overlapping(&self) -> bool {
-        self.outbox.in_flight.is_some() || !self.outbox.held.is_empty()
+        self.outbox.overlapping()
     }
 
     /// A fatal error of the rebalance callback, once.
@@ -284,161 +259,32 @@ impl Session {
     }
 }
 
-/// What the commit thread of a batch in flight says (`--overlap-commits`).
-enum Progress {
-    /// Every record of the batch has been answered: a record of the next batch can no longer
-    /// overtake one of it.
-    Drained,
-    /// How its commit (offsets, then EndTxn) ended.
-    Done(Result<(), TxnError>),
-}
-
-/// A batch whose offsets and commit are on their way on a thread of their own, while the next
-/// batch fills on the other producer.
-struct InFlight {
-    /// Index in `Committer::producers` of the producer whose transaction it is.
-    producer: usize,
-    txn: OpenTxn,
-    /// When its commit began.
-    started: Instant,
-    /// The commit thread said [`Progress::Drained`].
-    drained: bool,
-    /// The commit thread said [`Progress::Done`].
-    done: Option<Result<(), TxnError>>,
-    said: mpsc::Receiver<Progress>,
-}
-
-impl InFlight {
-    /// Takes what the commit thread said; with `wait`, until it has said how the commit ended.
-    /// A thread that ends without saying it (a panic) is a fatal error: whether the batch
-    /// committed is unknown.
-    fn hear(&mut self, wait: bool) {
-        while self.done.is_none() {
-            let said = if wait {
-                self.said
-                    .recv()
-                    .map_err(|_| mpsc::TryRecvError::Disconnected)
-            } else {
-                self.said.try_recv()
-            };
-            match said {
-                Ok(Progress::Drained) => self.drained = true,
-                Ok(Progress::Done(outcome)) => self.done = Some(outcome),
-                Err(mpsc::TryRecvError::Empty) => return,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    self.done = Some(Err(TxnError::with_class(
-                        "commit thread",
-                        TxnErrorClass::Fatal,
-                        TxnCause::CommitThread("ended without an answer"),
-                    )));
-                }
-            }
-        }
-    }
-
-    /// Whether every record of the batch is in the log (or failed, which fails its commit).
-    fn drained(&self) -> bool {
-        self.drained || matches!(self.done, Some(Ok(())))
-    }
-}
-
-/// An output of the open batch, held back until the batch in flight has drained.
-struct Held {
-    topic: String,
-    partition: Option<i32>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-    headers: Option<OwnedHeaders>,
-}
-
-impl Held {
-    fn of(record: &BaseRecord<'_, [u8], [u8]>) -> Self {
-        Held {
-            topic: record.topic.to_owned(),
-            partition: record.partition,
-            key: record.key.map(<[u8]>::to_vec),
-            payload: record.payload.map(<[u8]>::to_vec),
-            headers: record.headers.clone(),
-        }
-    }
-
-    fn record(&self) -> BaseRecord<'_, [u8], [u8]> {
-        let mut record = BaseRecord::to(&self.topic);
-        record.partition = self.partition;
-        record.key = self.key.as_deref();
-        record.payload = self.payload.as_deref();
-        record.headers = self.headers.clone();
-        record
-    }
-}
-
-/// Where the open batch's outputs go (`--overlap-commits`; with one transaction at a time it
-/// stays empty and outputs go straight to the producer).
-#[derive(Default)]
-pub(super) struct Outbox {
-    /// The batch whose commit is in flight.
-    in_flight: Option<InFlight>,
-    /// Outputs of the open batch, in the order it made them, until the batch in flight drained.
-    held: Vec<Held>,
-    /// A batch whose commit failed and that is still to be aborted, with its producer's index
-    /// and its number of records.
-    failed: Option<(usize, u64)>,
-}
-
-impl Outbox {
-    /// Whether an output made now must wait: the batch in flight still has records on their way.
-    fn holding(&self) -> bool {
-        self.in_flight.as_ref().is_some_and(|f| !f.drained())
-    }
-}
-
 /// The transactional side of one engine: the producer and the session, shared by the processing
 /// loop and the rebalance callback.
 pub(super) struct Committer {
-    /// One producer, or two taken in turn (see "Two producers in turn" above).
-    producers: Vec<Arc<TxnProducer>>,
-    /// The index in `producers` of the one whose transaction is open, or was the last to be.
-    active: AtomicUsize,
+    /// One producer, or two taken in turn.
+    pub(super) producers: Producers,
     /// Where rewinds and restores read the group's committed offsets ([`GroupOffsets`] says why
     /// not through the group consumer).
     offsets: GroupOffsets,
     settings: EngineSettings,
     session: Mutex<Session>,
     /// The test hook `fail_commit_in_flight` fired (it fires once).
-    failed_once: AtomicBool,
+    pub(super) failed_once: AtomicBool,
 }
 
 impl Committer {
-    /// Creates the producer: transactional (registering the transactional id fences a
-    /// predecessor and aborts what it left open), or idempotent in the at-least-once mode.
+    /// Creates the producers ([`Producers::start`]) and the reader of the group's offsets.
     pub fn start(settings: EngineSettings) -> anyhow::Result<Arc<Self>> {
-        let producers = match settings.guarantee {
-            Guarantee::ExactlyOnce => {
-                settings.check_instance_id()?;
-                settings
-                    .transactional_ids()
-                    .iter()
-                    .map(|id| TxnProducer::start(&settings.kafka, id, settings.transaction_timeout))
-                    .collect::<anyhow::Result<Vec<_>>>()?
-            }
-            Guarantee::AtLeastOnce => {
-                vec![
-                    TxnProducer::non_transactional(&settings.kafka.idempotent_producer())
-                        .context("starting the idempotent producer")?,
-                ]
-            }
-        };
+        let producers = Producers::start(&settings)?;
         // read_committed: a restore waits until a previous owner's pending offsets are decided.
         let offsets = GroupOffsets::new(
             &settings.kafka,
             settings.group_id(),
             Isolation::ReadCommitted,
         )?;
-        // The first batch begins on the first producer.
-        let last = producers.len() - 1;
         Ok(Arc::new(Committer {
             producers,
-            active: AtomicUsize::new(last),
             offsets,
             settings,
             session: Mutex::new(Session::default()),
@@ -458,13 +304,13 @@ impl Committer {
     /// The producer that the open batch's outputs go through (the last batch's, between
     /// batches).
     pub fn producer(&self) -> &TxnProducer {
-        &self.producers[self.active()]
+        self.producers.current()
     }
 
     /// The index in `producers` of the producer of the open batch (the last batch's, between
     /// batches).
-    fn active(&self) -> usize {
-        self.active.load(Ordering::Relaxed) % self.producers.len()
+    pub(super) fn active(&self) -> usize {
+        self.producers.active()
     }
 
     pub fn lock(&self) -> Result<MutexGuard<'_, Session>, TxnError> {
@@ -480,8 +326,7 @@ impl Committer {
             if self.settings.guarantee == Guarantee::ExactlyOnce {
                 // The next producer in turn: the last one's commit markers may still be on
                 // their way, and its next AddPartitionsToTxn would meet CONCURRENT_TRANSACTIONS.
-                let next = (self.active.load(Ordering::Relaxed) + 1) % self.producers.len();
-                self.active.store(next, Ordering::Relaxed);
+                self.producers.take_turn();
                 self.producer().begin()?;
             }
             session.txn = Some(OpenTxn::new());
@@ -489,87 +334,9 @@ impl Committer {
         Ok(())
     }
 
-    /// Sends an output of the open batch, or holds it back while the batch in flight still has
-    /// records on their way: the two producers' requests are not ordered with each other, so a
-    /// notification could overtake an earlier one of its symbol. (State records need no hold: a
-    /// batch writes them at its commit, after the batch before it has committed.)
-    pub fn output(
-        &self,
-        outbox: &mut Outbox,
-        record: BaseRecord<'_, [u8], [u8]>,
-    ) -> Result<(), KafkaError> {
-        self.release(outbox, false)?;
-        if outbox.holding() {
-            outbox.held.push(Held::of(&record));
-            m::overlap_held();
-            return Ok(());
-        }
-        self.producer().send(record)
-    }
-
-    /// Hears from the commit thread (until the commit ended, with `wait`), and sends the held
-    /// outputs, in order, once the batch in flight has drained.
-    fn release(&self, outbox: &mut Outbox, wait: bool) -> Result<(), KafkaError> {
-        if let Some(f) = outbox.in_flight.as_mut() {
-            f.hear(wait);
-        }
-        if outbox.holding() {
-            return Ok(());
-        }
-        for held in outbox.held.drain(..) {
-            self.producer().send(held.record())?;
-        }
-        Ok(())
-    }
-
-    /// Ends the batch in flight if its commit has answered (waiting for the answer with `wait`):
-    /// counts it if it committed; if it failed, aborts it and the open batch, whose state and
-    /// offsets follow from it, and rewinds `rewind`. Returns whether the open batch may go on
-    /// (false after such an abort). Nothing in flight: true at once.
-    pub(super) fn settle<C: ConsumerContext>(
-        &self,
-        session: &mut Session,
-        consumer: &BaseConsumer<C>,
-        rewind: &[i32],
-        wait: bool,
-    ) -> Result<bool, TxnError> {
-        if !session.overlapping() {
-            return Ok(true);
-        }
-        if let Err(e) = self.release(&mut session.outbox, wait) {
-            return self.abort_after(session, consumer, rewind, TxnError::new("produce", e));
-        }
-        let Some(f) = session.outbox.in_flight.take_if(|f| f.done.is_some()) else {
-            return Ok(true);
-        };
-        match self.end_in_flight(session, f) {
-            Ok(()) => Ok(true),
-            Err(e) => self.abort_after(session, consumer, rewind, e),
-        }
-    }
-
-    /// Ends a batch in flight whose commit has answered: counts it if it committed; returns the
-    /// error if it failed, the batch noted for the abort that follows (`Outbox::failed`) when the
-    /// error is abortable.
-    fn end_in_flight(&self, session: &mut Session, f: InFlight) -> Result<(), TxnError> {
-        match f.done {
-            Some(Ok(())) => {
-                self.committed(session, f.txn, f.started);
-                Ok(())
-            }
-            Some(Err(e)) => {
-                if e.class == TxnErrorClass::Abortable {
-                    session.outbox.failed = Some((f.producer, f.txn.records));
-                }
-                Err(e)
-            }
-            None => Ok(()),
-        }
-    }
-
     /// Aborts and rewinds after `e` if it is abortable (returning false: nothing is open any
     /// more); returns it if it is fatal.
-    fn abort_after<C: ConsumerContext>(
+    pub(super) fn abort_after<C: ConsumerContext>(
         &self,
         session: &mut Session,
         consumer: &BaseConsumer<C>,
@@ -582,74 +349,6 @@ impl Committer {
         warn!(error = %e, "commit failed; aborting and rewinding");
         self.abort_and_rewind(session, consumer, rewind, Some(&e))?;
         Ok(false)
-    }
-
-    /// The batch is due: with `--overlap-commits`, once the batch in flight has ended, puts its
-    /// states and offsets into the transaction and hands its drain and EndTxn to a thread of their own,
-    /// and returns: the next batch fills on the other producer meanwhile. Otherwise commits it
-    /// ([`Committer::commit_or_abort`]). Returns false if something aborted.
-    pub fn hand_off<C: ConsumerContext>(
-        &self,
-        session: &mut Session,
-        consumer: &BaseConsumer<C>,
-        rewind: &[i32],
-    ) -> Result<bool, TxnError> {
-        if !self.settings.overlap_commits {
-            return self.commit_or_abort(session, consumer, rewind);
-        }
-        // At most one commit in flight, and this batch's offsets and state follow from it.
-        if !self.settle(session, consumer, rewind, true)? {
-            return Ok(false);
-        }
-        if session.txn.is_none() {
-            return Ok(true);
-        }
-        let started = Instant::now();
-        session.previous_commit = Some(started);
-        // The offsets go in here, not on the commit thread: their group metadata must be the
-        // consumer's of this moment. The loop polls while a commit is in flight, so the consumer
-        // may rejoin meanwhile, and offsets sent with the generation of the hand-off would be
-        // refused (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID), aborting both batches: in a chaos run
-        // that was 59 of 71 aborts. EndTxn does not look at the generation.
-        if let Err(e) = self.stage(session, consumer) {
-            return self.abort_after(session, consumer, rewind, e);
-        }
-        let producer = self.active();
-        let (tell, said) = mpsc::channel();
-        let commit = {
-            let next = Arc::clone(&self.producers[(producer + 1) % self.producers.len()]);
-            let producer = Arc::clone(&self.producers[producer]);
-            let n = Some(session.stats.commits + 1);
-            let hooks = InFlightHooks {
-                crash: self.settings.hooks.crash_before_commit == n,
-                fail_once: (self.settings.hooks.fail_commit_in_flight == n
-                    && !self.failed_once.swap(true, Ordering::Relaxed))
-                .then_some(next),
-            };
-            move || commit_in_flight(&producer, &hooks, &tell)
-        };
-        if let Err(e) = std::thread::Builder::new()
-            .name("txn-commit".into())
-            .spawn(commit)
-        {
-            error!(error = %e, "could not start a commit thread");
-            return Err(TxnError::with_class(
-                "commit thread",
-                TxnErrorClass::Fatal,
-                TxnCause::CommitThread("could not be started"),
-            ));
-        }
-        if let Some(txn) = session.txn.take() {
-            session.outbox.in_flight = Some(InFlight {
-                producer,
-                txn,
-                started,
-                drained: false,
-                done: None,
-                said,
-            });
-        }
-        Ok(true)
     }
 
     /// Commits the open batch; on an abortable failure aborts it and rewinds `rewind` instead.
@@ -849,7 +548,7 @@ impl Committer {
 
     /// Counts a committed batch (its commit began at `started`), and says so if it ends a run
     /// of setbacks.
-    fn committed(&self, session: &mut Session, txn: OpenTxn, started: Instant) {
+    pub(super) fn committed(&self, session: &mut Session, txn: OpenTxn, started: Instant) {
         let after_setbacks = session.setbacks.reset();
         if !session.refused.is_empty() {
             let rights: Vec<&String> = session.refused.iter().collect();
@@ -965,7 +664,7 @@ impl Committer {
         // an EndTxn(abort) with records in flight with INVALID_TXN_STATE).
         let t = &self.settings.topics;
         let written = [t.notifications.clone(), t.dlq.clone(), t.changelog.clone()];
-        let producer = &self.producers[i];
+        let producer = self.producers.get(i);
         if self.settings.hooks.aborts_fail_fatally {
             producer.fail_next_abort();
         }
@@ -1014,18 +713,9 @@ impl Committer {
         let mut stuck = cause.is_some_and(TxnError::is_stuck);
         // A commit in flight ends first: its producer is not to be called meanwhile, and whether
         // it committed decides where the rewind lands.
-        if let Some(mut f) = session.outbox.in_flight.take() {
-            f.hear(true);
-            if let Err(e) = self.end_in_flight(session, f) {
-                if e.class != TxnErrorClass::Abortable {
-                    return Err(e);
-                }
-                warn!(error = %e, "the commit in flight failed too");
-                stuck |= e.is_stuck();
-            }
-        }
-        session.outbox.held.clear();
-        let mut ended: Vec<(usize, u64)> = session.outbox.failed.take().into_iter().collect();
+        let (failed, failed_stuck) = self.end_overlap(session)?;
+        stuck |= failed_stuck;
+        let mut ended: Vec<(usize, u64)> = failed.into_iter().collect();
         if let Some(txn) = session.txn.take() {
             ended.push((self.active(), txn.records));
         }
@@ -1079,180 +769,6 @@ impl Committer {
         self.set_back(session, &refused, aborted);
         Ok(())
     }
-}
-
-/// The consumer's context: the rebalance callbacks.
-pub struct RebalanceHandler {
-    committer: Arc<Committer>,
-}
-
-impl RebalanceHandler {
-    pub(super) fn new(committer: Arc<Committer>) -> Self {
-        RebalanceHandler { committer }
-    }
-}
-
-impl ClientContext for RebalanceHandler {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        crate::kafka::logging::log(level, fac, log_message);
-    }
-
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        crate::kafka::logging::error(&error, reason);
-    }
-
-    /// librdkafka's statistics (every `statistics.interval.ms`): the consumer lag per partition.
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        for (topic, t) in &statistics.topics {
-            for (&partition, p) in &t.partitions {
-                // -1: not known yet; the internal partition -1 is not a real one.
-                if partition >= 0 && p.consumer_lag >= 0 {
-                    m::consumer_lag(topic, partition, p.consumer_lag);
-                }
-            }
-        }
-    }
-}
-
-impl ConsumerContext for RebalanceHandler {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Revoke(tpl) = rebalance else {
-            return;
-        };
-        let c = &self.committer;
-        let revoked = partitions_of(tpl, &c.settings.topics.input);
-        let mut session = match c.lock() {
-            Ok(g) => g,
-            Err(e) => return error!(error = %e, "partitions revoked with the state lock poisoned"),
-        };
-        let lost = consumer.assignment_lost();
-        m::rebalance(if lost { "lost" } else { "revoke" });
-        info!(partitions = ?revoked, lost, open_txn = session.txn.is_some(), in_flight = session.outbox.in_flight.is_some(), "partitions revoked");
-        if session.txn.is_some() || session.overlapping() {
-            let remaining: Vec<i32> = session
-                .state
-                .owned()
-                .filter(|p| !revoked.contains(p))
-                .collect();
-            let result = if lost {
-                // Another member may own these partitions already: our outputs must not commit.
-                c.abort_and_rewind(&mut session, consumer, &remaining, None)
-            } else {
-                c.commit_or_abort(&mut session, consumer, &remaining)
-                    .map(|_| ())
-            };
-            if let Err(e) = result {
-                error!(error = %e, "transaction could not be closed on revoke");
-                session.fatal.get_or_insert(e);
-            }
-        }
-        resume(
-            consumer,
-            &c.settings.topics.input,
-            &session.state.release(Some(&revoked)),
-        );
-        for p in revoked {
-            session.state.revoke(p);
-        }
-    }
-
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                let assigned = partitions_of(tpl, &self.committer.settings.topics.input);
-                m::rebalance("assign");
-                info!(partitions = ?assigned, "partitions assigned");
-                match self.committer.lock() {
-                    Ok(mut session) => assigned.into_iter().for_each(|p| session.state.assign(p)),
-                    Err(e) => {
-                        error!(error = %e, "partitions assigned with the state lock poisoned")
-                    }
-                }
-            }
-            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
-            Rebalance::Revoke(tpl) => {
-                let revoked = partitions_of(tpl, &self.committer.settings.topics.input);
-                if self.committer.settings.hooks.abort_after_revoke && !revoked.is_empty() {
-                    // Here the partitions are unassigned and the consumer has not rejoined yet:
-                    // between the two rounds of a cooperative rebalance.
-                    error!(partitions = ?revoked, "test hook: crashing right after this revoke");
-                    std::process::abort();
-                }
-            }
-        }
-    }
-}
-
-/// Resumes input partitions that a live-alerts hold paused (a failure is logged: the partition
-/// would stay paused until its next assignment).
-pub(super) fn resume<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-    input: &str,
-    partitions: &[i32],
-) {
-    if partitions.is_empty() {
-        return;
-    }
-    let tpl = crate::kafka::tpl::partition_list(input, partitions.iter().copied());
-    if let Err(e) = consumer.resume(&tpl) {
-        warn!(partitions = ?partitions, error = %e, "resuming held partitions failed");
-    }
-}
-
-/// What the commit thread of a batch in flight does (`--overlap-commits`): drains the batch's
-/// records (then the next batch's may leave), commits, and tells the loop each. Its states and
-/// offsets are in the transaction already.
-fn commit_in_flight(producer: &TxnProducer, hooks: &InFlightHooks, tell: &mpsc::Sender<Progress>) {
-    let started = Instant::now();
-    // A drain that fails or passes its bound leaves the next batch's outputs held; the commit
-    // fails on its own then (it drains again first).
-    if producer.flush(crate::kafka::txn::DRAIN_TIMEOUT).is_ok() {
-        let _ = tell.send(Progress::Drained);
-    }
-    if hooks.crash {
-        error!("test hook: crashing before this commit");
-        std::process::abort();
-    }
-    let done = match &hooks.fail_once {
-        Some(next) => fail_once_the_next_began(next, started),
-        None => m::commit_step("end_transaction", || producer.commit()),
-    };
-    let _ = tell.send(Progress::Done(done));
-}
-
-/// The test hooks of a commit in flight ([`super::settings::TestHooks`]).
-struct InFlightHooks {
-    /// `crash_before_commit` names this commit.
-    crash: bool,
-    /// `fail_commit_in_flight` names this commit: the other producer, whose next batch must have
-    /// begun before it fails.
-    fail_once: Option<Arc<TxnProducer>>,
-}
-
-/// Test hook: fails the commit in flight, abortably, once `next` has begun a transaction after
-/// `started` (at most 10 s later: a stream that brought nothing more fails it alone).
-fn fail_once_the_next_began(next: &TxnProducer, started: Instant) -> Result<(), TxnError> {
-    let deadline = started + Duration::from_secs(10);
-    while next.began().is_none_or(|b| b < started) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    error!(
-        next_began = next.began().is_some_and(|b| b >= started),
-        "test hook: the commit in flight fails"
-    );
-    Err(TxnError::with_class(
-        "commit_transaction",
-        TxnErrorClass::Abortable,
-        TxnCause::Injected("test hook: the commit in flight fails"),
-    ))
-}
-
-fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
-    tpl.elements()
-        .iter()
-        .filter(|e| e.topic() == topic)
-        .map(|e| e.partition())
-        .collect()
 }
 
 #[cfg(test)]

@@ -28,9 +28,10 @@
 //! with the error. Everything runs on one thread: the rebalance callbacks run inside `poll`.
 
 use super::batch::{self, OpenBatch};
-use super::commit::{Committer, RebalanceHandler, Stats};
+use super::commit::{Committer, Stats};
 use super::held::RestoreHolds;
 use super::live::LiveRules;
+use super::rebalance::RebalanceHandler;
 use super::settings::EngineSettings;
 use super::state::{self, Held, PartitionState};
 use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome, Source};
@@ -400,7 +401,7 @@ impl Engine {
         let ready = live.poll(&mut session.state);
         let input = &self.committer.settings().topics.input;
         let partitions: Vec<i32> = ready.iter().map(|&(p, _)| p).collect();
-        super::commit::resume(&self.consumer, input, &partitions);
+        super::rebalance::resume(&self.consumer, input, &partitions);
         for (p, offset) in ready {
             // The partition is at its held tick already (sought when the hold began). Seeking
             // there again, without waiting, wakes librdkafka's fetcher: a resume alone leaves the

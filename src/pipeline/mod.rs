@@ -4,7 +4,12 @@
 //!   transactions, shutdown.
 //! - [`batch`]: when the open batch is due to commit.
 //! - [`engine`]: poll, decode, crossing rule, produce; the invariants are stated at its top.
-//! - [`commit`]: the open transaction, commit, abort-and-rewind, the rebalance callbacks, stats.
+//! - [`commit`]: the open transaction, commit, abort-and-rewind, the back-off after a setback,
+//!   stats; [`producers`]: one transactional producer, or two taken in turn.
+//! - [`overlap`]: the overlapped commit (`--overlap-commits`): a batch's commit on a thread of its
+//!   own while the next batch fills, and the outputs held back for it.
+//! - [`rebalance`]: the consumer's context: the rebalance callbacks that close the open
+//!   transaction before partitions go.
 //! - [`crate::kafka::txn`] (shared with alert-deliver and dlq-replay): the transactional producer
 //!   wrapper and the one [`crate::kafka::txn::classify`].
 //! - [`state`]: per-partition symbol state and its restore from the changelog; [`held`]: what an
@@ -20,7 +25,7 @@
 //!   │       old (from its oldest record's arrival) or max-batch records big;      │
 //!   │       no transaction begins without data                                    │
 //!   │       (--overlap-commits: the commit goes to a thread of its own and the    │
-//!   │       loop goes on; see commit's "Overlapped commits")                      │
+//!   │       loop goes on; see overlap.rs)                                         │
 //!   └──────────────────────────────▲───────────────────────────────────────────────┘
 //!            stop flag set by ─────┘  the async side: SIGINT/SIGTERM (any future)
 //! ```
@@ -36,6 +41,9 @@ pub mod commit;
 pub mod engine;
 pub mod held;
 pub mod live;
+pub mod overlap;
+pub mod producers;
+pub mod rebalance;
 pub mod settings;
 pub mod state;
 

@@ -93,10 +93,10 @@ pub struct EngineSettings {
     /// the outputs are acknowledged).
     pub guarantee: Guarantee,
     /// Transactional producers taken in turn, one transaction each (exactly-once; 1 or 2). See
-    /// [`super::commit`], "Two producers in turn".
+    /// [`super::producers`].
     pub txn_producers: usize,
     /// A batch's commit runs on a thread of its own while the next batch fills on the other
-    /// producer (exactly-once with two producers; see [`super::commit`], "Overlapped commits").
+    /// producer (exactly-once with two producers; see [`super::overlap`]).
     pub overlap_commits: bool,
     /// Bounds of the inline retry of a failing tick.
     pub retry: RetryPolicy,

@@ -28,7 +28,11 @@
 //! - [`record`]: what a record becomes: a row or a dead letter (pure).
 //! - [`db`]: connecting (TLS), migrations, what a database error means.
 //! - [`store`]: one batch in one transaction; why a redo is harmless and offsets never go back.
-//! - [`partitions`]: the batch, outages (pause, reconnect, resume) and rebalances.
+//! - [`state`]: what the sink owns per partition, its open batch and its counters; the table of
+//!   what each event does to a partition, one method per event.
+//! - [`partitions`]: the batch and outages (pause, reconnect, resume); the invariants.
+//! - [`rebalance`]: the consumer's context: where an assigned partition starts, what becomes of a
+//!   revoked partition's records.
 //! - [`group_offsets`]: the stored offsets committed to the Kafka group until it has them.
 //! - [`run`](mod@run): start-up, the poll loop, shutdown.
 //! - [`metrics`]: the sink's counters and readiness.
@@ -40,10 +44,12 @@ pub mod group_offsets;
 pub mod metrics;
 pub mod options;
 pub mod partitions;
+pub mod rebalance;
 pub mod record;
 pub mod run;
+pub mod state;
 pub mod store;
 
 pub use options::{DbOptions, SinkOptions};
-pub use partitions::SinkStats;
 pub use run::{migrate_only, run};
+pub use state::SinkStats;

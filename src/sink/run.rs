@@ -23,8 +23,10 @@
 use super::db;
 use super::metrics as m;
 use super::options::SinkOptions;
-use super::partitions::{Shared, SinkContext, SinkStats};
+use super::partitions::Shared;
+use super::rebalance::SinkContext;
 use super::record::Entry;
+use super::state::SinkStats;
 use super::store::Store;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};

@@ -85,6 +85,18 @@ impl Batch {
     pub fn records(&self) -> usize {
         self.rows.len() + self.dead.len()
     }
+
+    /// Drops the records of `partitions`; returns how many.
+    pub fn drop_partitions(&mut self, partitions: &[i32]) -> usize {
+        let before = self.records();
+        self.rows
+            .retain(|(r, _)| !partitions.contains(&r.partition));
+        self.dead.retain(|d| !partitions.contains(&d.partition));
+        for p in partitions {
+            self.next_offsets.remove(p);
+        }
+        before - self.records()
+    }
 }
 
 /// What writing a batch did.

@@ -17,6 +17,7 @@ use anyhow::{anyhow, bail, Context as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long a write waits for its acknowledgement.
@@ -187,6 +188,71 @@ async fn send(
         partition: delivered.partition,
         offset: delivered.offset,
     })
+}
+
+/// One `alert-rules` command, its alert checked (and its subscriber known) before anything is
+/// sent.
+#[derive(Debug)]
+pub enum Request {
+    /// Creates or replaces alert `id`.
+    Put { id: String, alert: Alert },
+    /// Deletes alert `id`.
+    Delete { id: String },
+    /// Lists the alerts in force, as a table or, with `json`, as JSON.
+    List { json: bool },
+    /// Publishes a rules file: one alert per threshold, for `subscriber` if given.
+    Load {
+        file: PathBuf,
+        subscriber: Option<String>,
+    },
+}
+
+impl RulesTopic {
+    /// Carries out `request` on this topic; returns the line that says what was done (where a
+    /// write went, the table, what was loaded).
+    pub async fn carry_out(&self, request: &Request) -> anyhow::Result<String> {
+        Ok(match request {
+            Request::Put { id, alert } => {
+                let ack = self.put(id, alert).await?;
+                format!(
+                    "put {id} ({} {} {}) in {} partition {} at offset {} (its version)",
+                    alert.symbol,
+                    alert.direction.as_str(),
+                    alert.threshold,
+                    self.name,
+                    ack.partition,
+                    ack.offset
+                )
+            }
+            Request::Delete { id } => {
+                let ack = self.delete(id).await?;
+                format!(
+                    "deleted {id} in {} partition {} at offset {}",
+                    self.name, ack.partition, ack.offset
+                )
+            }
+            Request::List { json } => {
+                let alerts = self.list()?;
+                if *json {
+                    serde_json::to_string_pretty(&alerts)?
+                } else {
+                    render(&alerts)
+                }
+            }
+            Request::Load { file, subscriber } => {
+                let rules = Rules::load(file)?;
+                let alerts = alerts_of_file(&rules, subscriber.as_deref());
+                let per_partition = self.put_all(&alerts).await?;
+                format!(
+                    "loaded {} alerts of {} symbols from {} into {}; per partition: {per_partition:?}",
+                    alerts.len(),
+                    rules.len(),
+                    file.display(),
+                    self.name
+                )
+            }
+        })
+    }
 }
 
 /// The alerts of a rules file: one per symbol and threshold, id `<SYMBOL>-<threshold>`, watching

@@ -3,8 +3,9 @@
 //! - [`demo`] (`txn-demo`): the commit/abort experiment, read_committed 5 versus
 //!   read_uncommitted 10.
 //! - [`generate`] (`tick-gen`): a seeded tick stream and the rules it was made for.
-//! - `alert-verify` runs the oracle ([`crate::oracle`], below the stages, since alert-sink's table
-//!   check shares its comparison): expected notifications against committed ones.
+//! - [`verify`] (`alert-verify`) runs the oracle ([`crate::oracle`], below the stages, since
+//!   alert-sink's table check shares its comparison): expected notifications against committed
+//!   ones, in the notifications topic or alert-sink's table.
 //! - [`replay`] (`dlq-replay`): dead letters back to their source topic, exactly once, with a
 //!   replay ledger ([`crate::dlq::ledger`]); inspecting a DLQ.
 //! - [`chaos`] (`alert-chaos`): pipeline instances and brokers of a 3-broker cluster killed,
@@ -21,3 +22,4 @@ pub mod generate;
 pub mod replay;
 pub mod subscriber;
 pub mod token_endpoint;
+pub mod verify;
