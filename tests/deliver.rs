@@ -1715,3 +1715,43 @@ fn a_notification_naming_its_subscriber_goes_to_it_alone_and_an_unknown_one_to_t
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].2, ["delivery.unknown_subscriber", "ghost"]);
 }
+
+/// A deliverer stopped with SIGTERM has left its group when it exits, every time, so that the
+/// others take its partitions at once rather than a session later (tests/membership.rs has the
+/// pipeline's twin, and why: librdkafka loses a classic LeaveGroup in one close sequence). Each
+/// round stops it at a different moment after it joined. Classic only (DescribeGroups).
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test.sh"]
+fn a_deliverer_stopped_with_sigterm_has_left_the_group_when_it_exits() {
+    const ROUNDS: usize = 6;
+    let hook = Webhook::up(Behaviour::Ok);
+    let setup = Setup::new("deliver-leave", 3, "1s", &[("alice", hook.url())]);
+    let mut stayed = Vec::new();
+    for round in 0..ROUNDS {
+        let p = setup.spawn_with(&["--group-protocol", "classic"]);
+        let started = Instant::now();
+        while common::classic_group(&setup.group()) != Some(("Stable".into(), 1)) {
+            assert!(started.elapsed() < Duration::from_secs(120), "round {round}: never joined");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(400 * round as u64));
+        p.signal("TERM");
+        let status = p.wait(EXIT);
+        assert!(status.success(), "round {round}: {status}");
+        let after = common::classic_group(&setup.group());
+        println!("round {round}: after the exit the group is {after:?}");
+        if after.as_ref().map(|(_, members)| *members) != Some(0) {
+            stayed.push((round, after));
+            let waited = Instant::now();
+            while common::classic_group(&setup.group()).map(|(_, m)| m) != Some(0) {
+                assert!(waited.elapsed() < Duration::from_secs(90), "never expired");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    assert!(
+        stayed.is_empty(),
+        "{} of {ROUNDS} stopped deliverers were still in the group after they exited: {stayed:?}",
+        stayed.len()
+    );
+}

@@ -1275,3 +1275,48 @@ fn a_database_that_comes_up_within_the_start_bound_is_waited_for() {
     assert!(status.success(), "{status:?}");
     assert_stored_exactly(&sink.db, &input);
 }
+
+/// A sink stopped with SIGTERM has left its group when it exits, every time, so that the others
+/// take its partitions at once rather than a session later (tests/membership.rs has the
+/// pipeline's twin, and why: librdkafka 2.12.1 loses a classic LeaveGroup when the consumer is
+/// closed right after an unsubscribe's revoke). Each round stops it at a different moment after
+/// it joined. Classic only (DescribeGroups does not describe consumer-protocol groups).
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_sink_stopped_with_sigterm_has_left_the_group_when_it_exits() {
+    const ROUNDS: usize = 6;
+    let prefix = common::prefix("sink-leave");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 3);
+    let mut sink = SinkRun::new("sink_leave", &topic);
+    sink.group_protocol = GroupProtocol::Classic;
+    let mut stayed = Vec::new();
+    for round in 0..ROUNDS {
+        let p = sink.spawn("0", &[]);
+        let started = std::time::Instant::now();
+        while common::classic_group(&sink.group) != Some(("Stable".into(), 1)) {
+            assert!(started.elapsed() < CAUGHT_UP, "round {round}: never joined");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(400 * round as u64));
+        p.signal("TERM");
+        let status = p.wait(EXIT);
+        assert!(status.success(), "round {round}: {status}");
+        let after = common::classic_group(&sink.group);
+        println!("round {round}: after the exit the group is {after:?}");
+        if after.as_ref().map(|(_, members)| *members) != Some(0) {
+            stayed.push((round, after));
+            let waited = std::time::Instant::now();
+            while common::classic_group(&sink.group).map(|(_, m)| m) != Some(0) {
+                assert!(waited.elapsed() < Duration::from_secs(90), "never expired");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    assert!(
+        stayed.is_empty(),
+        "{} of {ROUNDS} stopped sinks were still in the group after they exited: {stayed:?}",
+        stayed.len()
+    );
+}

@@ -1,5 +1,18 @@
-//! A fatal error of a stage's group consumer, said for what it means.
+//! A stage's group consumer: how it leaves its group, and a fatal error said for what it means.
 //!
+//! # Leaving
+//! A stage that stops leaves its group before it closes its consumer, so that the others take
+//! its partitions at once rather than a session later ([`leave`]). Closing the consumer is not
+//! enough under the classic protocol: librdkafka 2.12.1 loses the LeaveGroup when its close
+//! (TERMINATE) arrives while the cooperative unassign that the revoke started is still
+//! completing (`rd_kafka_cgrp_incr_unassign_done`, src/rdkafka_cgrp.c, goes on to a full unassign
+//! without the leave that its KIP-848 twin does). Seen as 45 s without an owner after 2 of 10
+//! SIGTERMs (bench/RESULTS.md, section 18) and in 6 of 8 stops of a lone member
+//! (tests/membership.rs). So [`leave`] unsubscribes, serves the revoke, and under classic polls
+//! until librdkafka has sent the leave (it clears its member id as it does); only then is the
+//! consumer dropped.
+//!
+//! # Fatal errors
 //! librdkafka makes a few group errors fatal: the consumer is unusable after one, and every stage
 //! stops on it (exit 1) for its supervisor to start it again. Two come from static membership
 //! (`group.instance.id`), and each protocol raises its own (librdkafka's INTRODUCTION.md,
@@ -10,7 +23,72 @@
 //!   expires (`group.consumer.session.timeout.ms`, 45 s by default). librdkafka 2.12.1 makes it
 //!   fatal (`rd_kafka_cgrp_handle_ConsumerGroupHeartbeat`, src/rdkafka_cgrp.c).
 
+use crate::kafka::config::GroupProtocol;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::time::{Duration, Instant};
+
+/// How often [`leave`] polls while it waits.
+const LEAVE_POLL: Duration = Duration::from_millis(100);
+
+/// What [`leave`] got done within its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    /// The stage's revoke callback gave every partition up.
+    pub revoked: bool,
+    /// librdkafka has sent the leave (classic: LeaveGroup; under the consumer protocol the leave
+    /// heartbeat goes with the close, which sends it in every case, so this is true).
+    pub leave_sent: bool,
+}
+
+/// Leaves the group: unsubscribes, polls `consumer` (serving the revoke, whose callback commits
+/// what the stage holds) until `owns_partitions` says the stage gave every partition up, and,
+/// under the classic protocol, until librdkafka has sent the LeaveGroup (module doc,
+/// `# Leaving`), all within `bound`. What was not done in time is said in the answer, for the
+/// caller's log; the consumer's close that follows then leaves as it can.
+pub fn leave<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    protocol: GroupProtocol,
+    mut owns_partitions: impl FnMut() -> anyhow::Result<bool>,
+    bound: Duration,
+) -> anyhow::Result<Left> {
+    let deadline = Instant::now() + bound;
+    consumer.unsubscribe();
+    let mut revoked = !owns_partitions()?;
+    while !revoked && Instant::now() < deadline {
+        let _ = consumer.poll(LEAVE_POLL);
+        revoked = !owns_partitions()?;
+    }
+    let mut leave_sent = protocol == GroupProtocol::Consumer || !has_member_id(consumer);
+    while !leave_sent && Instant::now() < deadline {
+        let _ = consumer.poll(LEAVE_POLL);
+        leave_sent = !has_member_id(consumer);
+    }
+    Ok(Left {
+        revoked,
+        leave_sent,
+    })
+}
+
+/// Whether librdkafka's group handle still has a member id: a classic member clears it as it
+/// sends its LeaveGroup (`rd_kafka_cgrp_leave`). rust-rdkafka does not wrap `rd_kafka_memberid`,
+/// hence the `unsafe` call. It asks librdkafka's main thread and waits for the answer; the stage's
+/// own shutdown bound covers it, as it covers the consumer's close that comes next.
+fn has_member_id<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> bool {
+    // SAFETY: the client handle is valid while `consumer` is borrowed. rd_kafka_memberid returns
+    // NULL or a NUL-terminated copy that the caller owns and frees with rd_kafka_mem_free, once,
+    // after it is read here.
+    unsafe {
+        let rk = consumer.client().native_ptr();
+        let id = rdkafka::bindings::rd_kafka_memberid(rk);
+        if id.is_null() {
+            return false;
+        }
+        let has = !std::ffi::CStr::from_ptr(id).to_bytes().is_empty();
+        rdkafka::bindings::rd_kafka_mem_free(rk, id.cast());
+        has
+    }
+}
 
 /// A fatal error of the group consumer: the stage stops on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -62,6 +62,10 @@ use tracing::{debug, info, warn};
 /// since the loop waits for it.
 const REFUSAL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Bound on leaving the group at close: the revoke served, the leave sent
+/// ([`crate::kafka::group::leave`]).
+const LEAVE_BOUND: Duration = Duration::from_secs(5);
+
 /// What one [`Engine::poll_once`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Polled {
@@ -839,16 +843,17 @@ impl Engine {
             "closing: open transaction ended"
         );
         let step = Instant::now();
-        self.consumer.unsubscribe();
-        // Serve the revoke triggered by unsubscribe, so the group sees us go now.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && self.committer.lock()?.state.owned().next().is_some() {
-            let _ = self.consumer.poll(Duration::from_millis(100));
-        }
+        let left = crate::kafka::group::leave(
+            &self.consumer,
+            self.settings().kafka.group_protocol,
+            || Ok(self.committer.lock()?.state.owned().next().is_some()),
+            LEAVE_BOUND,
+        )?;
         info!(
             took_ms = step.elapsed().as_millis() as u64,
-            still_owned = self.committer.lock()?.state.owned().count(),
-            "closing: unsubscribed; closing the consumer"
+            revoked = left.revoked,
+            leave_sent = left.leave_sent,
+            "closing: left the group; closing the consumer"
         );
         // The consumer's drop closes it (leaves the group, waits for what librdkafka still has
         // in flight, serving callbacks); timed here, since nothing else would say that the time

@@ -37,7 +37,7 @@ use rdkafka::error::KafkaError;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// Longest single poll: bounds how late a batch, a reconnection or a stop request is noticed.
@@ -225,10 +225,14 @@ fn close(shared: &Shared, consumer: &BaseConsumer<SinkContext>) -> anyhow::Resul
         shared.flush(&mut st, consumer)?;
     }
     // The revoke that leaving serves commits the group's offsets.
-    consumer.unsubscribe();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline && shared.owns_partitions(&*shared.lock()?) {
-        let _ = consumer.poll(Duration::from_millis(100));
+    let left = crate::kafka::group::leave(
+        consumer,
+        shared.opts.kafka.group_protocol,
+        || Ok(shared.owns_partitions(&*shared.lock()?)),
+        Duration::from_secs(5),
+    )?;
+    if !(left.revoked && left.leave_sent) {
+        warn!(?left, "closing: the group was not left within 5 s; closing the consumer anyway");
     }
     let mut st = shared.lock()?;
     if let Some(e) = shared.take_fatal(&mut st) {

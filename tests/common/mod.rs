@@ -582,3 +582,15 @@ impl Drop for Thaw {
             .status();
     }
 }
+
+/// A classic group as DescribeGroups answers it: its state and how many members it has (None if
+/// the broker did not answer). DescribeGroups does not describe consumer-protocol groups.
+pub fn classic_group(group: &str) -> Option<(String, usize)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: BaseConsumer = kafka().admin().create().expect("a client");
+    let list = client
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .ok()?;
+    let g = list.groups().first()?;
+    Some((g.state().to_string(), g.members().len()))
+}
