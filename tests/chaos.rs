@@ -24,7 +24,8 @@
 //! instances hung until their shutdown timeout, the pipeline output still exactly once). That is
 //! the transactional hang of issue 20 (librdkafka #5456/#5511: no deadline on the hand-off's
 //! transactional calls yet). Until that issue gives every transactional call a deadline, the
-//! all-stage run is `alert-chaos` without `--pipeline-only`, run by hand (README, "Chaos").
+//! all-stage run is `alert-chaos` without `--pipeline-only`, run by hand (docs/testing.md,
+//! "Chaos").
 //! The second test, the all-stage run with a coordinator kill, shows that hang as a check (an
 //! instance stuck) and runs only when asked for: see its doc.
 

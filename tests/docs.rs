@@ -1,6 +1,8 @@
 //! The documents ship with the repository: every relative link in a Markdown file resolves to a
-//! file inside it, and no document sends a reader to a place a clone does not have (the design
-//! once lived in a workspace folder beside the repository).
+//! file inside it, a link to `page.md#anchor` (or `#anchor` on the same page) names a heading that
+//! page has, and no document sends a reader to a place a clone does not have (the design once
+//! lived in a workspace folder beside the repository). README.md stays a front door: at most
+//! [`README_MAX_LINES`] lines, the rest of the text in `docs/` (issue 45).
 
 use std::path::{Path, PathBuf};
 
@@ -23,10 +25,70 @@ fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The targets of the inline links `[text](target)` of a Markdown text.
+/// The longest README.md may be: what it is, the two commands, the binaries and links; every
+/// other subject has its page in `docs/`.
+const README_MAX_LINES: usize = 200;
+
+/// A Markdown text without its fenced code blocks (three backticks or three tildes), whose
+/// lines are neither headings nor links.
+fn outside_code_fences(text: &str) -> String {
+    let mut out = String::new();
+    let mut fence: Option<&str> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        match fence {
+            Some(f) if trimmed.starts_with(f) => fence = None,
+            Some(_) => {}
+            None if trimmed.starts_with("```") => fence = Some("```"),
+            None if trimmed.starts_with("~~~") => fence = Some("~~~"),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// GitHub's anchor of a heading's text: lower case, every character but letters, digits, `-`, `_`
+/// and spaces dropped, spaces made `-` (so "2a. Live alerts: the rules topic" is
+/// `2a-live-alerts-the-rules-topic`).
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown text's ATX headings (`#` to `######`), outside code fences; a
+/// repeated heading gets GitHub's `-1`, `-2`, … suffixes.
+fn anchors(text: &str) -> Vec<String> {
+    let mut bases: Vec<String> = Vec::new();
+    let mut anchors = Vec::new();
+    for line in outside_code_fences(text).lines() {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let base = slug(line[hashes..].trim().trim_end_matches('#'));
+        let repeats = bases.iter().filter(|b| **b == base).count();
+        anchors.push(match repeats {
+            0 => base.clone(),
+            n => format!("{base}-{n}"),
+        });
+        bases.push(base);
+    }
+    anchors
+}
+
+/// The targets of the inline links `[text](target)` of a Markdown text, outside code fences.
 fn link_targets(text: &str) -> Vec<String> {
+    let text = outside_code_fences(text);
     let mut targets = Vec::new();
-    let mut rest = text;
+    let mut rest = text.as_str();
     while let Some(i) = rest.find("](") {
         rest = &rest[i + 2..];
         if let Some(end) = rest.find(')') {
@@ -52,19 +114,44 @@ fn every_relative_link_in_the_documents_resolves_inside_the_repository() {
             .display()
             .to_string();
         for target in link_targets(&text) {
-            if target.is_empty()
-                || target.starts_with('#')
-                || target.contains("://")
-                || target.starts_with("mailto:")
-            {
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
                 continue;
             }
-            let path = target.split('#').next().unwrap_or("");
-            let resolved = file.parent().expect("a document's folder").join(path);
-            match resolved.canonicalize() {
-                Ok(p) if p.starts_with(&root) => {}
-                Ok(p) => broken.push(format!("{shown}: {target} leaves the repository ({p:?})")),
-                Err(e) => broken.push(format!("{shown}: {target}: {e}")),
+            let (path, anchor) = match target.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().expect("a document's folder").join(path)
+            };
+            let resolved = match resolved.canonicalize() {
+                Ok(p) if p.starts_with(&root) => p,
+                Ok(p) => {
+                    broken.push(format!("{shown}: {target} leaves the repository ({p:?})"));
+                    continue;
+                }
+                Err(e) => {
+                    broken.push(format!("{shown}: {target}: {e}"));
+                    continue;
+                }
+            };
+            let Some(anchor) = anchor else { continue };
+            if resolved.extension().is_none_or(|e| e != "md") {
+                broken.push(format!(
+                    "{shown}: {target}: an anchor into a file that is not Markdown"
+                ));
+                continue;
+            }
+            let page = std::fs::read_to_string(&resolved).expect("reading a linked document");
+            let known = anchors(&page);
+            if !known.iter().any(|a| a == anchor) {
+                broken.push(format!(
+                    "{shown}: {target}: no heading of {} has the anchor #{anchor} (it has: {})",
+                    resolved.strip_prefix(&root).unwrap_or(&resolved).display(),
+                    known.join(", ")
+                ));
             }
         }
         if text.contains("../shared") || text.contains("DESIGN.md") {
@@ -84,5 +171,57 @@ fn the_readme_links_the_design() {
     assert!(
         link_targets(&readme).iter().any(|t| t == "docs/design.md"),
         "README.md links docs/design.md"
+    );
+}
+
+#[test]
+fn the_readme_is_a_front_door_of_at_most_200_lines() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines, more than {README_MAX_LINES}: move a subject to its page in docs/"
+    );
+}
+
+#[test]
+fn the_readme_links_every_page_of_docs() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let targets = link_targets(&readme);
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        let name = entry.expect("a docs/ entry").file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".md") {
+            let page = format!("docs/{name}");
+            if !targets
+                .iter()
+                .any(|t| t.split('#').next() == Some(page.as_str()))
+            {
+                missing.push(page);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "README.md does not link {missing:?}");
+}
+
+#[test]
+fn anchors_are_github_s() {
+    assert_eq!(
+        slug("2a. Live alerts: the rules topic and the join"),
+        "2a-live-alerts-the-rules-topic-and-the-join"
+    );
+    assert_eq!(
+        slug("The commit/abort experiment"),
+        "the-commitabort-experiment"
+    );
+    assert_eq!(slug("Tests (`tests/security.rs`)"), "tests-testssecurityrs");
+    assert_eq!(
+        slug("Past Kafka's edge: alert-sink"),
+        "past-kafkas-edge-alert-sink"
+    );
+    assert_eq!(
+        anchors("# A\n```\n# not a heading\n```\n## A\n#nope\n### B ##\n"),
+        ["a", "a-1", "b"]
     );
 }

@@ -31,7 +31,7 @@
 //! given what it revoked. `tests/membership.rs` reproduces it: 7 runs of 7 under static
 //! membership left 3 of 6 partitions without an owner (still so 30 s after the restart), 0 of 7
 //! under dynamic membership (every partition owned again about one session timeout after the
-//! restart). The README's "Group membership" has the figures and the trade-off.
+//! restart). docs/pipeline.md, "Group membership", has the figures and the trade-off.
 //!
 //! # The instance id
 //! It names the transactional id of the pipeline and the deliverer (`<app>-<instance>`,
@@ -60,8 +60,8 @@ pub struct MembershipArgs {
     /// Static group membership (group.instance.id from the instance id; needs --instance-id): a
     /// restart within session.timeout.ms takes its partitions back without a rebalance. Opt-in:
     /// an instance that dies between the two rounds of a cooperative rebalance and comes back
-    /// within its session timeout can leave partitions without an owner (README, "Group
-    /// membership").
+    /// within its session timeout can leave partitions without an owner (docs/pipeline.md,
+    /// "Group membership").
     #[arg(long, conflicts_with = "dynamic_membership")]
     pub static_membership: bool,
     /// Dynamic group membership: the default; kept so that existing command lines still run.
@@ -74,7 +74,7 @@ pub struct MembershipArgs {
     /// uniform or range), so -X session.timeout.ms, heartbeat.interval.ms,
     /// partition.assignment.strategy and group.protocol.type are refused; and a static member
     /// restarted while its crashed predecessor still holds its instance id is refused until the
-    /// broker expires that session (README, "Group membership").
+    /// broker expires that session (docs/pipeline.md, "Group membership").
     #[arg(long, value_enum, env = "GROUP_PROTOCOL", default_value = "classic")]
     pub group_protocol: GroupProtocolArg,
 }

@@ -3,7 +3,7 @@
 //!
 //! librdkafka's statistics give a consumer's lag only for the partitions it owns
 //! ([`crate::metrics::CONSUMER_LAG`]). A partition that no member owns (a member that died
-//! between the two rounds of a cooperative rebalance under static membership, see the README's
+//! between the two rounds of a cooperative rebalance under static membership, see docs/pipeline.md,
 //! "Group membership") has no such series anywhere, while every instance stays ready. This
 //! watcher asks the broker instead: every interval it fetches the group's committed offsets of
 //! every input partition and each partition's high watermark, and sets, per partition

@@ -80,7 +80,7 @@ pub fn check_stage(w: &Workload, docs: &[(String, Yaml)]) -> Stage {
     );
 
     // The instance id is the pod's stable name, from the variable the CLI reads; dynamic
-    // membership (README, "Group membership").
+    // membership (docs/pipeline.md, "Group membership").
     let env = container["env"].as_vec().cloned().unwrap_or_default();
     let instance = env
         .iter()

@@ -18,7 +18,7 @@
 //!   noticed when its session expires. Static membership would change the SIGTERM story (under
 //!   KIP-345 a static member's clean stop is meant not to leave the group, so that a restart
 //!   finds its partitions, and a stop for good waits out its session) and it is not what ships
-//!   (README, "Group membership").
+//!   (docs/pipeline.md, "Group membership").
 //!   `--group-protocol` is the only thing that differs between the two protocols' runs, besides
 //!   the classic session timeout, which the bench sets explicitly (`-X session.timeout.ms`,
 //!   librdkafka's default 45 s unless told otherwise) so the report can state it; under the

@@ -33,7 +33,7 @@
 //!                     it left open ─► the caller rewinds to the committed offsets, as after any
 //!                     abort (after a stuck commit, whether it committed is read back from them)
 //!   new producer's registration fails or passes its deadline too ─► fatal: the process exits
-//!                     with [`EXIT_STUCK`] (a supervisor restarts it; the README states the bound)
+//!                     with [`EXIT_STUCK`] (a supervisor restarts it; bound: docs/pipeline.md)
 //! ```
 //!
 //! The stuck call's thread keeps the old producer alive until the call returns, if ever; it holds

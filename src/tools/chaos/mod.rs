@@ -199,7 +199,7 @@ impl ChaosOptions {
             // Dynamic, the pipeline's default: with static membership a partition can be left
             // without owner for good when an instance is stopped between the two rounds of a
             // cooperative rebalance and its successor takes its place without a rebalance
-            // (tests/membership.rs); the long run in README shows the static case,
+            // (tests/membership.rs); the long run in docs/testing.md shows the static case,
             // `--static-membership`.
             static_membership: false,
             max_down: Duration::from_secs(5),
