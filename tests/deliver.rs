@@ -1731,7 +1731,10 @@ fn a_deliverer_stopped_with_sigterm_has_left_the_group_when_it_exits() {
         let p = setup.spawn_with(&["--group-protocol", "classic"]);
         let started = Instant::now();
         while common::classic_group(&setup.group()) != Some(("Stable".into(), 1)) {
-            assert!(started.elapsed() < Duration::from_secs(120), "round {round}: never joined");
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "round {round}: never joined"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(400 * round as u64));

@@ -24,6 +24,13 @@
 //! - [`child`]: the pipeline as a child process (guard, signals, metrics port, peak RSS).
 //! - [`stats`]: median, range, percentiles, ratios (pure), shared by both.
 //!
+//! The binaries in `src/bin/` are thin (issue 45): they parse their flags, call the library and
+//! map the result to an exit code. A command line that does more with its flags (defaults turned
+//! into options, a replot branch, the printing) is in its benchmark's module, so that it is read,
+//! and unit-tested, beside what it measures: `cli` for pipeline-, sink-, deliver-, recovery- and
+//! rebalance-bench, [`producer::options`] for producer-bench. rules-bench's, short, is still its
+//! binary's.
+//!
 //! Figures, with their commands and machine, are in `bench/RESULTS.md`.
 
 pub mod child;

@@ -232,7 +232,10 @@ fn close(shared: &Shared, consumer: &BaseConsumer<SinkContext>) -> anyhow::Resul
         Duration::from_secs(5),
     )?;
     if !(left.revoked && left.leave_sent) {
-        warn!(?left, "closing: the group was not left within 5 s; closing the consumer anyway");
+        warn!(
+            ?left,
+            "closing: the group was not left within 5 s; closing the consumer anyway"
+        );
     }
     let mut st = shared.lock()?;
     if let Some(e) = shared.take_fatal(&mut st) {

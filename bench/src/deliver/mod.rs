@@ -28,7 +28,11 @@
 //!   written once the outage's circuit has opened. The onset is measured on its own: the
 //!   **detection** time, from the warm-up's first accept to the circuit's opening (a hanging
 //!   subscriber holds a batch for the delivery deadline until then).
+//!
+//! [`cli`] is `deliver-bench`'s command line (the benchmark's and the reference's) and the flow
+//! its `main` runs.
 
+pub mod cli;
 pub mod plot;
 pub mod receiver;
 pub mod reference;

@@ -17,8 +17,10 @@
 //!
 //! Configurations are interleaved (A B C D A B C D …) and repeated, so drift on a shared machine
 //! hits all of them alike; medians are reported with their spread, and [`plot`] draws the latency
-//! distribution of each configuration, pooled over its repeats.
+//! distribution of each configuration, pooled over its repeats. [`cli`] is `pipeline-bench`'s
+//! command line and the flow its `main` runs.
 
+pub mod cli;
 pub mod plot;
 
 use crate::child::{free_port, path_str, with_fresh_topics, ChildGuard};

@@ -45,8 +45,10 @@
 //!   both.
 //!
 //! [`report`] summarises per event and protocol (p50, p99 and max over every partition of every
-//! repeat, and each repeat's max) against the goals of issue 44; [`plot`] draws every figure.
+//! repeat, and each repeat's max) against the goals of issue 44; [`plot`] draws every figure;
+//! [`cli`] is `rebalance-bench`'s command line and the flow its `main` runs.
 
+pub mod cli;
 pub mod idle;
 pub mod plot;
 pub mod report;

@@ -16,6 +16,10 @@
 //!
 //! The configurations are interleaved per repeat (batched, naive, latency, batched, …) so drift on
 //! a shared machine hits them alike; medians are reported with their spread.
+//!
+//! [`cli`] is `sink-bench`'s command line and the flow its `main` runs.
+
+pub mod cli;
 
 use crate::child::wait_until;
 use crate::stats::{median, percentile};

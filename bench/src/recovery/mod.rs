@@ -21,6 +21,10 @@
 //!
 //! Several binaries may be given: they run interleaved (A B A B …), so a before/after comparison
 //! sees the same drift of a shared machine.
+//!
+//! [`cli`] is `recovery-bench`'s command line and the flow its `main` runs.
+
+pub mod cli;
 
 use crate::child::{free_port, path_str, with_fresh_topics, ChildGuard};
 use crate::stats::{max, median};
