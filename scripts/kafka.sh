@@ -62,6 +62,11 @@
 #                              default 127.0.0.1:KAFKA_PORT (the first host:port of a list is used)
 #   KAFKA_AUTO_CREATE_TOPICS   auto.create.topics.enable of the broker; default false, so the code
 #                              under test must create its topics itself
+#   KAFKA_EXTRA_PROPERTIES     lines appended to the single broker's server.properties (a later
+#                              key wins), for an experiment: e.g. the consumer group protocol's
+#                              heartbeat, "group.consumer.heartbeat.interval.ms=1000" and
+#                              "group.consumer.min.heartbeat.interval.ms=1000" (bench/RESULTS.md
+#                              section 18); default none
 #   KAFKA_START_TIMEOUT        seconds `up` waits for the broker to answer; default 150 (after an
 #                              unclean stop a broker registers only after about 60 s)
 #   KAFKA_STOP_TIMEOUT         seconds `down` waits after SIGTERM before SIGKILL; default 30
@@ -403,6 +408,7 @@ num.partitions=1
 default.replication.factor=1
 auto.create.topics.enable=$KAFKA_AUTO_CREATE_TOPICS
 $(one_node_properties)
+${KAFKA_EXTRA_PROPERTIES:-}
 EOF
 }
 
