@@ -53,6 +53,7 @@
 //! min.insync.replicas by the runner's doing: what is tested is failover, not an outage.
 
 pub mod alerts;
+pub mod bounce;
 pub mod checks;
 pub mod cluster;
 pub mod coordinator;
@@ -64,6 +65,7 @@ pub mod plan;
 pub mod stages;
 pub mod subscribers;
 
+pub use bounce::Bounce;
 pub use options::{ChaosOptions, BROKER_CONSUMER_SESSION};
 
 use crate::dlq::FaultInjection;
@@ -75,13 +77,14 @@ use crate::oracle::{expected_from_input, expected_from_live, verify, verify_live
 use crate::tick::DEFAULT_MAX_TICK_BYTES;
 use crate::tools::generate::{generate, GenOptions};
 use anyhow::{anyhow, bail, Context as _};
+use bounce::bounce;
 use checks::DeadLetters;
 use cluster::{Cluster, Stop};
 use coordinator::{CoordinatorKill, Killed};
 use database::{DatabaseDown, ServerGuard};
 use downstream::{Downstream, DownstreamReport};
 use instances::{InstanceFigures, Instances, Launch};
-use plan::{Fault, Stage, Target};
+use plan::{Fault, Stage};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use stages::Stages;
@@ -100,18 +103,6 @@ const STEP: Duration = Duration::from_millis(100);
 /// and the coordinator's look-up. The kills are planned this much (and the stuck bound) before
 /// the feed ends, so that the stage has input to commit while it is watched.
 const KILL_LEAD: Duration = Duration::from_secs(10);
-
-/// One broker bounce, as it happened.
-#[derive(Debug, Clone)]
-pub struct Bounce {
-    pub broker: i32,
-    pub hard: bool,
-    /// Why this broker: the coordinator it was, or "any".
-    pub role: String,
-    pub down: Duration,
-    /// From the start command to every ISR complete again.
-    pub recovered: Duration,
-}
 
 /// The figures and the verdict of a run.
 #[derive(Debug, Clone)]
@@ -854,65 +845,6 @@ fn fire(
             Ok(true)
         }
     }
-}
-
-/// One broker bounce: locate the target, take it down, leave it down for `down`, start it, wait
-/// until every ISR is complete again.
-fn bounce(
-    cluster: &Cluster,
-    how: Stop,
-    target: Target,
-    down: Duration,
-    txn_id: &str,
-    group: &str,
-    any: i32,
-) -> anyhow::Result<Bounce> {
-    cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
-    let located = match target {
-        Target::TransactionCoordinator => Some(
-            cluster
-                .transaction_coordinator(txn_id)
-                .map(|b| (b, format!("transaction coordinator of {txn_id}"))),
-        ),
-        Target::GroupCoordinator => Some(
-            cluster
-                .group_coordinator(group)
-                .map(|b| (b, "group coordinator".to_owned())),
-        ),
-        Target::Any => None,
-    };
-    let (broker, role) = match located {
-        Some(Ok(found)) => found,
-        Some(Err(e)) => {
-            warn!(
-                error = format!("{e:#}"),
-                ?target,
-                "coordinator not found; bouncing a random broker"
-            );
-            (any, format!("any ({target:?} not found)"))
-        }
-        None => (any, "any".to_owned()),
-    };
-    info!(
-        broker,
-        ?how,
-        role,
-        down_ms = down.as_millis() as u64,
-        "bouncing a broker"
-    );
-    cluster.stop_broker(broker, how)?;
-    // How long the broker stays down is the fault itself, not a wait for a condition.
-    std::thread::sleep(down);
-    let restarted = Instant::now();
-    cluster.start_broker(broker)?;
-    cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
-    Ok(Bounce {
-        broker,
-        hard: how == Stop::Hard,
-        role,
-        down,
-        recovered: restarted.elapsed(),
-    })
 }
 
 /// Partitions of `topics` whose replication factor is not the cluster's (min(N, 3)).
