@@ -79,7 +79,7 @@ use crate::tools::generate::{generate, GenOptions};
 use anyhow::{anyhow, bail, Context as _};
 use bounce::bounce;
 use checks::DeadLetters;
-use cluster::{Cluster, Stop};
+use cluster::Stop;
 use coordinator::{CoordinatorKill, Killed};
 use database::{DatabaseDown, ServerGuard};
 use downstream::{Downstream, DownstreamReport};
@@ -235,7 +235,7 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         Some(_) => Some(alerts::load(kafka, &app_id, &topics.input, &rules)?),
         None => None,
     };
-    let mut replication = replication_problems(
+    let mut replication = checks::replication_problems(
         &opts.cluster,
         topics.names().into_iter().chain(rules_topic.as_deref()),
     )?;
@@ -368,7 +368,7 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     if let Some((d, _)) = &downstream {
         outputs.extend(d.deliver_topics());
         let deliver_topics = d.deliver_topics();
-        replication.extend(replication_problems(
+        replication.extend(checks::replication_problems(
             &opts.cluster,
             deliver_topics.iter().map(String::as_str),
         )?);
@@ -845,22 +845,6 @@ fn fire(
             Ok(true)
         }
     }
-}
-
-/// Partitions of `topics` whose replication factor is not the cluster's (min(N, 3)).
-fn replication_problems<'a>(
-    cluster: &Cluster,
-    topics: impl IntoIterator<Item = &'a str>,
-) -> anyhow::Result<Vec<String>> {
-    let want = cluster.brokers.min(3) as usize;
-    let mut problems = Vec::new();
-    for t in topics {
-        let rf = cluster.replication_factors(t)?;
-        if rf.is_empty() || rf.iter().any(|&r| r != want) {
-            problems.push(format!("{t}: replication factors {rf:?}, not {want}"));
-        }
-    }
-    Ok(problems)
 }
 
 /// Commits and aborts the instances logged (every incarnation appends to its instance's log).
