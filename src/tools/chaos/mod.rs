@@ -6,22 +6,23 @@
 //! of instances (restarted with the same id), one instance SIGSTOPped beyond its transaction
 //! timeout and woken up (a zombie: the group has moved on and its transaction was aborted), and
 //! hard (SIGKILL) and clean (SIGTERM) bounces of brokers, the first aimed at the transaction
-//! coordinator of an instance, the next at the group coordinator ([`cluster`]), and coordinator
-//! kills: the group coordinator's broker SIGKILLed and kept down beyond the bound within which
-//! every instance of the stage must have moved on by itself, which then is checked: no instance
-//! stuck ([`coordinator`]).
+//! coordinator of an instance, the next at the group coordinator ([`bounce`], [`cluster`]), and
+//! coordinator kills: the group coordinator's broker SIGKILLed and kept down beyond the bound
+//! within which every instance of the stage must have moved on by itself, which then is checked:
+//! no instance stuck ([`coordinator`]).
 //!
 //! ```text
 //!   feed thread ──► input ──► instances 0..N (restarted on exit) ──► notifications, state, DLQ
 //!   main loop (every 100 ms): reap/restart/escalate/resume instances ([`instances`]),
-//!                             fire the faults that are due ([`plan`])
+//!                             fire the faults that are due ([`plan`]; `main_loop`)
 //!   bounce thread (one at a time): wait until fully replicated ─► locate the target ─► stop/kill
 //!                             ─► down for a while ─► start ─► wait until fully replicated
+//!                             ([`bounce`])
 //!   kill thread (instead of a bounce, never beside one): the same with the group coordinator,
 //!                             SIGKILL, down past the stuck bound; at the kill the stage's running
 //!                             instances are watched ([`instances`])
 //!   end: input fed and faults done ─► committed offsets reach the input's end ─► SIGTERM all
-//!        ─► checks ([`checks`]) ─► figures ([`ChaosReport`])
+//!        ─► checks ([`checks`]) ─► figures ([`ChaosReport`], [`report`])
 //! ```
 //!
 //! An all-stage run ([`ChaosOptions::downstream`], the short run's and the binary's default)
@@ -51,6 +52,21 @@
 //! Bounded in time: the whole run fails past `limit`. Only one broker is down at a time, and the
 //! next bounce waits until every partition's ISR is complete again, so no partition drops below
 //! min.insync.replicas by the runner's doing: what is tested is failover, not an outage.
+//!
+//! # The files
+//! One concept each, in the order of a run; [`run`] here wires them together.
+//!
+//! - [`options`]: what to run ([`ChaosOptions`]), and what follows from it for each stage;
+//! - [`plan`]: the seeded schedule of faults;
+//! - [`stages`], [`instances`]: every stage's supervised instances and their signals;
+//! - `main_loop`: the chaos played (the due faults fired, the instances kept alive), then the
+//!   drains until every stage has consumed its input;
+//! - the faults that take a thread of their own: [`bounce`] (a broker), [`coordinator`] (the
+//!   group coordinator's broker, kept down), [`database`] (PostgreSQL's shutdowns), and the live
+//!   alert changes ([`alerts`]);
+//! - [`downstream`], [`subscribers`]: the stages after the pipeline, their database and webhooks;
+//! - [`cluster`]: the brokers driven through `scripts/kafka.sh`, and the coordinators located;
+//! - [`checks`]: what a run must leave behind; [`report`]: what it found, and the verdict.
 
 pub mod alerts;
 pub mod bounce;
