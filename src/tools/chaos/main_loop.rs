@@ -18,7 +18,8 @@
 //! for them, so that it never leaves a broker or PostgreSQL down.
 //!
 //! Past the run's limit play fails; a drain that times out leaves what is missing to the checks,
-//! which come after it ([`run`](super::run)). Nothing here judges the run.
+//! which come after it ([`run`](super::run)), and fails only if it could not read the progress
+//! at all. Nothing here judges the run.
 
 use super::bounce::{bounce, Bounce};
 use super::cluster::Stop;
