@@ -1,5 +1,8 @@
-//! What a chaos run must leave behind, checked after every instance has stopped:
+//! What a chaos run must leave behind, checked after every instance has stopped (but for the
+//! replication factors of the topics the run creates itself, checked as soon as they exist):
 //!
+//! - every partition of the run's topics has the cluster's replication factor, min(brokers, 3)
+//!   ([`replication_problems`]);
 //! - the group's committed offsets are the input's end on every partition;
 //! - the read_committed notifications are exactly the expected ones (the verifier:
 //!   [`crate::oracle`]);
@@ -17,6 +20,7 @@
 //!   transaction marker or an aborted batch after the last record needs no consuming);
 //! - each record of alert-deliver's DLQ and parking lot is there once ([`given_up`]).
 
+use super::cluster::Cluster;
 use crate::dlq;
 use crate::kafka::read::{partition_count, read_topic_to_end, reader, DEFAULT_READ_TIMEOUT};
 use crate::kafka::{Isolation, KafkaConfig};
@@ -192,6 +196,22 @@ pub fn wait_no_open_transactions(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// Partitions of `topics` whose replication factor is not the cluster's (min(N, 3)).
+pub fn replication_problems<'a>(
+    cluster: &Cluster,
+    topics: impl IntoIterator<Item = &'a str>,
+) -> anyhow::Result<Vec<String>> {
+    let want = cluster.brokers.min(3) as usize;
+    let mut problems = Vec::new();
+    for t in topics {
+        let rf = cluster.replication_factors(t)?;
+        if rf.is_empty() || rf.iter().any(|&r| r != want) {
+            problems.push(format!("{t}: replication factors {rf:?}, not {want}"));
+        }
+    }
+    Ok(problems)
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! the group coordinator is down (#5456), and it keeps waiting on a stale coordinator entry when
 //! that broker does not come back (#5511). A bounce of a few seconds lets such a call go on when
 //! the broker returns, so it hides the hang; this fault keeps the broker down past the bound
-//! within which each instance must have moved on by itself ([`ChaosOptions::stuck_bound`]:
-//! transaction timeout + 30 s, what issue 20 asks of a process that protects itself).
+//! within which each instance must have moved on by itself
+//! ([`ChaosOptions::stuck_bound`](super::ChaosOptions::stuck_bound): transaction timeout + 30 s,
+//! what issue 20 asks of a process that protects itself).
 //!
 //! ```text
 //!   thread: every ISR complete ─► locate the group's coordinator ─► SIGKILL it ─► Killed ─►

@@ -6,22 +6,23 @@
 //! of instances (restarted with the same id), one instance SIGSTOPped beyond its transaction
 //! timeout and woken up (a zombie: the group has moved on and its transaction was aborted), and
 //! hard (SIGKILL) and clean (SIGTERM) bounces of brokers, the first aimed at the transaction
-//! coordinator of an instance, the next at the group coordinator ([`cluster`]), and coordinator
-//! kills: the group coordinator's broker SIGKILLed and kept down beyond the bound within which
-//! every instance of the stage must have moved on by itself, which then is checked: no instance
-//! stuck ([`coordinator`]).
+//! coordinator of an instance, the next at the group coordinator ([`bounce`], [`cluster`]), and
+//! coordinator kills: the group coordinator's broker SIGKILLed and kept down beyond the bound
+//! within which every instance of the stage must have moved on by itself, which then is checked:
+//! no instance stuck ([`coordinator`]).
 //!
 //! ```text
 //!   feed thread ──► input ──► instances 0..N (restarted on exit) ──► notifications, state, DLQ
 //!   main loop (every 100 ms): reap/restart/escalate/resume instances ([`instances`]),
-//!                             fire the faults that are due ([`plan`])
+//!                             fire the faults that are due ([`plan`]; `main_loop`)
 //!   bounce thread (one at a time): wait until fully replicated ─► locate the target ─► stop/kill
 //!                             ─► down for a while ─► start ─► wait until fully replicated
+//!                             ([`bounce`])
 //!   kill thread (instead of a bounce, never beside one): the same with the group coordinator,
 //!                             SIGKILL, down past the stuck bound; at the kill the stage's running
 //!                             instances are watched ([`instances`])
 //!   end: input fed and faults done ─► committed offsets reach the input's end ─► SIGTERM all
-//!        ─► checks ([`checks`]) ─► figures ([`ChaosReport`])
+//!        ─► checks ([`checks`]) ─► figures ([`ChaosReport`], [`report`])
 //! ```
 //!
 //! An all-stage run ([`ChaosOptions::downstream`], the short run's and the binary's default)
@@ -51,316 +52,68 @@
 //! Bounded in time: the whole run fails past `limit`. Only one broker is down at a time, and the
 //! next bounce waits until every partition's ISR is complete again, so no partition drops below
 //! min.insync.replicas by the runner's doing: what is tested is failover, not an outage.
+//!
+//! # The files
+//! One concept each, in the order of a run; [`run`] here wires them together.
+//!
+//! - [`options`]: what to run ([`ChaosOptions`]), and what follows from it for each stage;
+//! - [`plan`]: the seeded schedule of faults;
+//! - [`stages`], [`instances`]: every stage's supervised instances and their signals;
+//! - `main_loop`: the chaos played (the due faults fired, the instances kept alive), then the
+//!   drains until every stage has consumed its input;
+//! - the faults that take a thread of their own: [`bounce`] (a broker), [`coordinator`] (the
+//!   group coordinator's broker, kept down), [`database`] (PostgreSQL's shutdowns), and the live
+//!   alert changes ([`alerts`]);
+//! - [`downstream`], [`subscribers`]: the stages after the pipeline, their database and webhooks;
+//! - [`cluster`]: the brokers driven through `scripts/kafka.sh`, and the coordinators located;
+//! - [`checks`]: what a run must leave behind; [`report`]: what it found, and the verdict.
 
 pub mod alerts;
+pub mod bounce;
 pub mod checks;
 pub mod cluster;
 pub mod coordinator;
 pub mod database;
 pub mod downstream;
 pub mod instances;
+mod main_loop;
+pub mod options;
 pub mod plan;
+pub mod report;
 pub mod stages;
 pub mod subscribers;
 
+pub use bounce::Bounce;
+pub use options::{ChaosOptions, BROKER_CONSUMER_SESSION};
+pub use report::ChaosReport;
+
 use crate::dlq::FaultInjection;
 use crate::kafka::config::GroupProtocol;
-use crate::kafka::feed::{next_offsets, Feed, Landed};
+use crate::kafka::feed::next_offsets;
 use crate::kafka::offsets::committed_offsets;
 use crate::kafka::topics::{self, Topics};
 use crate::oracle::{expected_from_input, expected_from_live, verify, verify_live, VerifyReport};
 use crate::tick::DEFAULT_MAX_TICK_BYTES;
 use crate::tools::generate::{generate, GenOptions};
-use anyhow::{anyhow, bail, Context as _};
-use checks::DeadLetters;
-use cluster::{Cluster, Stop};
-use coordinator::{CoordinatorKill, Killed};
-use database::{DatabaseDown, ServerGuard};
-use downstream::{Downstream, DownstreamOptions, DownstreamReport};
-use instances::{InstanceFigures, Instances, Launch};
-use plan::{Fault, FaultCounts, Stage, Target};
-use rand::{Rng, SeedableRng};
+use anyhow::Context as _;
+use database::ServerGuard;
+use downstream::{Downstream, DownstreamReport};
+use instances::Launch;
+use main_loop::{drain, drain_downstream, play, spawn_feed};
+use plan::Stage;
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use stages::{GroupProtocols, Stages};
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver};
-use std::thread::JoinHandle;
+use stages::Stages;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// Bound on waiting for every ISR to be complete, before and after a bounce.
 const REPLICATION_TIMEOUT: Duration = Duration::from_secs(180);
-/// Kafka's default `group.consumer.session.timeout.ms` (and its floor,
-/// `group.consumer.min.session.timeout.ms`): the session of a consumer-protocol member until a
-/// run has read the cluster's.
-pub const BROKER_CONSUMER_SESSION: Duration = Duration::from_secs(45);
-/// Main-loop period: how late a due fault or an exited instance is noticed.
-const STEP: Duration = Duration::from_millis(100);
 /// From a coordinator kill's moment in the schedule to the broker's death: the replication wait
 /// and the coordinator's look-up. The kills are planned this much (and the stuck bound) before
 /// the feed ends, so that the stage has input to commit while it is watched.
 const KILL_LEAD: Duration = Duration::from_secs(10);
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct ChaosOptions {
-    /// The cluster (every broker in the bootstrap list) and `scripts/kafka.sh`.
-    pub cluster: Cluster,
-    /// The `alert-pipeline` binary.
-    pub pipeline: PathBuf,
-    /// Seed of the stream, the schedule and every random choice.
-    pub seed: u64,
-    pub ticks: usize,
-    pub symbols: usize,
-    /// Input partitions.
-    pub partitions: i32,
-    /// Pipeline instances (distinct instance ids).
-    pub instances: usize,
-    /// Planned chaos time: the input is fed and the faults are spread over it.
-    pub span: Duration,
-    pub faults: FaultCounts,
-    /// The instances' --transaction-timeout; the zombie's pause exceeds it.
-    pub transaction_timeout: Duration,
-    /// The session.timeout.ms of the classic-protocol stages' instances: a paused or dead member
-    /// keeps its partitions this long ([`Self::session`]).
-    pub session_timeout: Duration,
-    /// The group protocol of each stage's instances ([`stages`], `# The group protocol of each
-    /// stage`).
-    pub group_protocols: GroupProtocols,
-    /// The session of a consumer-protocol member, which is the broker's
-    /// (`group.consumer.session.timeout.ms`, 45 s by default; scripts/kafka.sh's cluster keeps
-    /// it): a run with a consumer-protocol stage reads it from the cluster at its start
-    /// ([`Cluster::consumer_session_timeout`]).
-    pub consumer_session_timeout: Duration,
-    /// The instances' --shutdown-timeout.
-    pub shutdown_timeout: Duration,
-    /// The instances' --commit-interval.
-    pub commit_interval: Duration,
-    /// Static group membership (`--static-membership`) or dynamic (the pipeline's default).
-    pub static_membership: bool,
-    /// Longest time a bounced broker stays down (drawn from 1 s up to this).
-    pub max_down: Duration,
-    /// How long a coordinator kill keeps the broker down: longer than [`Self::stuck_bound`], so
-    /// that a call blocked on it stays blocked until the check has judged.
-    pub coordinator_down: Duration,
-    /// Bound on the whole run; past it the run fails.
-    pub limit: Duration,
-    /// Where the rules file and the instances' logs go.
-    pub work_dir: PathBuf,
-    /// Keep the run's topics after a passing run (a failing run always keeps them).
-    pub keep_topics: bool,
-    /// The stages after the pipeline (sink, deliver, PostgreSQL), or `None`: pipeline only.
-    pub downstream: Option<DownstreamOptions>,
-    /// Live alerts (`--live-rules`): the rules loaded into the rules topic before the start and
-    /// this many alert changes during the chaos ([`alerts`]); `None`: the rules file.
-    pub alert_changes: Option<usize>,
-}
-
-impl ChaosOptions {
-    /// The short run of `scripts/test.sh` (about a minute of chaos): 30,000 ticks over 60 s,
-    /// 3 instances, 3 SIGKILLs, 3 SIGTERMs, one zombie, one hard and one clean broker bounce (the
-    /// first of a transaction coordinator, the second of the group coordinator), with dynamic
-    /// membership. The
-    /// binary's defaults too.
-    pub fn short(cluster: Cluster, pipeline: PathBuf, seed: u64) -> Self {
-        // As the broker tests: a shared CI machine once stalled a broker for about 9 s.
-        let transaction_timeout = Duration::from_secs(30);
-        ChaosOptions {
-            cluster,
-            pipeline,
-            seed,
-            ticks: 30_000,
-            symbols: 100,
-            partitions: 6,
-            instances: 3,
-            span: Duration::from_secs(60),
-            faults: FaultCounts {
-                kills: 3,
-                terms: 3,
-                zombies: 1,
-                hard_bounces: 1,
-                clean_bounces: 1,
-                database_downs: 2,
-                // Not yet: until every transactional call has a deadline (issue 20), one kill
-                // leaves instances stuck in send_offsets_to_transaction (tests/chaos.rs).
-                coordinator_kills: 0,
-            },
-            transaction_timeout,
-            session_timeout: Duration::from_secs(10),
-            group_protocols: GroupProtocols::default(),
-            consumer_session_timeout: BROKER_CONSUMER_SESSION,
-            shutdown_timeout: Duration::from_secs(20),
-            // One-second batches: a transaction is open nearly all the time, so every kill, pause
-            // and bounce lands in one (and a commit's fixed cost on three replicas is paid less
-            // often than with the production 100 ms).
-            commit_interval: Duration::from_secs(1),
-            // Dynamic, the pipeline's default: with static membership a partition can be left
-            // without owner for good when an instance is stopped between the two rounds of a
-            // cooperative rebalance and its successor takes its place without a rebalance
-            // (tests/membership.rs); the long run in docs/testing.md shows the static case,
-            // `--static-membership`.
-            static_membership: false,
-            max_down: Duration::from_secs(5),
-            // The stuck bound (transaction timeout + 30 s) and 10 s more.
-            coordinator_down: transaction_timeout + Duration::from_secs(40),
-            limit: Duration::from_secs(600),
-            work_dir: std::env::temp_dir().join(format!("alert-chaos-{seed}")),
-            keep_topics: false,
-            downstream: None,
-            alert_changes: None,
-        }
-    }
-
-    /// The short run carried through every stage (what `scripts/test.sh` runs, and the binary's
-    /// default): the pipeline's short run, plus 2 sink and 2 deliver instances, each stage with
-    /// the same instance faults as the pipeline (3 SIGKILLs, 3 SIGTERMs, one zombie), two
-    /// immediate PostgreSQL shutdowns, and a subscriber failing for 10 s.
-    pub fn short_all_stages(
-        cluster: Cluster,
-        binaries: &std::path::Path,
-        seed: u64,
-        postgres_sh: PathBuf,
-        database_url: String,
-    ) -> Self {
-        let mut o = Self::short(cluster, binaries.join("alert-pipeline"), seed);
-        o.downstream = Some(DownstreamOptions {
-            sink: binaries.join("alert-sink"),
-            deliver: binaries.join("alert-deliver"),
-            postgres_sh,
-            database_url,
-            sink_instances: 2,
-            deliver_instances: 2,
-            // 37 s in all, far more than the subscriber's 10 s outage: a notification that fails
-            // at its start is retried after 2 s and 7 s (still failing), then after 37 s.
-            buckets: "2s,5s,30s".to_owned(),
-            subscriber_outage: subscribers::Outage {
-                after: o.span / 4,
-                lasts: Duration::from_secs(10),
-            },
-            max_database_down: Duration::from_secs(5),
-        });
-        o
-    }
-
-    /// Within this long after a coordinator kill every instance that was running must show
-    /// progress or have exited by itself (and been restarted), else it is stuck: the transaction
-    /// timeout plus 30 s, what issue 20 asks of a process that gives up a stuck call by itself.
-    pub fn stuck_bound(&self) -> Duration {
-        self.transaction_timeout + Duration::from_secs(30)
-    }
-
-    /// How long a member of `stage` that stopped heartbeating (killed, paused) keeps its
-    /// partitions before its group gives them to the others: the session of the stage's protocol,
-    /// the client's [`Self::session_timeout`] under classic, the broker's
-    /// [`Self::consumer_session_timeout`] under consumer.
-    pub fn session(&self, stage: Stage) -> Duration {
-        match self.group_protocols.of(stage) {
-            GroupProtocol::Classic => self.session_timeout,
-            GroupProtocol::Consumer => self.consumer_session_timeout,
-        }
-    }
-
-    /// How long a zombie of `stage` is paused: beyond its transaction timeout, so that the
-    /// coordinator aborts its transaction, and beyond its session, so that its group has moved on
-    /// when it wakes (and fences it), by 10 s.
-    pub fn zombie_pause(&self, stage: Stage) -> Duration {
-        self.transaction_timeout.max(self.session(stage)) + Duration::from_secs(10)
-    }
-
-    /// The stages this run starts.
-    pub fn stages(&self) -> Vec<Stage> {
-        if self.downstream.is_some() {
-            Stage::ALL.to_vec()
-        } else {
-            vec![Stage::Pipeline]
-        }
-    }
-}
-
-/// One broker bounce, as it happened.
-#[derive(Debug, Clone)]
-pub struct Bounce {
-    pub broker: i32,
-    pub hard: bool,
-    /// Why this broker: the coordinator it was, or "any".
-    pub role: String,
-    pub down: Duration,
-    /// From the start command to every ISR complete again.
-    pub recovered: Duration,
-}
-
-/// The figures and the verdict of a run.
-#[derive(Debug, Clone)]
-pub struct ChaosReport {
-    pub seed: u64,
-    pub prefix: String,
-    pub ticks: usize,
-    pub instances: usize,
-    /// The pipeline instances' figures.
-    pub figures: InstanceFigures,
-    /// Every stage's instance figures (the pipeline's first).
-    pub stages: Vec<(Stage, InstanceFigures)>,
-    /// The group protocol each stage ran, and the session of its members under it
-    /// ([`ChaosOptions::session`]).
-    pub group_protocols: Vec<(Stage, GroupProtocol, Duration)>,
-    pub bounces: Vec<Bounce>,
-    /// The coordinator kills, each with the outcome of every instance watched.
-    pub coordinator_kills: Vec<CoordinatorKill>,
-    /// Transactions committed and aborted, as the instances logged them.
-    pub commits: u64,
-    pub aborts: u64,
-    /// Partitions of the run's topics without the cluster's replication factor.
-    pub replication: Vec<String>,
-    /// The group's committed offsets after the stop, and the input's end.
-    pub committed: Vec<Option<i64>>,
-    pub end: BTreeMap<i32, i64>,
-    pub verify: VerifyReport,
-    pub dead_letters: DeadLetters,
-    /// Partitions whose LSO stayed behind the high watermark.
-    pub open_transactions: Vec<String>,
-    /// find-hanging rows, per broker.
-    pub hanging: Vec<String>,
-    /// Exit status of each instance's last process.
-    pub final_exits: Vec<(String, String)>,
-    pub chaos: Duration,
-    pub total: Duration,
-    /// The sink's and the deliverer's checks and PostgreSQL's shutdowns (all-stage runs).
-    pub downstream: Option<DownstreamReport>,
-    /// Live alerts: the alert changes made during the chaos.
-    pub alert_changes: Option<alerts::Changes>,
-}
-
-impl ChaosReport {
-    /// Whether the committed offsets are the input's end on every partition.
-    pub fn committed_at_end(&self) -> bool {
-        self.end
-            .iter()
-            .all(|(p, o)| self.committed.get(*p as usize).copied().flatten() == Some(*o))
-    }
-
-    /// Instances left stuck by a coordinator kill.
-    pub fn stuck(&self) -> usize {
-        self.coordinator_kills
-            .iter()
-            .map(CoordinatorKill::stuck)
-            .sum()
-    }
-
-    /// Every property holds.
-    pub fn ok(&self) -> bool {
-        self.stuck() == 0
-            && self.committed_at_end()
-            && self.verify.ok()
-            && self.verify.input_records == self.ticks as u64
-            && self.dead_letters.ok()
-            && self.open_transactions.is_empty()
-            && self.hanging.is_empty()
-            && self.replication.is_empty()
-            && self.downstream.as_ref().is_none_or(|d| d.checks.ok())
-    }
-}
 
 /// Runs the chaos and checks what it left. An `Err` means the run itself could not be carried
 /// out (cluster control failed, the limit passed); a finished run returns its report, whose
@@ -422,7 +175,7 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         Some(_) => Some(alerts::load(kafka, &app_id, &topics.input, &rules)?),
         None => None,
     };
-    let mut replication = replication_problems(
+    let mut replication = checks::replication_problems(
         &opts.cluster,
         topics.names().into_iter().chain(rules_topic.as_deref()),
     )?;
@@ -555,7 +308,7 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     if let Some((d, _)) = &downstream {
         outputs.extend(d.deliver_topics());
         let deliver_topics = d.deliver_topics();
-        replication.extend(replication_problems(
+        replication.extend(checks::replication_problems(
             &opts.cluster,
             deliver_topics.iter().map(String::as_str),
         )?);
@@ -599,7 +352,7 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         .collect();
     let dead_letters = checks::dead_letters_once(kafka, &topics.dlq, &poison)?;
     let pipeline_ids: Vec<String> = (0..opts.instances).map(|i| i.to_string()).collect();
-    let (commits, aborts) = logged_transactions(&opts.work_dir, &pipeline_ids);
+    let (commits, aborts) = report::logged_transactions(&opts.work_dir, &pipeline_ids);
     let downstream_report = match &downstream {
         Some((d, _)) => Some(DownstreamReport {
             database_downs: played.database_downs.clone(),
@@ -655,154 +408,6 @@ pub fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     Ok(report)
 }
 
-/// What the chaos phase leaves: where the input landed, the bounces, how long it took.
-struct Played {
-    landed: Vec<Landed>,
-    bounces: Vec<Bounce>,
-    coordinator_kills: Vec<CoordinatorKill>,
-    database_downs: Vec<DatabaseDown>,
-    chaos: Duration,
-}
-
-/// The chaos: fires the due faults (in order, where one can be fired now) and keeps the instances
-/// alive, until every fault is done, the input is fed and every instance runs.
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
-fn play(
-    opts: &ChaosOptions,
-    app_id: &str,
-    mut pending: Vec<plan::Planned>,
-    feed: JoinHandle<anyhow::Result<Vec<Landed>>>,
-    stages: &mut Stages,
-    downstream: Option<&Downstream>,
-    rng: &mut ChaCha8Rng,
-    started: Instant,
-) -> anyhow::Result<Played> {
-    let chaos_started = Instant::now();
-    let mut bg = Background::default();
-    let mut bounces = Vec::new();
-    let mut coordinator_kills = Vec::new();
-    let mut database_downs = Vec::new();
-    let mut feed = Some(feed);
-    let mut landed = None;
-    loop {
-        if started.elapsed() > opts.limit {
-            bail!(
-                "the chaos did not finish within {:?} ({} faults still pending)",
-                opts.limit,
-                pending.len()
-            );
-        }
-        stages.tick(true)?;
-        if let Some(b) = finished(&mut bg.bouncing, "bounce")? {
-            info!(broker = b.broker, hard = b.hard, role = %b.role, "broker bounced");
-            bounces.push(b);
-        }
-        // The kill's moment first: the thread sends it long before it finishes.
-        if let Some(k) = bg.killed.as_ref().and_then(|rx| rx.try_recv().ok()) {
-            let watched = stages
-                .get(k.stage)
-                .map_or(0, |i| i.watch(k.kill, opts.stuck_bound()));
-            info!(
-                broker = k.broker,
-                stage = k.stage.name(),
-                watched,
-                "group coordinator killed; watching the stage's instances"
-            );
-        }
-        if let Some(k) = finished(&mut bg.killing, "coordinator kill")? {
-            info!(
-                broker = k.broker,
-                stage = k.stage.name(),
-                "killed coordinator started again"
-            );
-            bg.killed = None;
-            coordinator_kills.push(k);
-        }
-        if let Some(d) = finished(&mut bg.database, "database")? {
-            info!(
-                down_ms = d.down.as_millis() as u64,
-                "PostgreSQL shut down and started"
-            );
-            database_downs.push(d);
-        }
-        if feed.as_ref().is_some_and(JoinHandle::is_finished) {
-            let fed = feed
-                .take()
-                .map(JoinHandle::join)
-                .transpose()
-                .map_err(|_| anyhow!("the feed thread panicked"))?;
-            landed = fed.transpose()?;
-        }
-        let now = chaos_started.elapsed();
-        let mut fired = Vec::new();
-        for (i, p) in pending.iter().enumerate().filter(|(_, p)| p.at <= now) {
-            if fire(p.fault, opts, app_id, stages, downstream, &mut bg, rng)? {
-                fired.push(i);
-            }
-        }
-        for i in fired.into_iter().rev() {
-            pending.remove(i);
-        }
-        let quiet = bg.bouncing.is_none() && bg.killing.is_none() && bg.database.is_none();
-        if pending.is_empty() && quiet && stages.all_running() {
-            if let Some(landed) = landed.take() {
-                return Ok(Played {
-                    landed,
-                    bounces,
-                    coordinator_kills,
-                    database_downs,
-                    chaos: chaos_started.elapsed(),
-                });
-            }
-        }
-        std::thread::sleep(STEP);
-    }
-}
-
-/// Keeps the instances alive until the group's committed offsets are the input's `end`, or
-/// `timeout` passed (then the checks report the difference).
-fn drain(
-    kafka: &crate::kafka::KafkaConfig,
-    group: &str,
-    input: &str,
-    end: &BTreeMap<i32, i64>,
-    stages: &mut Stages,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        stages.tick(true)?;
-        // An observer's failed fetch (a coordinator still moving after a bounce) means "not yet":
-        // ask again until the deadline; the checks fetch once more and report what they find.
-        match committed_offsets(kafka, group, input) {
-            Ok(committed)
-                if end
-                    .iter()
-                    .all(|(p, o)| committed.get(*p as usize).copied().flatten() == Some(*o)) =>
-            {
-                return Ok(())
-            }
-            Ok(committed) if started.elapsed() > timeout => {
-                warn!(
-                    ?committed,
-                    ?end,
-                    "the committed offsets did not reach the input's end in time"
-                );
-                return Ok(());
-            }
-            Err(e) if started.elapsed() > timeout => {
-                return Err(e.context("the committed offsets could not be fetched"))
-            }
-            Err(e) => warn!(
-                error = format!("{e:#}"),
-                "fetching the committed offsets failed; asking again"
-            ),
-            Ok(_) => {}
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 /// How the pipeline's instances are started ([`stages::launch`]): the rules, app id and topics,
 /// fault injection, and the run's transaction timeout and commit interval.
 fn launch(
@@ -834,554 +439,4 @@ fn launch(
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     stages::launch(opts, Stage::Pipeline, &opts.pipeline, &args, Vec::new())
-}
-
-/// Keeps every stage alive until the sink and the deliverer have consumed their inputs to the
-/// data ends, or `timeout` passed (then the checks report what is left). The deliverer commits a
-/// record's offset with its outcome (accepted, or handed to the next bucket, the DLQ or the
-/// parking lot), so once its notifications and every bucket are consumed, every key is settled.
-fn drain_downstream(
-    kafka: &crate::kafka::KafkaConfig,
-    downstream: &Downstream,
-    stages: &mut Stages,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
-    // Reading the topics to their ends costs more than a committed-offsets fetch: not too often.
-    let every = Duration::from_secs(2);
-    let mut asked = Instant::now() - every;
-    loop {
-        stages.tick(true)?;
-        if asked.elapsed() >= every {
-            asked = Instant::now();
-            // As in `drain`: a failed read (a database still recovering, a coordinator moving)
-            // means "not yet" until the deadline.
-            match downstream.left_behind(kafka) {
-                Ok(behind) if behind.is_empty() => return Ok(()),
-                Ok(behind) if started.elapsed() > timeout => {
-                    warn!(
-                        ?behind,
-                        "the sink and the deliverer did not finish their inputs in time"
-                    );
-                    return Ok(());
-                }
-                Err(e) if started.elapsed() > timeout => {
-                    return Err(e.context("the downstream progress could not be read"))
-                }
-                Err(e) => warn!(
-                    error = format!("{e:#}"),
-                    "reading the downstream progress failed; asking again"
-                ),
-                Ok(_) => {}
-            }
-        }
-        std::thread::sleep(STEP);
-    }
-}
-
-/// The faults that run on threads of their own, one of each kind at a time (and one broker down
-/// at a time: a bounce and a coordinator kill wait for each other).
-#[derive(Default)]
-struct Background {
-    bouncing: Option<JoinHandle<anyhow::Result<Bounce>>>,
-    killing: Option<JoinHandle<anyhow::Result<CoordinatorKill>>>,
-    /// Where the kill's thread says that the broker is dead.
-    killed: Option<Receiver<Killed>>,
-    /// Coordinator kills fired so far (the next one's number).
-    kills: usize,
-    database: Option<JoinHandle<anyhow::Result<DatabaseDown>>>,
-}
-
-impl Background {
-    /// Whether a broker is down or about to be, by a bounce or a kill.
-    fn broker_fault(&self) -> bool {
-        self.bouncing.is_some() || self.killing.is_some()
-    }
-}
-
-impl Drop for Background {
-    /// A run that fails while a broker or PostgreSQL is down waits for its thread, which starts
-    /// it again (bounded: the down time and the replication wait), so that the run never ends
-    /// with the shared services down.
-    fn drop(&mut self) {
-        // The outcomes are the run's, which has failed already: only the wait matters here.
-        if let Some(h) = self.bouncing.take() {
-            let _ = h.join();
-        }
-        if let Some(h) = self.killing.take() {
-            let _ = h.join();
-        }
-        if let Some(h) = self.database.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// The outcome of `thread` if it has finished (taking it), `None` while it runs or if none.
-fn finished<T>(
-    thread: &mut Option<JoinHandle<anyhow::Result<T>>>,
-    what: &str,
-) -> anyhow::Result<Option<T>> {
-    if !thread.as_ref().is_some_and(JoinHandle::is_finished) {
-        return Ok(None);
-    }
-    let done = thread
-        .take()
-        .map(JoinHandle::join)
-        .transpose()
-        .map_err(|_| anyhow!("the {what} thread panicked"))?;
-    done.transpose()
-}
-
-/// Feeds `ticks` to `input` evenly over `span`, on a thread of its own; returns where each landed.
-fn spawn_feed(
-    kafka: crate::kafka::KafkaConfig,
-    input: String,
-    ticks: Vec<crate::tick::Tick>,
-    span: Duration,
-) -> anyhow::Result<JoinHandle<anyhow::Result<Vec<Landed>>>> {
-    let per_second = (ticks.len() as u64).div_ceil(span.as_secs().max(1));
-    let feed = Feed::new(&kafka)?;
-    Ok(std::thread::spawn(move || {
-        feed.send_ticks_at_rate(&input, &ticks, per_second)
-    }))
-}
-
-/// Fires `fault` if it can be now; returns whether it did (a bounce or a database shutdown waits
-/// for the previous one, a signal for a running instance of its stage).
-fn fire(
-    fault: Fault,
-    opts: &ChaosOptions,
-    app_id: &str,
-    stages: &mut Stages,
-    downstream: Option<&Downstream>,
-    bg: &mut Background,
-    rng: &mut ChaCha8Rng,
-) -> anyhow::Result<bool> {
-    let pick = |rng: &mut ChaCha8Rng, from: &[usize]| from[rng.random_range(0..from.len())];
-    match fault {
-        Fault::Kill(stage) | Fault::Term(stage) | Fault::Zombie(stage) => {
-            let Some(instances) = stages.get(stage) else {
-                bail!("a fault of {stage:?}, which this run does not start");
-            };
-            let running = instances.targets();
-            let processing = instances.processing();
-            match fault {
-                Fault::Kill(_) | Fault::Term(_) if running.is_empty() => Ok(false),
-                Fault::Zombie(_) if processing.is_empty() => Ok(false),
-                Fault::Kill(_) => instances.kill(pick(rng, &running)).map(|()| true),
-                Fault::Term(_) => instances.terminate(pick(rng, &running)).map(|()| true),
-                // Beyond the transaction timeout and the stage's session (the sink's database
-                // session too: its write timeout is shorter).
-                _ => instances
-                    .pause(pick(rng, &processing), opts.zombie_pause(stage))
-                    .map(|()| true),
-            }
-        }
-        Fault::DatabaseDown if bg.database.is_some() => Ok(false),
-        Fault::DatabaseDown => {
-            let (Some(d), Some(o)) = (downstream, &opts.downstream) else {
-                bail!("a database shutdown in a run without the sink");
-            };
-            let down = Duration::from_millis(
-                rng.random_range(1_000..=o.max_database_down.as_millis().max(1_000) as u64),
-            );
-            let db = d.db.clone();
-            bg.database = Some(std::thread::spawn(move || db.bounce(down)));
-            Ok(true)
-        }
-        Fault::Bounce { .. } if bg.broker_fault() => Ok(false),
-        Fault::Bounce { hard, target } => {
-            let how = if hard { Stop::Hard } else { Stop::Clean };
-            let down = Duration::from_millis(
-                rng.random_range(1_000..=opts.max_down.as_millis().max(1_000) as u64),
-            );
-            let instance = rng.random_range(0..opts.instances);
-            let txn_id = format!("{app_id}-{instance}");
-            let any = rng.random_range(1..=opts.cluster.brokers);
-            let (cluster, group) = (opts.cluster.clone(), app_id.to_owned());
-            bg.bouncing = Some(std::thread::spawn(move || {
-                bounce(&cluster, how, target, down, &txn_id, &group, any)
-            }));
-            Ok(true)
-        }
-        Fault::CoordinatorKill(_) if bg.broker_fault() => Ok(false),
-        Fault::CoordinatorKill(stage) => {
-            let Some(instances) = stages.get(stage) else {
-                bail!("a coordinator kill of {stage:?}'s group, which this run does not start");
-            };
-            // Every instance of the stage up, and some committing (progress lately): the kill is
-            // to land while they commit, and is judged on the busy ones.
-            if !instances.all_running() || instances.busy(Duration::from_secs(5)).is_empty() {
-                return Ok(false);
-            }
-            let group = match stage {
-                Stage::Pipeline => app_id.to_owned(),
-                _ => downstream
-                    .and_then(|d| d.group(stage))
-                    .map(str::to_owned)
-                    .ok_or_else(|| anyhow!("no group of {stage:?} in a pipeline-only run"))?,
-            };
-            let (tx, rx) = mpsc::channel();
-            let (cluster, down, kill) = (opts.cluster.clone(), opts.coordinator_down, bg.kills);
-            bg.kills += 1;
-            bg.killed = Some(rx);
-            bg.killing = Some(std::thread::spawn(move || {
-                coordinator::kill(&cluster, kill, stage, &group, down, &tx)
-            }));
-            Ok(true)
-        }
-    }
-}
-
-/// One broker bounce: locate the target, take it down, leave it down for `down`, start it, wait
-/// until every ISR is complete again.
-fn bounce(
-    cluster: &Cluster,
-    how: Stop,
-    target: Target,
-    down: Duration,
-    txn_id: &str,
-    group: &str,
-    any: i32,
-) -> anyhow::Result<Bounce> {
-    cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
-    let located = match target {
-        Target::TransactionCoordinator => Some(
-            cluster
-                .transaction_coordinator(txn_id)
-                .map(|b| (b, format!("transaction coordinator of {txn_id}"))),
-        ),
-        Target::GroupCoordinator => Some(
-            cluster
-                .group_coordinator(group)
-                .map(|b| (b, "group coordinator".to_owned())),
-        ),
-        Target::Any => None,
-    };
-    let (broker, role) = match located {
-        Some(Ok(found)) => found,
-        Some(Err(e)) => {
-            warn!(
-                error = format!("{e:#}"),
-                ?target,
-                "coordinator not found; bouncing a random broker"
-            );
-            (any, format!("any ({target:?} not found)"))
-        }
-        None => (any, "any".to_owned()),
-    };
-    info!(
-        broker,
-        ?how,
-        role,
-        down_ms = down.as_millis() as u64,
-        "bouncing a broker"
-    );
-    cluster.stop_broker(broker, how)?;
-    // How long the broker stays down is the fault itself, not a wait for a condition.
-    std::thread::sleep(down);
-    let restarted = Instant::now();
-    cluster.start_broker(broker)?;
-    cluster.wait_fully_replicated(REPLICATION_TIMEOUT)?;
-    Ok(Bounce {
-        broker,
-        hard: how == Stop::Hard,
-        role,
-        down,
-        recovered: restarted.elapsed(),
-    })
-}
-
-/// Partitions of `topics` whose replication factor is not the cluster's (min(N, 3)).
-fn replication_problems<'a>(
-    cluster: &Cluster,
-    topics: impl IntoIterator<Item = &'a str>,
-) -> anyhow::Result<Vec<String>> {
-    let want = cluster.brokers.min(3) as usize;
-    let mut problems = Vec::new();
-    for t in topics {
-        let rf = cluster.replication_factors(t)?;
-        if rf.is_empty() || rf.iter().any(|&r| r != want) {
-            problems.push(format!("{t}: replication factors {rf:?}, not {want}"));
-        }
-    }
-    Ok(problems)
-}
-
-/// Commits and aborts the instances logged (every incarnation appends to its instance's log).
-fn logged_transactions(dir: &std::path::Path, ids: &[String]) -> (u64, u64) {
-    let (mut commits, mut aborts) = (0, 0);
-    for id in ids {
-        let text = std::fs::read(Instances::log_path(dir, Stage::Pipeline, id)).unwrap_or_default();
-        let text = String::from_utf8_lossy(&text);
-        commits += text.matches("transaction committed").count() as u64;
-        aborts += text.matches("transaction aborted").count() as u64;
-    }
-    (commits, aborts)
-}
-
-impl fmt::Display for ChaosReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let fig = &self.figures;
-        let (hard, clean) = (
-            self.bounces.iter().filter(|b| b.hard).count(),
-            self.bounces.iter().filter(|b| !b.hard).count(),
-        );
-        let v = &self.verify;
-        let d = &self.dead_letters;
-        writeln!(
-            f,
-            "chaos run, seed {} (the same --seed replays the stream and the schedule)",
-            self.seed
-        )?;
-        writeln!(f, "{:<22} {}", "ticks", self.ticks)?;
-        let protocols: Vec<String> = self
-            .group_protocols
-            .iter()
-            .map(|(s, p, session)| {
-                let whose = match p {
-                    GroupProtocol::Classic => "the client's",
-                    GroupProtocol::Consumer => "the broker's",
-                };
-                format!(
-                    "{} {p} (session {}s, {whose})",
-                    s.name(),
-                    session.as_secs_f64()
-                )
-            })
-            .collect();
-        writeln!(f, "{:<22} {}", "group protocols", protocols.join("; "))?;
-        writeln!(
-            f,
-            "{:<22} {} ({} process starts)",
-            "instances", self.instances, fig.starts
-        )?;
-        writeln!(f, "{:<22} {}", "SIGKILLs", fig.sigkills)?;
-        writeln!(
-            f,
-            "{:<22} {} ({} exited 0, {} escalated to SIGKILL)",
-            "SIGTERMs", fig.sigterms, fig.clean_exits, fig.term_escalations
-        )?;
-        writeln!(
-            f,
-            "{:<22} {} ({} fenced: {})",
-            "SIGSTOPs (zombies)",
-            fig.sigstops,
-            fig.zombies_fenced,
-            fig.zombie_outcomes.join("; ")
-        )?;
-        for (stage, fig) in self.stages.iter().filter(|(s, _)| *s != Stage::Pipeline) {
-            writeln!(
-                f,
-                "{:<22} {} process starts; {} SIGKILLs, {} SIGTERMs ({} exited 0, {} escalated), \
-                 {} SIGSTOPs ({} expelled from their group: {})",
-                format!("{} instances", stage.name()),
-                fig.starts,
-                fig.sigkills,
-                fig.sigterms,
-                fig.clean_exits,
-                fig.term_escalations,
-                fig.sigstops,
-                fig.zombies_fenced,
-                fig.zombie_outcomes.join("; ")
-            )?;
-        }
-        writeln!(f, "{:<22} {} hard, {} clean", "broker bounces", hard, clean)?;
-        for b in &self.bounces {
-            writeln!(
-                f,
-                "  {:<5} broker {} ({}): down {:.1}s, back and fully replicated in {:.1}s",
-                if b.hard { "hard" } else { "clean" },
-                b.broker,
-                b.role,
-                b.down.as_secs_f64(),
-                b.recovered.as_secs_f64()
-            )?;
-        }
-        writeln!(
-            f,
-            "{:<22} {} ({} busy instances watched, {} stuck)",
-            "coordinator kills",
-            self.coordinator_kills.len(),
-            self.coordinator_kills
-                .iter()
-                .flat_map(|k| &k.instances)
-                .filter(|(_, p)| *p != instances::Progress::Idle)
-                .count(),
-            self.stuck()
-        )?;
-        for k in &self.coordinator_kills {
-            writeln!(f, "  {k}")?;
-        }
-        let watchdog: Vec<String> = self
-            .stages
-            .iter()
-            .map(|(s, fig)| format!("{} {}", s.name(), fig.watchdog_exits))
-            .collect();
-        writeln!(
-            f,
-            "{:<22} {} (restarted)",
-            "exits 75 (watchdog)",
-            watchdog.join(", ")
-        )?;
-        let unplanned: Vec<String> = self
-            .stages
-            .iter()
-            .flat_map(|(s, fig)| {
-                fig.unplanned_exits
-                    .iter()
-                    .map(move |e| format!("{}: {e}", s.name()))
-            })
-            .collect();
-        writeln!(f, "{:<22} {}", "unplanned exits", unplanned.len())?;
-        for e in &unplanned {
-            writeln!(f, "  {e}")?;
-        }
-        let finals: Vec<String> = self
-            .final_exits
-            .iter()
-            .map(|(id, s)| format!("{id}: {s}"))
-            .collect();
-        writeln!(f, "{:<22} {}", "final stops", finals.join("; "))?;
-        writeln!(
-            f,
-            "{:<22} {} ({} aborted)",
-            "commits", self.commits, self.aborts
-        )?;
-        if let Some(c) = &self.alert_changes {
-            writeln!(
-                f,
-                "{:<22} {} ({} updates, {} deletes, {} one-shots, {} banded; {} given up)",
-                "alert changes",
-                c.total(),
-                c.updates,
-                c.deletes,
-                c.one_shots,
-                c.banded,
-                c.given_up
-            )?;
-        }
-        writeln!(f, "{:<22} {}", "expected", v.expected)?;
-        writeln!(f, "{:<22} {}", "found", v.found)?;
-        writeln!(f, "{:<22} {}", "missing", v.missing.len())?;
-        writeln!(f, "{:<22} {}", "duplicate", v.duplicate.len())?;
-        writeln!(f, "{:<22} {}", "unexpected", v.unexpected.len())?;
-        writeln!(
-            f,
-            "{:<22} {} of {} poison ticks (missing {}, duplicate {}, unexpected {})",
-            "dead letters",
-            d.found,
-            d.expected,
-            d.missing.len(),
-            d.duplicate.len(),
-            d.unexpected.len()
-        )?;
-        writeln!(
-            f,
-            "{:<22} {}",
-            "offsets at input end",
-            if self.committed_at_end() { "yes" } else { "NO" }
-        )?;
-        writeln!(
-            f,
-            "{:<22} {} open, {} hanging (find-hanging)",
-            "transactions left",
-            self.open_transactions.len(),
-            self.hanging.len()
-        )?;
-        if let Some(d) = &self.downstream {
-            write!(f, "{d}")?;
-        }
-        writeln!(
-            f,
-            "{:<22} {:.1}s (chaos {:.1}s)",
-            "duration",
-            self.total.as_secs_f64(),
-            self.chaos.as_secs_f64()
-        )?;
-        let problems = self
-            .replication
-            .iter()
-            .chain(&self.open_transactions)
-            .chain(&self.hanging)
-            .map(String::as_str)
-            .chain(v.missing.iter().take(5).map(String::as_str))
-            .chain(v.duplicate.iter().take(5).map(|(id, _)| id.as_str()))
-            .chain(v.unexpected.iter().take(5).map(String::as_str));
-        for p in problems {
-            writeln!(f, "  ! {p}")?;
-        }
-        if !self.committed_at_end() {
-            writeln!(
-                f,
-                "  ! committed {:?}, input end {:?}",
-                self.committed, self.end
-            )?;
-        }
-        if self.stuck() > 0 {
-            writeln!(
-                f,
-                "  ! {} instances stuck after a coordinator kill",
-                self.stuck()
-            )?;
-        }
-        if v.input_records != self.ticks as u64 {
-            writeln!(
-                f,
-                "  ! the input holds {} records, {} were fed",
-                v.input_records, self.ticks
-            )?;
-        }
-        if self.ok() {
-            write!(f, "VERDICT: exactly once")
-        } else {
-            write!(
-                f,
-                "VERDICT: FAILED (the run's topics are kept: prefix {})",
-                self.prefix
-            )
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{ChaosOptions, GroupProtocols, Stage};
-    use crate::kafka::config::GroupProtocol;
-    use crate::kafka::KafkaConfig;
-    use std::time::Duration;
-
-    fn short() -> ChaosOptions {
-        let cluster = super::Cluster {
-            kafka_sh: "kafka.sh".into(),
-            kafka: KafkaConfig::new("h:1"),
-            brokers: 3,
-        };
-        ChaosOptions::short(cluster, "alert-pipeline".into(), 7)
-    }
-
-    /// A zombie wakes after its transaction timed out and after its group expired it, whichever
-    /// protocol its stage speaks: the classic session is the client's 10 s, the consumer one the
-    /// broker's 45 s (the cluster's default), so the pause follows the longer.
-    #[test]
-    fn the_zombie_outlasts_the_session_of_its_stage_protocol() {
-        let mut o = short();
-        assert_eq!(o.session(Stage::Pipeline), Duration::from_secs(10));
-        assert_eq!(o.zombie_pause(Stage::Pipeline), Duration::from_secs(40));
-        o.group_protocols = GroupProtocols::all(GroupProtocol::Classic);
-        o.group_protocols.set(Stage::Sink, GroupProtocol::Consumer);
-        assert_eq!(o.session(Stage::Sink), Duration::from_secs(45));
-        assert_eq!(o.zombie_pause(Stage::Sink), Duration::from_secs(55));
-        assert_eq!(o.zombie_pause(Stage::Deliver), Duration::from_secs(40));
-        // A cluster configured otherwise: the pause follows what the run read from it.
-        o.consumer_session_timeout = Duration::from_secs(60);
-        assert_eq!(o.zombie_pause(Stage::Sink), Duration::from_secs(70));
-        for stage in Stage::ALL {
-            assert!(
-                o.zombie_pause(stage) > o.session(stage).max(o.transaction_timeout),
-                "{stage:?}"
-            );
-        }
-    }
 }
