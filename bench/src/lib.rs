@@ -27,9 +27,8 @@
 //! The binaries in `src/bin/` are thin (issue 45): they parse their flags, call the library and
 //! map the result to an exit code. A command line that does more with its flags (defaults turned
 //! into options, a replot branch, the printing) is in its benchmark's module, so that it is read,
-//! and unit-tested, beside what it measures: `cli` for pipeline-, sink-, deliver-, recovery- and
-//! rebalance-bench, [`producer::options`] for producer-bench. rules-bench's, short, is still its
-//! binary's.
+//! and unit-tested, beside what it measures: `cli` for pipeline-, sink-, deliver-, recovery-,
+//! rebalance- and rules-bench, [`producer::options`] for producer-bench.
 //!
 //! Figures, with their commands and machine, are in `bench/RESULTS.md`.
 

@@ -24,6 +24,7 @@ pub mod rules;
 pub mod sink;
 pub mod subscriber;
 pub mod tickgen;
+pub mod txn_demo;
 pub mod verify;
 
 pub use log::{init_logging, LogGuard};

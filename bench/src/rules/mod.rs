@@ -9,6 +9,8 @@
 //! wait for that symbol's next tick (at most the tick period), the barrier round trip, and the
 //! commit. The tick period is `symbols / rate`: 100 symbols at 1,000 ticks/s is 100 ms.
 
+pub mod cli;
+
 use crate::child::{free_port, with_fresh_topics, ChildGuard};
 use crate::stats::percentile;
 use anyhow::{bail, Context as _};
