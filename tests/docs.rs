@@ -2,7 +2,13 @@
 //! file inside it, a link to `page.md#anchor` (or `#anchor` on the same page) names a heading that
 //! page has, and no document sends a reader to a place a clone does not have (the design once
 //! lived in a workspace folder beside the repository). README.md stays a front door: at most
-//! [`README_MAX_LINES`] lines, the rest of the text in `docs/` (issue 45).
+//! [`README_MAX_LINES`] lines, the rest of the text in `docs/` (issue 45). Every command a page
+//! shows for one of the processor's binaries still parses: no renamed or removed flag, no missing
+//! subcommand (asked of the binary's own clap parser, not run; `doc_commands` says what counts as
+//! a shown command, and `bench/tests/docs.rs` asks the benchmarks'), and every script a page shows
+//! exists.
+
+mod doc_commands;
 
 use std::path::{Path, PathBuf};
 
@@ -224,4 +230,161 @@ fn anchors_are_github_s() {
         anchors("# A\n```\n# not a heading\n```\n## A\n#nope\n### B ##\n"),
         ["a", "a-1", "b"]
     );
+}
+
+/// The clap parser of each binary in `src/bin/`, as the binary builds it; `None` for a name that
+/// is not one (a new binary fails the test below until it is listed here).
+fn parser_of(binary: &str) -> Option<clap::Command> {
+    use clap::CommandFactory;
+    use price_alerts::cli;
+    Some(match binary {
+        "alert-chaos" => <cli::chaos::ChaosArgs as CommandFactory>::command(),
+        "alert-deliver" => <cli::deliver::DeliverArgs as CommandFactory>::command(),
+        "alert-pipeline" => <cli::PipelineArgs as CommandFactory>::command(),
+        "alert-rules" => <cli::rules::RulesArgs as CommandFactory>::command(),
+        "alert-sink" => <cli::sink::SinkArgs as CommandFactory>::command(),
+        "alert-verify" => <cli::verify::VerifyArgs as CommandFactory>::command(),
+        "dlq-replay" => <cli::replay::ReplayCli as CommandFactory>::command(),
+        "test-subscriber" => <cli::subscriber::SubscriberArgs as CommandFactory>::command(),
+        "tick-gen" => <cli::tickgen::TickGenArgs as CommandFactory>::command(),
+        "txn-demo" => <cli::txn_demo::TxnDemoArgs as CommandFactory>::command(),
+        _ => return None,
+    })
+}
+
+#[test]
+fn every_binary_of_the_processor_has_its_parser_here() {
+    let binaries = doc_commands::binaries(&root().join("src/bin"));
+    let unknown: Vec<&String> = binaries.iter().filter(|b| parser_of(b).is_none()).collect();
+    assert!(
+        unknown.is_empty(),
+        "src/bin has binaries whose parser parser_of does not know: {unknown:?}"
+    );
+}
+
+#[test]
+fn every_command_shown_for_a_binary_of_the_processor_parses() {
+    let binaries = doc_commands::binaries(&root().join("src/bin"));
+    let shown = doc_commands::shown_commands(&root(), &binaries);
+    let mut stale = Vec::new();
+    for command in &shown {
+        let parser = parser_of(&command.binary).expect("a binary of src/bin");
+        if let Err(e) = doc_commands::parses(&parser, command) {
+            stale.push(format!("{command}\n    {e}"));
+        }
+    }
+    eprintln!(
+        "{} commands shown for the processor's binaries: {}",
+        shown.len(),
+        counts(&shown)
+    );
+    // The pages show most binaries; a parser that sees none would prove nothing.
+    assert!(shown.len() >= 20, "found the commands: {shown:#?}");
+    assert!(
+        stale.is_empty(),
+        "commands shown in the pages that their binary no longer parses:\n{}",
+        stale.join("\n")
+    );
+}
+
+/// "README.md 2, docs/pipeline.md 14, …": how many commands each page shows.
+fn counts(shown: &[doc_commands::Shown]) -> String {
+    let mut pages: Vec<(String, usize)> = Vec::new();
+    for c in shown {
+        match pages.iter_mut().find(|(p, _)| *p == c.page) {
+            Some((_, n)) => *n += 1,
+            None => pages.push((c.page.clone(), 1)),
+        }
+    }
+    let pages: Vec<String> = pages.iter().map(|(p, n)| format!("{p} {n}")).collect();
+    pages.join(", ")
+}
+
+#[test]
+fn every_script_shown_exists_and_kafka_sh_knows_its_subcommand() {
+    let (seen, missing) = doc_commands::missing_scripts(&root());
+    eprintln!("{seen} script invocations shown");
+    assert!(seen >= 10, "found the scripts the pages show: {seen}");
+    assert!(
+        missing.is_empty(),
+        "scripts shown in the pages that the repository does not have:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn shown_commands_are_taken_as_a_shell_would_split_them() {
+    let words = |line: &str| doc_commands::shell_commands(line);
+    assert_eq!(
+        words("alert-rules list --json   # or not"),
+        [["alert-rules", "list", "--json"]]
+    );
+    assert_eq!(
+        words("alert-pipeline --live-rules &"),
+        [vec!["alert-pipeline", "--live-rules"]]
+    );
+    assert_eq!(
+        words("DATABASE_URL=$(scripts/postgres.sh url) sink-bench --repeats 3 2>&1 | tee log"),
+        [
+            vec![
+                "DATABASE_URL=$(scripts/postgres.sh url)",
+                "sink-bench",
+                "--repeats",
+                "3"
+            ],
+            vec!["tee", "log"]
+        ]
+    );
+    assert_eq!(
+        words("dlq-replay --class 'permanent.*' > out.txt && alert-rules load -"),
+        [
+            vec!["dlq-replay", "--class", "permanent.*"],
+            vec!["alert-rules", "load", "-"]
+        ]
+    );
+    assert_eq!(
+        words("curl -s http://<pod>:9898/readyz < /dev/null"),
+        [["curl", "-s", "http://<pod>:9898/readyz"]]
+    );
+    assert_eq!(
+        doc_commands::code_lines("text\n\n    a --x \\\n        --y\n```sh\nb\n```\n"),
+        [(3, "a --x  --y".to_owned()), (6, "b".to_owned())]
+    );
+}
+
+#[test]
+fn a_placeholder_stands_for_a_valid_value_and_a_stale_flag_fails() {
+    let parses = |binary: &str, args: &[&str], partial| {
+        let shown = doc_commands::Shown {
+            page: "test".into(),
+            line: 1,
+            binary: binary.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            partial,
+        };
+        doc_commands::parses(&parser_of(binary).expect("a binary"), &shown)
+    };
+    // `--live-rules`: alert-pipeline wants it or `--rules FILE`.
+    let pipeline = |args: &[&str]| {
+        let args = [&["--live-rules"], args].concat();
+        parses("alert-pipeline", &args, false)
+    };
+    assert_eq!(
+        pipeline(&["--max-batch", "5000", "--commit-interval", "1s"]),
+        Ok(())
+    );
+    assert_eq!(
+        pipeline(&["--max-batch", "$N", "--commit-interval", "<interval>"]),
+        Ok(())
+    );
+    assert_eq!(pipeline(&["--max-batch=${N}"]), Ok(()));
+    // A placeholder does not hide a stale flag after it, nor does a wrong real value pass.
+    assert!(pipeline(&["--max-batch", "$N", "--no-such-flag"]).is_err());
+    assert!(pipeline(&["--max-batch", "ten"]).is_err());
+    assert!(pipeline(&["--help"]).is_ok());
+    // A partial example may leave a required argument out; a whole one may not.
+    let put = ["put", "a1", "--direction", "up"];
+    assert!(parses("alert-rules", &put, false).is_err());
+    assert_eq!(parses("alert-rules", &put, true), Ok(()));
+    assert!(parses("alert-rules", &["puts", "a1"], true).is_err());
 }
