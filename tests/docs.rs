@@ -360,6 +360,7 @@ fn a_placeholder_stands_for_a_valid_value_and_a_stale_flag_fails() {
             line: 1,
             binary: binary.into(),
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
             partial,
         };
         doc_commands::parses(&parser_of(binary).expect("a binary"), &shown)

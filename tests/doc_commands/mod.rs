@@ -20,6 +20,9 @@
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use std::path::{Path, PathBuf};
 
+/// `NAME=value` words before a command, as (NAME, value).
+pub type Env = Vec<(String, String)>;
+
 /// One command a page shows.
 #[derive(Debug, Clone)]
 pub struct Shown {
@@ -31,13 +34,20 @@ pub struct Shown {
     pub binary: String,
     /// Its arguments, unquoted, without placeholders' expansion or elision marks.
     pub args: Vec<String>,
+    /// The `NAME=value` words before it: an argument read from the environment (`env = NAME`)
+    /// is checked as if given as `--long=value`.
+    pub env: Env,
     /// It ends with (or holds) `...`: a deliberately partial example.
     pub partial: bool,
 }
 
 impl std::fmt::Display for Shown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}: {}", self.page, self.line, self.binary)?;
+        write!(f, "{}:{}: ", self.page, self.line)?;
+        for (name, value) in &self.env {
+            write!(f, "{name}={value} ")?;
+        }
+        write!(f, "{}", self.binary)?;
         for a in &self.args {
             write!(f, " {a}")?;
         }
@@ -258,8 +268,19 @@ fn assignment(word: &str) -> bool {
 }
 
 /// The binary a command's words invoke, and its arguments, when it is one of `binaries`.
-fn invocation(words: &[String], binaries: &[String]) -> Option<(String, Vec<String>)> {
-    let words: Vec<&String> = words.iter().skip_while(|w| assignment(w)).collect();
+fn invocation(words: &[String], binaries: &[String]) -> Option<(Env, String, Vec<String>)> {
+    let env: Env = words
+        .iter()
+        .take_while(|w| assignment(w))
+        .filter_map(|w| w.split_once('='))
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect();
+    invoked(&words[env.len()..], binaries).map(|(binary, args)| (env, binary, args))
+}
+
+/// The binary the words (without assignments) invoke, and its arguments.
+fn invoked(words: &[String], binaries: &[String]) -> Option<(String, Vec<String>)> {
+    let words: Vec<&String> = words.iter().collect();
     let first = words.first()?;
     let known = |name: &str| binaries.iter().any(|b| b == name);
     for dir in ["target/release/", "target/debug/"] {
@@ -308,7 +329,7 @@ pub fn shown_commands(root: &Path, binaries: &[String]) -> Vec<Shown> {
             }
             let code = code.strip_prefix("$ ").unwrap_or(&code);
             for words in shell_commands(code) {
-                let Some((binary, words)) = invocation(&words, binaries) else {
+                let Some((env, binary, words)) = invocation(&words, binaries) else {
                     continue;
                 };
                 let mut args = Vec::new();
@@ -331,6 +352,7 @@ pub fn shown_commands(root: &Path, binaries: &[String]) -> Vec<Shown> {
                     line,
                     binary,
                     args,
+                    env,
                     partial,
                 });
             }
@@ -350,8 +372,16 @@ pub fn placeholder(word: &str) -> bool {
 /// still checked. `Err` holds clap's first line (`error: unexpected argument '--x' found`).
 pub fn parses(cmd: &clap::Command, shown: &Shown) -> Result<(), String> {
     let mut cmd = cmd.clone();
-    let argv = std::iter::once(shown.binary.clone()).chain(shown.args.iter().cloned());
-    let argv: Vec<String> = argv.collect();
+    let mut argv: Vec<String> = std::iter::once(shown.binary.clone())
+        .chain(shown.args.iter().cloned())
+        .collect();
+    let mut built = cmd.clone();
+    built.build();
+    for (name, value) in &shown.env {
+        if let Some(long) = long_of_env(&built, name) {
+            argv.push(format!("--{long}={value}"));
+        }
+    }
     for _ in 0..=argv.len() {
         let err = match cmd.clone().try_get_matches_from(&argv) {
             Ok(_) => return Ok(()),
@@ -398,6 +428,16 @@ fn relax(cmd: clap::Command, shown: &str) -> Option<clap::Command> {
     Some(relax_at(cmd, &path, id))
 }
 
+/// The long flag of the argument a built command (or a subcommand) reads from the environment
+/// variable `name`.
+fn long_of_env(cmd: &clap::Command, name: &str) -> Option<String> {
+    let reads = |a: &&clap::Arg| a.get_env().is_some_and(|e| e == name);
+    match cmd.get_arguments().find(reads) {
+        Some(a) => a.get_long().map(str::to_owned),
+        None => cmd.get_subcommands().find_map(|s| long_of_env(s, name)),
+    }
+}
+
 /// The subcommand path and id of the argument a built command shows as `shown`.
 fn find_arg(cmd: &clap::Command, shown: &str) -> Option<(Vec<String>, clap::Id)> {
     if let Some(a) = cmd.get_arguments().find(|a| a.to_string() == shown) {
@@ -428,7 +468,12 @@ pub fn missing_scripts(root: &Path) -> (usize, Vec<String>) {
     for line in usage.lines().take_while(|l| l.starts_with('#')) {
         if let Some((_, rest)) = line.split_once("scripts/kafka.sh ") {
             let word = rest.split_whitespace().next().unwrap_or("");
-            subcommands.extend(word.split('|').map(str::to_owned));
+            for sub in word.split('|') {
+                let known = subcommands.iter().any(|s| s == sub);
+                if !known && !sub.is_empty() && sub.chars().all(|c| c.is_ascii_lowercase()) {
+                    subcommands.push(sub.to_owned());
+                }
+            }
         }
     }
     let mut seen = 0;
