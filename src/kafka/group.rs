@@ -118,6 +118,13 @@ fn explain(code: RDKafkaErrorCode) -> String {
             "{code}: another member joined the group with this static member's \
              group.instance.id and took its place (do two replicas share an --instance-id?)"
         ),
+        RDKafkaErrorCode::GroupAuthorizationFailed => format!(
+            "{code}: Read on the consumer group was refused (an ACL removed while running?); \
+             under --group-protocol consumer librdkafka makes a refused heartbeat fatal, where \
+             the classic protocol backs off and goes on: grant Read on the group again \
+             (scripts/acls.sh names each stage's rights) and start the stage again; its start \
+             names a right still missing"
+        ),
         other => other.to_string(),
     }
 }
@@ -132,6 +139,10 @@ mod tests {
         let said = FatalConsumerError::of(&e).unwrap().to_string();
         assert!(said.contains("session expires"), "{said}");
         assert!(said.contains("dynamic membership"), "{said}");
+        let e = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::GroupAuthorizationFailed);
+        let said = FatalConsumerError::of(&e).unwrap().to_string();
+        assert!(said.contains("Read on the consumer group"), "{said}");
+        assert!(said.contains("grant Read on the group again"), "{said}");
         let e = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::FencedInstanceId);
         assert!(FatalConsumerError::of(&e)
             .unwrap()
