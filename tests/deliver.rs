@@ -1723,38 +1723,9 @@ fn a_notification_naming_its_subscriber_goes_to_it_alone_and_an_unknown_one_to_t
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_deliverer_stopped_with_sigterm_has_left_the_group_when_it_exits() {
-    const ROUNDS: usize = 6;
     let hook = Webhook::up(Behaviour::Ok);
     let setup = Setup::new("deliver-leave", 3, "1s", &[("alice", hook.url())]);
-    let mut stayed = Vec::new();
-    for round in 0..ROUNDS {
-        let p = setup.spawn_with(&["--group-protocol", "classic"]);
-        let started = Instant::now();
-        while common::classic_group(&setup.group()) != Some(("Stable".into(), 1)) {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "round {round}: never joined"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(400 * round as u64));
-        p.signal("TERM");
-        let status = p.wait(EXIT);
-        assert!(status.success(), "round {round}: {status}");
-        let after = common::classic_group(&setup.group());
-        println!("round {round}: after the exit the group is {after:?}");
-        if after.as_ref().map(|(_, members)| *members) != Some(0) {
-            stayed.push((round, after));
-            let waited = Instant::now();
-            while common::classic_group(&setup.group()).map(|(_, m)| m) != Some(0) {
-                assert!(waited.elapsed() < Duration::from_secs(90), "never expired");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
-    }
-    assert!(
-        stayed.is_empty(),
-        "{} of {ROUNDS} stopped deliverers were still in the group after they exited: {stayed:?}",
-        stayed.len()
-    );
+    common::assert_each_sigterm_leaves_the_group("deliverers", 6, &setup.group(), EXIT, || {
+        setup.spawn_with(&["--group-protocol", "classic"])
+    });
 }

@@ -322,39 +322,10 @@ fn a_partition_nobody_consumes_shows_its_lag_rising_on_another_instance() {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test.sh"]
 fn a_member_stopped_with_sigterm_has_left_the_group_when_it_exits() {
-    const ROUNDS: usize = 8;
     let mut run = Run::new("leave-on-stop", rules());
     run.group_protocol = price_alerts::kafka::config::GroupProtocol::Classic;
     run.create_topics(PARTITIONS);
-    let mut stayed = Vec::new();
-    for round in 0..ROUNDS {
-        let p = run.spawn("0");
-        let started = Instant::now();
-        // Stable with one member: it has its partitions.
-        while common::classic_group(&run.app_id) != Some(("Stable".into(), 1)) {
-            assert!(started.elapsed() < STARTED, "round {round}: never joined");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // The stop comes at a different moment after the assignment in each round.
-        std::thread::sleep(Duration::from_millis(400 * round as u64));
-        p.signal("TERM");
-        let status = p.wait(EXIT);
-        assert!(status.success(), "round {round}: {status}");
-        let after = common::classic_group(&run.app_id);
-        println!("round {round}: after the exit the group is {after:?}");
-        if after.as_ref().map(|(_, members)| *members) != Some(0) {
-            stayed.push((round, after));
-            // The next round must not join a group still waiting for the dead member.
-            let waited = Instant::now();
-            while common::classic_group(&run.app_id).map(|(_, m)| m) != Some(0) {
-                assert!(waited.elapsed() < Duration::from_secs(90), "never expired");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
-    }
-    assert!(
-        stayed.is_empty(),
-        "{} of {ROUNDS} stopped members were still in the group after they exited: {stayed:?}",
-        stayed.len()
-    );
+    common::assert_each_sigterm_leaves_the_group("members", 8, &run.app_id, EXIT, || {
+        run.spawn("0")
+    });
 }

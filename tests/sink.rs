@@ -1284,39 +1284,13 @@ fn a_database_that_comes_up_within_the_start_bound_is_waited_for() {
 #[test]
 #[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
 fn a_sink_stopped_with_sigterm_has_left_the_group_when_it_exits() {
-    const ROUNDS: usize = 6;
     let prefix = common::prefix("sink-leave");
     let _topics = common::drop_topics(&prefix);
     let topic = format!("{prefix}notifications");
     create_topic(&topic, 3);
     let mut sink = SinkRun::new("sink_leave", &topic);
     sink.group_protocol = GroupProtocol::Classic;
-    let mut stayed = Vec::new();
-    for round in 0..ROUNDS {
-        let p = sink.spawn("0", &[]);
-        let started = std::time::Instant::now();
-        while common::classic_group(&sink.group) != Some(("Stable".into(), 1)) {
-            assert!(started.elapsed() < CAUGHT_UP, "round {round}: never joined");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(400 * round as u64));
-        p.signal("TERM");
-        let status = p.wait(EXIT);
-        assert!(status.success(), "round {round}: {status}");
-        let after = common::classic_group(&sink.group);
-        println!("round {round}: after the exit the group is {after:?}");
-        if after.as_ref().map(|(_, members)| *members) != Some(0) {
-            stayed.push((round, after));
-            let waited = std::time::Instant::now();
-            while common::classic_group(&sink.group).map(|(_, m)| m) != Some(0) {
-                assert!(waited.elapsed() < Duration::from_secs(90), "never expired");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
-    }
-    assert!(
-        stayed.is_empty(),
-        "{} of {ROUNDS} stopped sinks were still in the group after they exited: {stayed:?}",
-        stayed.len()
-    );
+    common::assert_each_sigterm_leaves_the_group("sinks", 6, &sink.group, EXIT, || {
+        sink.spawn("0", &[])
+    });
 }

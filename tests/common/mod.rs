@@ -594,3 +594,50 @@ pub fn classic_group(group: &str) -> Option<(String, usize)> {
     let g = list.groups().first()?;
     Some((g.state().to_string(), g.members().len()))
 }
+
+/// Starts a stage with `spawn` and stops it with SIGTERM `rounds` times (each must exit within
+/// `exit`), each stop a different
+/// moment (400 ms more each round) after the classic group `group` is Stable with it alone; after
+/// each exit (which must be a success) the group must have no member. Panics naming the rounds
+/// whose stopped member was still in the group; before the next round it waits for the broker
+/// to expire such a member. The stages' leave at close (src/kafka/group.rs, `leave`).
+pub fn assert_each_sigterm_leaves_the_group(
+    what: &str,
+    rounds: usize,
+    group: &str,
+    exit: Duration,
+    spawn: impl Fn() -> Pipeline,
+) {
+    let mut stayed = Vec::new();
+    for round in 0..rounds {
+        let p = spawn();
+        let started = std::time::Instant::now();
+        while classic_group(group) != Some(("Stable".into(), 1)) {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "round {round}: never joined"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(400 * round as u64));
+        p.signal("TERM");
+        let status = p.wait(exit);
+        assert!(status.success(), "round {round}: {status}");
+        let after = classic_group(group);
+        println!("round {round}: after the exit the group is {after:?}");
+        if after.as_ref().map(|(_, members)| *members) != Some(0) {
+            stayed.push((round, after));
+            // The next round must not join a group still waiting for the dead member.
+            let waited = std::time::Instant::now();
+            while classic_group(group).map(|(_, m)| m) != Some(0) {
+                assert!(waited.elapsed() < Duration::from_secs(90), "never expired");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    assert!(
+        stayed.is_empty(),
+        "{} of {rounds} stopped {what} were still in the group after they exited: {stayed:?}",
+        stayed.len()
+    );
+}
