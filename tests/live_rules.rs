@@ -789,9 +789,12 @@ fn partitions_held_for_their_rules_are_released_by_a_revoke_and_move_on() {
 #[ignore = "needs a Kafka broker"]
 fn a_partition_held_for_its_rules_at_a_sigkill_is_processed_once_after_the_restart() {
     let mut run = live_run("live-held-kill");
-    // Short sessions: the restarted instance does not wait 45 s for its dead predecessor.
+    // Short sessions under classic: the restarted instance does not wait 45 s for its dead
+    // predecessor. Under consumer the session is the broker's (45 s) and the restart waits it out.
+    let protocol = common::suite_protocol();
+    let session = common::session_timeout(protocol, Duration::from_secs(10));
     run.extra
-        .extend(["-X".into(), "session.timeout.ms=10000".into()]);
+        .extend(common::session_args(protocol, Duration::from_secs(10)));
     let (s0, s1) = (symbol_in(0), symbol_in(1));
     put(&run, "a0", &s0, "up");
     put(&run, "a1", &s1, "up");
@@ -837,7 +840,7 @@ fn a_partition_held_for_its_rules_at_a_sigkill_is_processed_once_after_the_resta
     let _p = run.spawn("0");
     run.wait_committed(
         &BTreeMap::from([(0, held.1 + 1), (1, crossed.1 + 1)]),
-        Duration::from_secs(90),
+        session + Duration::from_secs(80),
     );
     every_partition_moves(&run, &[3, 3, 1], Duration::from_secs(60));
     let mut want = vec![format!("{s0}:2:a0:up"), format!("{s1}:2:a1:up")];
