@@ -345,6 +345,31 @@ impl Instances {
         Ok(())
     }
 
+    /// Keeps every paused instance paused until `at` at least (never shortens a pause); returns
+    /// how many are paused. The runner calls it when a broker bounce or a coordinator kill ends:
+    /// the group's new coordinator loads the group and starts every member's session again, so a
+    /// zombie woken within a session of that would still be a member, rightly not fenced, and
+    /// would not be the zombie the fault is meant to make (a consumer-protocol chaos run,
+    /// 2026-12-06: woken 41 s after its group moved, with a 45 s session).
+    pub fn keep_paused_until(&mut self, at: Instant) -> usize {
+        let mut paused = 0;
+        for inst in &mut self.all {
+            if let Phase::Paused(until) = &mut inst.phase {
+                if *until < at {
+                    info!(
+                        stage = self.launch.stage.name(),
+                        instance = %inst.id,
+                        longer_s = at.duration_since(*until).as_secs(),
+                        "zombie kept paused: its group's coordinator moved"
+                    );
+                    *until = at;
+                }
+                paused += 1;
+            }
+        }
+        paused
+    }
+
     /// Reaps, restarts, escalates and resumes, as due. `restart` says whether exited instances
     /// come back (not while the run is being stopped).
     pub fn tick(&mut self, restart: bool) -> anyhow::Result<()> {
@@ -826,6 +851,37 @@ mod tests {
             "{:?}",
             i.figures.unplanned_exits
         );
+    }
+
+    /// A group coordinator that moves while a zombie is paused starts its session again: the
+    /// zombie stays paused until the runner's new bound, and one resumed is not held again.
+    #[test]
+    fn a_paused_zombie_stays_paused_past_its_session_counted_again_from_a_coordinator_move() {
+        let dir = temp_dir("repause");
+        let mut i = Instances::start(shell(&dir, "exec sleep 60"), 2).unwrap();
+        let started = Instant::now();
+        i.pause(0, Duration::from_millis(300)).unwrap();
+        let moved_bound = Instant::now() + Duration::from_secs(2);
+        assert_eq!(i.keep_paused_until(moved_bound), 1, "one paused instance");
+        tick_until(&mut i, "the zombie resumed", |i| i.all_running());
+        assert!(
+            Instant::now() >= moved_bound,
+            "resumed {:?} after SIGSTOP, before the bound set at the move",
+            started.elapsed()
+        );
+        assert_eq!(i.figures.sigstops, 1);
+        assert_eq!(
+            i.keep_paused_until(Instant::now() + Duration::from_secs(60)),
+            0,
+            "a running instance is not paused again"
+        );
+        assert!(i.all_running());
+        // A later bound never shortens a pause.
+        i.pause(1, Duration::from_secs(2)).unwrap();
+        let planned = Instant::now() + Duration::from_secs(2);
+        assert_eq!(i.keep_paused_until(Instant::now()), 1);
+        tick_until(&mut i, "the second zombie resumed", |i| i.all_running());
+        assert!(Instant::now() >= planned, "the planned pause was kept");
     }
 
     #[test]

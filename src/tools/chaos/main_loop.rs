@@ -83,6 +83,7 @@ pub(super) fn play(
         stages.tick(true)?;
         if let Some(b) = finished(&mut bg.bouncing, "bounce")? {
             info!(broker = b.broker, hard = b.hard, role = %b.role, "broker bounced");
+            stages.coordinator_moved(Instant::now(), opts);
             bounces.push(b);
         }
         // The kill's moment first: the thread sends it long before it finishes.
@@ -104,6 +105,7 @@ pub(super) fn play(
                 "killed coordinator started again"
             );
             bg.killed = None;
+            stages.coordinator_moved(Instant::now(), opts);
             coordinator_kills.push(k);
         }
         if let Some(d) = finished(&mut bg.database, "database")? {

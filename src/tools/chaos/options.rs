@@ -185,7 +185,10 @@ impl ChaosOptions {
 
     /// How long a zombie of `stage` is paused: beyond its transaction timeout, so that the
     /// coordinator aborts its transaction, and beyond its session, so that its group has moved on
-    /// when it wakes (and fences it), by 10 s.
+    /// when it wakes (and fences it), by 10 s. A broker bounce or a coordinator kill that ends
+    /// while it is paused counts this pause again from its end
+    /// ([`super::stages::Stages::coordinator_moved`]): the group's new coordinator starts every
+    /// member's session again.
     pub fn zombie_pause(&self, stage: Stage) -> Duration {
         self.transaction_timeout.max(self.session(stage)) + Duration::from_secs(10)
     }

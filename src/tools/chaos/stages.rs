@@ -27,7 +27,7 @@ use super::ChaosOptions;
 use crate::kafka::config::GroupProtocol;
 use anyhow::{bail, Context as _};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The group protocol of each stage's instances (`alert-chaos --group-protocol`, and the
 /// per-stage `--pipeline-group-protocol`, `--sink-group-protocol`, `--deliver-group-protocol`).
@@ -112,6 +112,16 @@ impl Stages {
             .iter()
             .map(|i| (i.stage(), i.figures.clone()))
             .collect()
+    }
+
+    /// After a broker bounce or a coordinator kill ended at `moved`: every paused instance of
+    /// each stage stays paused for that stage's zombie pause counted from `moved`
+    /// ([`Instances::keep_paused_until`], [`ChaosOptions::zombie_pause`]).
+    pub fn coordinator_moved(&mut self, moved: Instant, opts: &ChaosOptions) {
+        for i in &mut self.all {
+            let stage = i.stage();
+            i.keep_paused_until(moved + opts.zombie_pause(stage));
+        }
     }
 
     /// [`Instances::tick`] of every stage.
