@@ -487,6 +487,13 @@ pub fn refused<C: ClientContext>(
         .any(|t| t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)))
 }
 
+/// Whether the broker refuses `kafka`'s principal the group `group` (read through `topic`), as
+/// the start's check asks it: for a stage waiting to make its group consumer again after the
+/// group was refused while it ran.
+pub fn group_read_refused(kafka: &KafkaConfig, group: &str, topic: &str) -> anyhow::Result<bool> {
+    group_denied(kafka, group, topic)
+}
+
 /// Whether the broker refuses the group: an OffsetFetch for it (any partition will do, the
 /// group's authorisation comes first). librdkafka does not return the refusal from the call: it
 /// reports FindCoordinator's GROUP_AUTHORIZATION_FAILED as an error event and retries, so the

@@ -22,10 +22,21 @@
 //!   not left (SIGKILLed, frozen): the broker releases the id only when that member's session
 //!   expires (`group.consumer.session.timeout.ms`, 45 s by default). librdkafka 2.12.1 makes it
 //!   fatal (`rd_kafka_cgrp_handle_ConsumerGroupHeartbeat`, src/rdkafka_cgrp.c).
+//!
+//! One more is fatal under the consumer protocol only: GROUP_AUTHORIZATION_FAILED in answer to a
+//! heartbeat (Read on the group taken away while the stage runs), which the classic protocol
+//! reports and retries. That one is an operator's doing, undone by granting the right again, so
+//! the pipeline and alert-sink do not stop on it: they drop the consumer (and what it held, as a
+//! crash would), wait until the broker grants the group again ([`wait_for_group_read`]) and make
+//! it again. Their new member gets the partitions when the broker expires the old one, which
+//! could not leave without the right: its session after its last heartbeat.
 
+use crate::backoff::Setbacks;
 use crate::kafka::config::GroupProtocol;
+use crate::kafka::KafkaConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often [`leave`] polls while it waits.
@@ -90,6 +101,61 @@ fn has_member_id<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> bool {
     }
 }
 
+/// Whether `e` is the consumer's fatal GROUP_AUTHORIZATION_FAILED (Read on the group refused to
+/// a heartbeat under the consumer protocol; module doc).
+pub fn is_group_refused(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<FatalConsumerError>()
+        .is_some_and(|f| f.0 == RDKafkaErrorCode::GroupAuthorizationFailed)
+}
+
+/// After a group consumer was stopped by Read on its group refused ([`is_group_refused`]): once
+/// per step of the growing back-off (going on from `setbacks`), calls `say` with the setbacks in
+/// a row and the back-off, waits it out, and asks the broker whether it still refuses `group`
+/// (read through `topic`). Returns true once it does not, or does not answer (the consumer made
+/// again finds out, and is stopped again if it is still refused); false when `stop` is set.
+/// `beat` is called every poll slice, for the stage's liveness.
+pub fn wait_for_group_read(
+    kafka: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    setbacks: &mut Setbacks,
+    stop: &AtomicBool,
+    beat: impl Fn(),
+    mut say: impl FnMut(u32, Duration),
+) -> bool {
+    const SLICE: Duration = Duration::from_millis(100);
+    loop {
+        let backoff = setbacks.set_back();
+        say(setbacks.in_a_row(), backoff);
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            beat();
+            std::thread::sleep(SLICE.min(until.saturating_duration_since(Instant::now())));
+        }
+        match crate::kafka::access::group_read_refused(kafka, group, topic) {
+            Ok(true) => continue,
+            Ok(false) => {
+                tracing::info!(
+                    group,
+                    "Read on the group granted again: making the group consumer again"
+                );
+                return true;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    group,
+                    error = format!("{e:#}"),
+                    "could not ask whether the group is refused; making the group consumer again"
+                );
+                return true;
+            }
+        }
+    }
+}
+
 /// A fatal error of the group consumer: the stage stops on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("fatal consumer error: {}", explain(*.0))]
@@ -121,9 +187,10 @@ fn explain(code: RDKafkaErrorCode) -> String {
         RDKafkaErrorCode::GroupAuthorizationFailed => format!(
             "{code}: Read on the consumer group was refused (an ACL removed while running?); \
              under --group-protocol consumer librdkafka makes a refused heartbeat fatal, where \
-             the classic protocol backs off and goes on: grant Read on the group again \
-             (scripts/acls.sh names each stage's rights) and start the stage again; its start \
-             names a right still missing"
+             the classic protocol backs off and goes on (the pipeline and alert-sink make their \
+             consumer again once it is granted; alert-deliver stops): grant Read on the group \
+             again (scripts/acls.sh names each stage's rights); a stage started again names a \
+             right still missing"
         ),
         other => other.to_string(),
     }
@@ -154,5 +221,27 @@ mod tests {
             None,
             "not fatal: librdkafka rejoins"
         );
+    }
+
+    /// Only the fatal refusal of the group is waited out; every other fatal error stops the stage.
+    #[test]
+    fn only_the_group_refused_for_good_is_waited_out() {
+        let fatal = |code| anyhow::Error::from(FatalConsumerError(code));
+        assert!(is_group_refused(&fatal(
+            RDKafkaErrorCode::GroupAuthorizationFailed
+        )));
+        assert!(!is_group_refused(&fatal(
+            RDKafkaErrorCode::UnreleasedInstanceId
+        )));
+        assert!(!is_group_refused(&fatal(
+            RDKafkaErrorCode::FencedInstanceId
+        )));
+        assert!(!is_group_refused(&anyhow::Error::from(
+            KafkaError::MessageConsumption(RDKafkaErrorCode::GroupAuthorizationFailed)
+        )));
+        // Context added on the way up keeps it recognisable.
+        assert!(is_group_refused(
+            &fatal(RDKafkaErrorCode::GroupAuthorizationFailed).context("polling")
+        ));
     }
 }

@@ -87,6 +87,25 @@ pub struct Stats {
     pub restores: u64,
 }
 
+/// The counters of two engines that ran one after the other (one made again in place).
+impl std::ops::Add for Stats {
+    type Output = Stats;
+
+    fn add(self, o: Stats) -> Stats {
+        Stats {
+            committed_records: self.committed_records + o.committed_records,
+            committed_notifications: self.committed_notifications + o.committed_notifications,
+            committed_dead_letters: self.committed_dead_letters + o.committed_dead_letters,
+            committed_retried: self.committed_retried + o.committed_retried,
+            committed_stale: self.committed_stale + o.committed_stale,
+            committed_unwatched: self.committed_unwatched + o.committed_unwatched,
+            commits: self.commits + o.commits,
+            aborts: self.aborts + o.aborts,
+            restores: self.restores + o.restores,
+        }
+    }
+}
+
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let rows = [
@@ -250,6 +269,19 @@ impl Session {
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Setbacks since the last commit.
+    pub fn setbacks(&self) -> Setbacks {
+        self.setbacks
+    }
+
+    /// `right` was refused before this session began, to the engine this one replaces, after
+    /// `setbacks` since its last commit: the back-off goes on growing from there, and the first
+    /// commit says `authorised again`, naming it.
+    pub fn refused_before(&mut self, right: String, setbacks: Setbacks) {
+        self.refused.insert(right);
+        self.setbacks = setbacks;
     }
 
     /// `n` partitions were restored from the changelog, in `took`.

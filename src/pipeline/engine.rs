@@ -35,6 +35,7 @@ use super::rebalance::RebalanceHandler;
 use super::settings::EngineSettings;
 use super::state::{self, Held, PartitionState};
 use crate::alert::{apply_alerts, apply_rules, LiveOutcome, Notification, Outcome, Source};
+use crate::backoff::Setbacks;
 use crate::dlq;
 use crate::health::Health;
 use crate::kafka::access;
@@ -810,6 +811,31 @@ impl Engine {
         Ok(self
             .committer
             .abort_and_rewind(&mut session, &self.consumer, &owned, cause)?)
+    }
+
+    /// The right whose refusal `e` is, if `e` is the consumer's fatal GROUP_AUTHORIZATION_FAILED:
+    /// under the consumer protocol librdkafka makes a refused ConsumerGroupHeartbeat fatal, where
+    /// the classic protocol reports it and retries. The loop then makes the engine again
+    /// ([`super::run_blocking`]).
+    pub fn group_refused(&self, e: &anyhow::Error) -> Option<String> {
+        crate::kafka::group::is_group_refused(e)
+            .then(|| {
+                self.committer
+                    .read_refused(Some(RDKafkaErrorCode::GroupAuthorizationFailed))
+            })
+            .flatten()
+    }
+
+    /// `right` was refused to the engine this one replaces, after `setbacks` since its last
+    /// commit ([`super::commit::Session::refused_before`]).
+    pub fn refused_before(&self, right: String, setbacks: Setbacks) -> anyhow::Result<()> {
+        self.committer.lock()?.refused_before(right, setbacks);
+        Ok(())
+    }
+
+    /// Setbacks since the last commit: carried to the engine made again in this one's place.
+    pub fn setbacks(&self) -> anyhow::Result<Setbacks> {
+        Ok(self.committer.lock()?.setbacks())
     }
 
     /// Counters so far.

@@ -54,6 +54,7 @@ pub use settings::{
     DEFAULT_MAX_BATCH,
 };
 
+use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
 use crate::kafka::topics;
@@ -129,12 +130,103 @@ pub async fn run(
 }
 
 /// The processing loop. Blocking: run it on a thread of its own.
+///
+/// # Read on the group refused under the consumer protocol
+/// librdkafka 2.12 makes a ConsumerGroupHeartbeat refused with GROUP_AUTHORIZATION_FAILED fatal
+/// to the consumer, where the classic protocol reports the refusal and retries. A right taken
+/// away while the stage runs is an operator's doing that is undone by granting it again, so the
+/// stage does not exit: the engine is dropped, as a crash would drop it; once per step of the
+/// growing back-off ([`crate::backoff`]) the right is named (`alerts_not_authorised_total{right}`)
+/// and the broker asked whether it still refuses the group; once it does not, the engine is made
+/// again. Nothing is lost or doubled: what the dropped engine had open was never committed (the
+/// group refused its offsets), and the new engine's registration of the same transactional ids
+/// aborts it; the new engine restores its partitions from the committed state, as after a
+/// restart. The dropped member could not leave the group (its leave needs the right too), so the
+/// new member gets the partitions when the broker expires the old one: its session
+/// (`group.consumer.session.timeout.ms`, 45 s) after its last heartbeat, at once if the refusal
+/// lasted longer.
 pub fn run_blocking(
     opts: &PipelineOptions,
     health: &Health,
     stop: &AtomicBool,
 ) -> anyhow::Result<Stats> {
-    let engine = Engine::start(opts.engine.clone())?.with_health(health.clone());
+    let mut refusals = Setbacks::default();
+    let mut earlier = Stats::default();
+    let mut refused: Option<String> = None;
+    loop {
+        let engine = Engine::start(opts.engine.clone())?.with_health(health.clone());
+        if let Some(right) = refused.take() {
+            engine.refused_before(right, refusals)?;
+        }
+        match run_engine(engine, opts, health, stop)? {
+            Ran::Done(stats) => {
+                let stats = earlier + stats;
+                info!(
+                    ticks = stats.committed_records,
+                    notifications = stats.committed_notifications,
+                    dead_letters = stats.committed_dead_letters,
+                    commits = stats.commits,
+                    aborts = stats.aborts,
+                    "processor stopped"
+                );
+                return Ok(stats);
+            }
+            Ran::GroupRefused {
+                right,
+                stats,
+                setbacks,
+            } => {
+                refusals = setbacks;
+                earlier = earlier + stats;
+                health.not_ready("Read on the group refused");
+                let e = &opts.engine;
+                let granted = crate::kafka::group::wait_for_group_read(
+                    &e.kafka,
+                    e.group_id(),
+                    &e.topics.input,
+                    &mut refusals,
+                    stop,
+                    || health.beat(),
+                    |attempts, retry_in| {
+                        access::say_refused(
+                            &e.kafka,
+                            &right,
+                            "the group consumer stopped (consumer protocol); made again once granted",
+                            attempts,
+                            retry_in,
+                        )
+                    },
+                );
+                if !granted {
+                    return Ok(earlier);
+                }
+                refused = Some(right);
+            }
+        }
+    }
+}
+
+/// How one engine's run ended.
+enum Ran {
+    /// Stopped (and closed), with its counters.
+    Done(Stats),
+    /// Its consumer was stopped for good by a refused Read on the group (`right`); the engine
+    /// is dropped, its counters kept.
+    GroupRefused {
+        right: String,
+        stats: Stats,
+        /// Its setbacks since its last commit, which the wait and the next engine go on from.
+        setbacks: Setbacks,
+    },
+}
+
+/// Runs `engine` until stopped, closes it, and returns how it ended.
+fn run_engine(
+    engine: Engine,
+    opts: &PipelineOptions,
+    health: &Health,
+    stop: &AtomicBool,
+) -> anyhow::Result<Ran> {
     let bound = opts
         .engine
         .hooks
@@ -143,6 +235,15 @@ pub fn run_blocking(
     let watchdog = health.watchdog(bound, crate::kafka::txn::EXIT_STUCK);
     let result = process_until_stopped(&engine, opts, health, stop);
     drop(watchdog);
+    if let Some(right) = result.as_ref().err().and_then(|e| engine.group_refused(e)) {
+        let (stats, setbacks) = (engine.stats()?, engine.setbacks()?);
+        drop(engine);
+        return Ok(Ran::GroupRefused {
+            right,
+            stats,
+            setbacks,
+        });
+    }
     health.not_ready(match &result {
         Ok(()) => "stopping",
         Err(e)
@@ -163,18 +264,7 @@ pub fn run_blocking(
     // Close (commit what is open, leave the group) also after an error, unless it was fatal to
     // the transaction: then closing would only fail again.
     match result {
-        Ok(()) => {
-            let stats = engine.close()?;
-            info!(
-                ticks = stats.committed_records,
-                notifications = stats.committed_notifications,
-                dead_letters = stats.committed_dead_letters,
-                commits = stats.commits,
-                aborts = stats.aborts,
-                "processor stopped"
-            );
-            Ok(stats)
-        }
+        Ok(()) => Ok(Ran::Done(engine.close()?)),
         Err(e) => {
             warn!(error = format!("{e:#}"), "processor failed");
             Err(e)

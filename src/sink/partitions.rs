@@ -42,6 +42,7 @@ use super::state::{Outage, SinkStats, State};
 use super::store::{hold_if, Store};
 use crate::health::Health;
 use crate::kafka::access::ReadRights;
+use crate::kafka::config::GroupProtocol;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -78,7 +79,11 @@ impl Shared {
                 vec![opts.topic.clone()],
                 &opts.group_id,
                 "fetches refused; nothing is stored until it is granted",
-                "the group refuses its heartbeats and offsets (lag monitoring only: the database holds the sink's offsets)",
+                match opts.kafka.group_protocol {
+                    GroupProtocol::Classic => "the group refuses its heartbeats and offsets (lag monitoring only: the database holds the sink's offsets)",
+                    // A refused heartbeat stops the consumer (kafka::group, "Fatal errors").
+                    GroupProtocol::Consumer => "the group refuses its heartbeats, which stops the consumer under the consumer protocol: nothing is stored until it is granted",
+                },
             ),
             opts,
         })

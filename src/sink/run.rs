@@ -28,9 +28,10 @@ use super::rebalance::SinkContext;
 use super::record::Entry;
 use super::state::SinkStats;
 use super::store::Store;
+use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
-use crate::kafka::group::FatalConsumerError;
+use crate::kafka::group::{is_group_refused, wait_for_group_read, FatalConsumerError};
 use anyhow::{bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -120,16 +121,56 @@ fn run_blocking(
         cfg.set("fetch.wait.max.ms", "20");
     }
     let shared = Shared::new(opts, rt, store, health);
-    let consumer: BaseConsumer<SinkContext> = cfg
-        .create_with_context(shared.context())
-        .context("creating the sink's consumer")?;
-    consumer
-        .subscribe(&[&shared.opts.topic])
-        .context("subscribing to the notifications topic")?;
-    m::ready(true);
-    shared.health.ready();
-    let result = consume_until_stopped(&shared, &consumer, stop);
-    m::ready(false);
+    let mut refusals = Setbacks::default();
+    let (consumer, result) = loop {
+        let consumer: BaseConsumer<SinkContext> = cfg
+            .create_with_context(shared.context())
+            .context("creating the sink's consumer")?;
+        consumer
+            .subscribe(&[&shared.opts.topic])
+            .context("subscribing to the notifications topic")?;
+        m::ready(true);
+        shared.health.ready();
+        let result = consume_until_stopped(&shared, &consumer, stop);
+        m::ready(false);
+        if !result.as_ref().is_err_and(is_group_refused) {
+            break (consumer, result);
+        }
+        // Under the consumer protocol a heartbeat refused for lack of Read on the group stops the
+        // consumer for good (kafka::group, "Fatal errors"): drop it and what its partitions hold,
+        // as a crash would (the records are read again from the stored offsets), and make it
+        // again once the right is granted.
+        let (owned, dropped) = {
+            let mut st = shared.lock()?;
+            let owned = st.owned();
+            let dropped = st.revoked(&owned);
+            (owned, dropped)
+        };
+        drop(consumer);
+        warn!(
+            partitions = ?owned,
+            dropped,
+            "the group consumer stopped: Read on the group refused (consumer protocol); made again once granted"
+        );
+        if !owned.is_empty() {
+            refusals.reset();
+        }
+        shared.health.not_ready("Read on the group refused");
+        let granted = wait_for_group_read(
+            &shared.opts.kafka,
+            &shared.opts.group_id,
+            &shared.opts.topic,
+            &mut refusals,
+            stop,
+            || shared.health.beat(),
+            |_, _| shared.rights.group_refused(),
+        );
+        if !granted {
+            let stats = shared.stats(&*shared.lock()?);
+            info!(records = stats.records, "alert-sink stopped");
+            return Ok(stats);
+        }
+    };
     shared
         .health
         .not_ready(if result.is_ok() { "stopping" } else { "failed" });
