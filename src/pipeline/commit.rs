@@ -706,22 +706,24 @@ impl Committer {
     /// Ends the transactions of the producers `open` (indices; at most the failed batch in flight
     /// and the open one) by aborting them; returns the topics refused Write in them.
     ///
-    /// After a stuck call every producer is made again, whatever it holds: the stuck one by its
-    /// abort, the others by a restart, whose registration aborts what they had open. What made
-    /// the call stick, a coordinator gone that librdkafka keeps asking (#5456, #5511), is in
-    /// their cached metadata as well: each would stick again at its next call, for a whole
-    /// deadline (tests/coordinator.rs's SIGKILL case took 20 s more, one deadline per producer,
-    /// and missed its bound).
-    fn abort_all(&self, open: &[usize], stuck: bool) -> Result<BTreeSet<String>, TxnError> {
+    /// After a coordinator was lost (`lost`: a call stuck past its deadline, or a transaction
+    /// its coordinator aborted for outliving its timeout) every producer is made again, whatever
+    /// it holds: a stuck one by its abort, the others by a restart, whose registration aborts what
+    /// they had open. What made the call stick or time out, a coordinator gone that librdkafka
+    /// keeps asking (#5456, #5511), is in their cached metadata as well: each would stick again at
+    /// its next call, for a whole deadline (tests/coordinator.rs's SIGKILL case took 20 s more,
+    /// one deadline per producer, and missed its bound: once after a stuck call, and once under
+    /// the consumer protocol after the other producer's transaction was timed out and fenced).
+    fn abort_all(&self, open: &[usize], lost: bool) -> Result<BTreeSet<String>, TxnError> {
         let mut refused = BTreeSet::new();
         for (i, p) in self.producers.iter().enumerate() {
-            if stuck && !p.is_stuck() {
+            if lost && !p.is_stuck() {
                 info!(
                     producer = i + 1,
-                    "making the transactional producer again after a stuck call"
+                    "making the transactional producer again after a coordinator was lost"
                 );
                 p.restart()?;
-            } else if open.contains(&i) || (stuck && p.is_stuck()) {
+            } else if open.contains(&i) || (lost && p.is_stuck()) {
                 refused.extend(self.abort_open(i)?);
             }
         }
@@ -742,11 +744,15 @@ impl Committer {
     ) -> Result<(), TxnError> {
         // The redo reads old records again: its first batch counts from its open.
         session.previous_commit = None;
-        let mut stuck = cause.is_some_and(TxnError::is_stuck);
+        // A coordinator lost: a call stuck past its deadline, or fenced by its coordinator's
+        // timeout (abortable only then: kafka::txn, `Fence::TimedOut`).
+        let mut lost = cause.is_some_and(|e| {
+            e.is_stuck() || (e.is_producer_fenced() && e.class == TxnErrorClass::Abortable)
+        });
         // A commit in flight ends first: its producer is not to be called meanwhile, and whether
         // it committed decides where the rewind lands.
         let (failed, failed_stuck) = self.end_overlap(session)?;
-        stuck |= failed_stuck;
+        lost |= failed_stuck;
         let mut ended: Vec<(usize, u64)> = failed.into_iter().collect();
         if let Some(txn) = session.txn.take() {
             ended.push((self.active(), txn.records));
@@ -757,7 +763,7 @@ impl Committer {
             if self.settings.guarantee == Guarantee::ExactlyOnce {
                 let open: Vec<usize> = ended.iter().map(|&(i, _)| i).collect();
                 refused.extend(
-                    self.abort_all(&open, stuck)?
+                    self.abort_all(&open, lost)?
                         .into_iter()
                         .map(|topic| format!("Write on Topic {topic}")),
                 );
