@@ -150,7 +150,8 @@ for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
 # runs, the revoked rights, Prometheus, with the chaos run beside them, and the load stayed at
 # 30-40 on the two cores for minutes (the samples named dozens of short-lived Kafka tool JVMs,
 # scripts/acls.sh's); three tests failed. The secured broker's tests stay two at a time, as before.
-lane_a_tests=(security failures replay oidc)
+# doc_runs (the pages' commands, about 40 s in two tests) goes to lane a too: lane b is the longer.
+lane_a_tests=(security failures replay oidc doc_runs)
 pool_test_timeout=${POOL_TEST_TIMEOUT:-900}
 # The longest tests of lanes a and b, longest first (60-190 s each in fresh-clone runs): each lane
 # starts its own first, so that it does not end with one of them running alone. The longest are
