@@ -13,7 +13,7 @@
 //!   PostgreSQL), and fail on the first that does not exit 0. A command the page shows as partial
 //!   (`...`) cannot be run, so it fails here too: show it whole or put it in prose.
 //!
-//! The benchmarks' commands are only parsed (bench/tests/docs.rs). [`NOT_YET_RUN`] lists the few
+//! The benchmarks' commands are bench/tests/doc_runs.rs's. [`NOT_YET_RUN`] lists the few
 //! shown commands nothing runs yet (the 3-broker chaos runs, the secured broker's config files),
 //! each with why; [`every_shown_command_has_a_runner`] fails when an entry there is no longer
 //! shown, and a new command that nothing can run fails the broker tests.
