@@ -169,7 +169,11 @@ fn rendered(shown: &Shown) -> String {
         .unwrap_or(all)
 }
 
-fn runner_commands() -> Vec<(&'static str, Vec<(usize, Vec<String>)>)> {
+/// A runner script and the commands it runs, as (line, words).
+type ScriptCommands = (&'static str, Vec<(usize, Vec<String>)>);
+
+/// Each runner script's commands.
+fn runner_commands() -> Vec<ScriptCommands> {
     RUNNERS
         .iter()
         .map(|r| {
@@ -179,7 +183,8 @@ fn runner_commands() -> Vec<(&'static str, Vec<(usize, Vec<String>)>)> {
         .collect()
 }
 
-fn runner(shown: &Shown, runners: &[(&'static str, Vec<(usize, Vec<String>)>)]) -> Runner {
+/// Who runs `shown`.
+fn runner(shown: &Shown, runners: &[ScriptCommands]) -> Runner {
     if let Some((_, _, why)) = NOT_YET_RUN
         .iter()
         .find(|(page, cmd, _)| *page == shown.page && *cmd == rendered(shown))
