@@ -150,7 +150,10 @@ for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
 # runs, the revoked rights, Prometheus, with the chaos run beside them, and the load stayed at
 # 30-40 on the two cores for minutes (the samples named dozens of short-lived Kafka tool JVMs,
 # scripts/acls.sh's); three tests failed. The secured broker's tests stay two at a time, as before.
-lane_a_tests=(security failures replay oidc)
+# doc_runs (the pages' commands, tests/ and bench/tests/: about 40 s for the processor's in two
+# tests, 150 s for the benchmarks' in four, deliver-bench's 105 s the longest) goes to lane a too:
+# lane b is the longer.
+lane_a_tests=(security failures replay oidc doc_runs)
 pool_test_timeout=${POOL_TEST_TIMEOUT:-900}
 # The longest tests of lanes a and b, longest first (60-190 s each in fresh-clone runs): each lane
 # starts its own first, so that it does not end with one of them running alone. The longest are
@@ -165,7 +168,8 @@ slow_first=(shipped_alert_rules_fire_on_real_conditions_and_every_dashboard_pane
   end_to_end_over_oauthbearer_each_binary_its_own_client
   sink_group_read_revoked_while_running_reports_and_resumes
   sink_input_read_revoked_while_running_reports_and_resumes
-  a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once)
+  a_replay_killed_mid_way_then_rerun_replays_each_dead_letter_once
+  deliver_bench_commands_run)
 # The pool's jobs, one per line: the package's dir, a label, the test ("-": the whole binary) and
 # the executable, separated by tabs. The binaries are built already; `--list` names their tests.
 pool_jobs() { # cargo test selection...

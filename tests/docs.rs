@@ -232,24 +232,9 @@ fn anchors_are_github_s() {
     );
 }
 
-/// The clap parser of each binary in `src/bin/`, as the binary builds it; `None` for a name that
-/// is not one (a new binary fails the test below until it is listed here).
+/// The clap parser of each binary in `src/bin/` ([`doc_commands::processor_parser`]).
 fn parser_of(binary: &str) -> Option<clap::Command> {
-    use clap::CommandFactory;
-    use price_alerts::cli;
-    Some(match binary {
-        "alert-chaos" => <cli::chaos::ChaosArgs as CommandFactory>::command(),
-        "alert-deliver" => <cli::deliver::DeliverArgs as CommandFactory>::command(),
-        "alert-pipeline" => <cli::PipelineArgs as CommandFactory>::command(),
-        "alert-rules" => <cli::rules::RulesArgs as CommandFactory>::command(),
-        "alert-sink" => <cli::sink::SinkArgs as CommandFactory>::command(),
-        "alert-verify" => <cli::verify::VerifyArgs as CommandFactory>::command(),
-        "dlq-replay" => <cli::replay::ReplayCli as CommandFactory>::command(),
-        "test-subscriber" => <cli::subscriber::SubscriberArgs as CommandFactory>::command(),
-        "tick-gen" => <cli::tickgen::TickGenArgs as CommandFactory>::command(),
-        "txn-demo" => <cli::txn_demo::TxnDemoArgs as CommandFactory>::command(),
-        _ => return None,
-    })
+    doc_commands::processor_parser(binary)
 }
 
 #[test]
@@ -362,6 +347,8 @@ fn a_placeholder_stands_for_a_valid_value_and_a_stale_flag_fails() {
             args: args.iter().map(|a| a.to_string()).collect(),
             env: Vec::new(),
             partial,
+            block: 1,
+            background: false,
         };
         doc_commands::parses(&parser_of(binary).expect("a binary"), &shown)
     };

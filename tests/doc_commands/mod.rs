@@ -1,7 +1,10 @@
 //! The commands the documents show, taken out of their code blocks, and the question a test asks
 //! each binary's parser about them: do these arguments still parse? Shared by `tests/docs.rs` (the
-//! processor's binaries) and `bench/tests/docs.rs` (the benchmarks', whose parsers live in the
-//! bench crate). Nothing here runs a command.
+//! processor's binaries), `bench/tests/docs.rs` (the benchmarks', whose parsers live in the
+//! bench crate) and `tests/doc_runs.rs`, which runs them: it takes each command with its code block
+//! ([`Shown::block`]) and whether it goes to the background ([`Shown::background`]), the `scripts/`
+//! invocations ([`shown_scripts`]), and finds the ones a runner script runs verbatim
+//! ([`script_commands`], [`runs_verbatim`]). Nothing here runs a command.
 //!
 //! What counts as a shown command: a line of a fenced code block, or of an indented one (four
 //! spaces or more outside a fence), of README.md, docs/*.md or bench/README.md, its `\`
@@ -39,6 +42,11 @@ pub struct Shown {
     pub env: Env,
     /// It ends with (or holds) `...`: a deliberately partial example.
     pub partial: bool,
+    /// The line of the page its code block starts on: the commands of one block are one example,
+    /// run in order in one place (`tests/doc_runs.rs`).
+    pub block: usize,
+    /// It ends with `&`: it keeps running while the block's next commands run.
+    pub background: bool,
 }
 
 impl std::fmt::Display for Shown {
@@ -86,11 +94,23 @@ pub fn binaries(bin_dir: &Path) -> Vec<String> {
 }
 
 /// The code lines of a Markdown text, as (line number, text without its indentation), with
-/// continuation lines (`\` at the end) joined onto the line that starts them.
+/// continuation lines (`\\` at the end) joined onto the line that starts them.
 pub fn code_lines(text: &str) -> Vec<(usize, String)> {
-    let mut out: Vec<(usize, String)> = Vec::new();
+    code_blocks(text)
+        .into_iter()
+        .flat_map(|(_, lines)| lines)
+        .collect()
+}
+
+/// The code blocks of a Markdown text, each as the line it starts on and its code lines (as
+/// [`code_lines`]). A fence opens and closes a block; an indented block ends at the first line
+/// that is not indented code.
+pub fn code_blocks(text: &str) -> Vec<(usize, Vec<(usize, String)>)> {
+    let mut out: Vec<(usize, Vec<(usize, String)>)> = Vec::new();
     let mut fence: Option<&str> = None;
     let mut continued = false;
+    // Whether the line before was code of the block `out` ends with.
+    let mut in_block = false;
     for (i, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
         let code = match fence {
@@ -112,22 +132,44 @@ pub fn code_lines(text: &str) -> Vec<(usize, String)> {
         };
         let Some(code) = code else {
             continued = false;
+            in_block = false;
             continue;
         };
+        if !in_block {
+            out.push((i + 1, Vec::new()));
+            in_block = true;
+        }
+        let lines = &mut out.last_mut().expect("a block was just opened").1;
         let (body, continues) = match code.trim_end().strip_suffix('\\') {
             Some(body) => (body, true),
             None => (code.trim_end(), false),
         };
-        match out.last_mut() {
+        match lines.last_mut() {
             Some((_, joined)) if continued => {
                 joined.push(' ');
                 joined.push_str(body);
             }
-            _ => out.push((i + 1, body.to_owned())),
+            _ => lines.push((i + 1, body.to_owned())),
         }
         continued = continues;
     }
+    out.retain(|(_, lines)| !lines.is_empty());
     out
+}
+
+/// Whether a shell line sends its last command to the background (`… &`, not `&&`), its comment
+/// aside.
+fn ends_in_background(line: &str) -> bool {
+    let commands = shell_commands(line);
+    let Some(last) = commands.last().and_then(|c| c.last()) else {
+        return false;
+    };
+    // The text after the last word of the last command: `&` there, outside the comment.
+    line.rfind(last.as_str()).is_some_and(|at| {
+        let rest = line[at + last.len()..].split('#').next().unwrap_or("");
+        let rest = rest.trim();
+        rest.starts_with('&') && !rest.starts_with("&&")
+    })
 }
 
 /// A line that draws (a diagram of stages and topics), not a command.
@@ -315,6 +357,15 @@ fn invoked(words: &[String], binaries: &[String]) -> Option<(String, Vec<String>
 
 /// Every command of the pages that invokes one of `binaries`.
 pub fn shown_commands(root: &Path, binaries: &[String]) -> Vec<Shown> {
+    shown_where(root, |words| invocation(words, binaries))
+}
+
+/// Every command of the pages whose words `invoke` takes for a command it knows, as
+/// (assignments, binary, arguments).
+fn shown_where(
+    root: &Path,
+    invoke: impl Fn(&[String]) -> Option<(Env, String, Vec<String>)>,
+) -> Vec<Shown> {
     let mut shown = Vec::new();
     for page in pages(root) {
         let text = std::fs::read_to_string(&page).expect("reading a page");
@@ -323,42 +374,172 @@ pub fn shown_commands(root: &Path, binaries: &[String]) -> Vec<Shown> {
             .unwrap_or(&page)
             .display()
             .to_string();
-        for (line, code) in code_lines(&text) {
-            if draws(&code) {
-                continue;
-            }
-            let code = code.strip_prefix("$ ").unwrap_or(&code);
-            for words in shell_commands(code) {
-                let Some((env, binary, words)) = invocation(&words, binaries) else {
+        for (block, lines) in code_blocks(&text) {
+            for (line, code) in lines {
+                if draws(&code) {
                     continue;
-                };
-                let mut args = Vec::new();
-                let mut partial = false;
-                for w in words {
-                    if w == "..." || w == "…" {
-                        partial = true;
-                        continue;
-                    }
-                    // `[--wipe]`, `[--broker 2]`: an optional part, checked as given.
-                    let w = if w.starts_with('[') || w.ends_with(']') && !w.contains('[') {
-                        w.trim_start_matches('[').trim_end_matches(']').to_owned()
-                    } else {
-                        w
-                    };
-                    args.push(w);
                 }
-                shown.push(Shown {
-                    page: name.clone(),
-                    line,
-                    binary,
-                    args,
-                    env,
-                    partial,
-                });
+                let code = code.strip_prefix("$ ").unwrap_or(&code);
+                let commands = shell_commands(code);
+                let last = commands.len().saturating_sub(1);
+                for (i, words) in commands.into_iter().enumerate() {
+                    let Some((env, binary, words)) = invoke(&words) else {
+                        continue;
+                    };
+                    let mut args = Vec::new();
+                    let mut partial = false;
+                    for w in words {
+                        if w == "..." || w == "…" {
+                            partial = true;
+                            continue;
+                        }
+                        // `[--wipe]`, `[--broker 2]`: an optional part, checked as given.
+                        let w = if w.starts_with('[') || w.ends_with(']') && !w.contains('[') {
+                            w.trim_start_matches('[').trim_end_matches(']').to_owned()
+                        } else {
+                            w
+                        };
+                        args.push(w);
+                    }
+                    shown.push(Shown {
+                        page: name.clone(),
+                        line,
+                        binary,
+                        args,
+                        env,
+                        partial,
+                        block,
+                        background: i == last && ends_in_background(code),
+                    });
+                }
             }
         }
     }
     shown
+}
+
+/// Every invocation of a `scripts/` file the pages show where a shell runs it: a command whose
+/// first word (after any `NAME=value`) is `scripts/NAME`, also inside `$(…)` (`export
+/// DATABASE_URL=$(scripts/postgres.sh url)`). A script named in a comment or in prose is not one;
+/// [`missing_scripts`] checks that those exist.
+pub fn shown_scripts(root: &Path) -> Vec<Shown> {
+    shown_where(root, |words| {
+        // `$(scripts/postgres.sh url)` inside an assignment or an argument: the inner command.
+        let inner = words.iter().find_map(|w| {
+            let (_, rest) = w.split_once("$(")?;
+            let inner = rest
+                .strip_suffix(')')
+                .or_else(|| rest.split_once(')').map(|(i, _)| i))?;
+            let cmd = shell_commands(inner).into_iter().next()?;
+            script_invocation(&cmd)
+        });
+        script_invocation(words).or(inner)
+    })
+}
+
+/// The script a command's words run (`scripts/kafka.sh`), after any assignments, and its
+/// arguments.
+fn script_invocation(words: &[String]) -> Option<(Env, String, Vec<String>)> {
+    let env: Env = words
+        .iter()
+        .take_while(|w| assignment(w))
+        .filter_map(|w| w.split_once('='))
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect();
+    let rest = &words[env.len()..];
+    let first = rest.first()?;
+    let script = first.strip_prefix("./").unwrap_or(first);
+    (script.starts_with("scripts/") && !script.contains('$'))
+        .then(|| (env, script.to_owned(), rest[1..].to_vec()))
+}
+
+/// The commands a shell script of the repository runs (`scripts/demo.sh`, `scripts/test.sh`,
+/// `.ci/run`), as words, in the form the pages show them: `"$BIN/NAME"` (the demo's folder of the
+/// release binaries) is `NAME`, a leading `exec` is dropped, and the commands inside `$(…)` are
+/// commands too. Each is (line, words).
+pub fn script_commands(text: &str) -> Vec<(usize, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut joined = String::new();
+    let mut first_line = 0;
+    for (i, line) in text.lines().enumerate() {
+        if joined.is_empty() {
+            first_line = i + 1;
+        }
+        match line.trim_end().strip_suffix('\\') {
+            Some(body) => {
+                joined.push_str(body);
+                joined.push(' ');
+                continue;
+            }
+            None => joined.push_str(line),
+        }
+        let line = std::mem::take(&mut joined);
+        let mut pending = vec![line.trim().to_owned()];
+        while let Some(code) = pending.pop() {
+            for mut words in shell_commands(&code) {
+                for w in &words {
+                    if let Some((_, rest)) = w.split_once("$(") {
+                        if let Some(inner) = rest.rfind(')').map(|end| &rest[..end]) {
+                            pending.push(inner.to_owned());
+                        }
+                    }
+                }
+                // What a shell reads before the command: `cluster) if ! exec …`.
+                while words.first().is_some_and(|w| {
+                    [
+                        "if", "then", "elif", "else", "while", "until", "do", "!", "{", "exec",
+                    ]
+                    .contains(&w.as_str())
+                        || w.ends_with(')') && !w.contains('(')
+                }) {
+                    words.remove(0);
+                }
+                if let Some(w) = words.first_mut() {
+                    if let Some(name) = w.strip_prefix("$BIN/") {
+                        *w = name.to_owned();
+                    }
+                }
+                out.push((first_line, words));
+            }
+        }
+    }
+    out
+}
+
+/// Whether `commands` (a script's, [`script_commands`]) hold the shown command verbatim: the same
+/// binary or script with the same arguments and assignments, the script's command being the
+/// pages' `NAME` of `target/release/NAME`. Returns the script's line.
+pub fn runs_verbatim(commands: &[(usize, Vec<String>)], shown: &Shown) -> Option<usize> {
+    if shown.partial {
+        return None;
+    }
+    let mut want: Vec<String> = shown.env.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    want.push(shown.binary.clone());
+    want.extend(shown.args.iter().cloned());
+    commands
+        .iter()
+        .find(|(_, words)| *words == want)
+        .map(|(line, _)| *line)
+}
+
+/// The clap parser of each binary of the processor (`src/bin/`), as the binary builds it; `None`
+/// for a name that is not one (a new binary fails `tests/docs.rs` until it is listed here).
+pub fn processor_parser(binary: &str) -> Option<clap::Command> {
+    use clap::CommandFactory;
+    use price_alerts::cli;
+    Some(match binary {
+        "alert-chaos" => <cli::chaos::ChaosArgs as CommandFactory>::command(),
+        "alert-deliver" => <cli::deliver::DeliverArgs as CommandFactory>::command(),
+        "alert-pipeline" => <cli::PipelineArgs as CommandFactory>::command(),
+        "alert-rules" => <cli::rules::RulesArgs as CommandFactory>::command(),
+        "alert-sink" => <cli::sink::SinkArgs as CommandFactory>::command(),
+        "alert-verify" => <cli::verify::VerifyArgs as CommandFactory>::command(),
+        "dlq-replay" => <cli::replay::ReplayCli as CommandFactory>::command(),
+        "test-subscriber" => <cli::subscriber::SubscriberArgs as CommandFactory>::command(),
+        "tick-gen" => <cli::tickgen::TickGenArgs as CommandFactory>::command(),
+        "txn-demo" => <cli::txn_demo::TxnDemoArgs as CommandFactory>::command(),
+        _ => return None,
+    })
 }
 
 /// A placeholder for a value: `$VAR`, `${VAR}`, `$(…)`, `<…>`, or a word holding one.
