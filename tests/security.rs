@@ -488,6 +488,106 @@ fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
     );
 }
 
+/// Read on its group taken away while alert-deliver runs, with a subscriber that answers 500 to
+/// everything (so each notification is handed to the first bucket, in a transaction whose offsets
+/// need the group): no hand-off commits meanwhile, alert-deliver stays up and names the right
+/// (log and metric); granted again, each notification is in the first bucket exactly once. Under
+/// the consumer protocol librdkafka makes the refused heartbeat fatal, and the deliverer makes its
+/// consumer again once the group is granted, as the pipeline and alert-sink do.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn deliver_group_read_revoked_while_running_reports_and_resumes() {
+    let s = secure();
+    let d = Deployment::new(&s, "sec-deliver-no-group", 1);
+    let admin = s.kafka("admin");
+    s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
+    let feed = Feed::new(&admin).expect("feed");
+    let load = |seqs: std::ops::Range<u64>| {
+        feed.send_raw(&d.output, &notifications(seqs))
+            .expect("loading notifications");
+    };
+    let hook = Webhook::up(Behaviour::Status(500));
+    let subscriptions = d.subscriptions(&[("hook", hook.url())]);
+    let first = format!("{}.retry.1s", d.output);
+    let group = format!("{}-deliver", d.app);
+    let (mut p, addr, log) = deliver_logged(&s, &d, &subscriptions);
+    let first_handoffs = || {
+        let mut n: BTreeMap<String, usize> = BTreeMap::new();
+        for ((id, _, passes), k) in handoffs(&admin, &first) {
+            if passes == "0" {
+                *n.entry(id).or_default() += k;
+            }
+        }
+        n
+    };
+    let wait = |p: &mut common::Pipeline, what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + EXIT;
+        while !done() {
+            assert!(
+                Instant::now() < deadline,
+                "never: {what}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            assert!(
+                matches!(p.child.try_wait(), Ok(None)),
+                "alert-deliver stopped instead of waiting for the right: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let main_committed =
+        || committed_offsets(&admin, &group, &d.output).expect("committed offsets");
+
+    load(1..6);
+    wait(
+        &mut p,
+        "five notifications handed to the first bucket",
+        &|| main_committed() == vec![Some(5)],
+    );
+    s.acls_all(&[d.deliver_acls("remove", &["--only", "group-read"])]);
+    load(6..11);
+    let series = format!(
+        "{}{{right=\"Read on Group {group}\"}}",
+        price_alerts::metrics::NOT_AUTHORISED
+    );
+    wait(&mut p, "the refused Read on the group reported", &|| {
+        price_alerts::metrics::scrape(&addr, &series) >= 1.0
+    });
+    // A window with the right still refused: nothing commits past the first five, and the
+    // deliverer stays up (checked by `wait`).
+    let started = Instant::now();
+    wait(&mut p, "a refused window", &|| {
+        started.elapsed() >= REFUSED_WINDOW
+    });
+    assert_eq!(
+        main_committed(),
+        vec![Some(5)],
+        "no hand-off committed while the group was refused"
+    );
+
+    s.acls_all(&[d.deliver_acls("apply", &["--only", "group-read"])]);
+    wait(
+        &mut p,
+        "ten notifications handed to the first bucket",
+        &|| main_committed() == vec![Some(10)],
+    );
+    p.signal("TERM");
+    assert!(p.wait(EXIT).success(), "stopped cleanly");
+    let ids: BTreeMap<String, usize> = (1..11)
+        .map(|seq| (format!("SYM0:{seq}:100:up"), 1))
+        .collect();
+    assert_eq!(first_handoffs(), ids, "each notification in {first} once");
+    let printed = std::fs::read_to_string(&log).expect("the log");
+    s.assert_no_password("alert-deliver", &printed);
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.contains("not authorised") && l.contains(&format!("Read on Group {group}"))),
+        "the log names the refused right: {printed}"
+    );
+}
+
 /// alert-deliver with one subscriber answering `status` to everything, so each notification is
 /// handed to `<output>.<suffix>`; the ACL `acl` (Write on that topic) is taken away after five
 /// and given back after five more were loaded.

@@ -83,6 +83,23 @@ pub struct DeliverStats {
     pub aborted: u64,
 }
 
+/// The counters of two deliverers that ran one after the other (one made again in place).
+impl std::ops::Add for DeliverStats {
+    type Output = DeliverStats;
+
+    fn add(self, o: DeliverStats) -> DeliverStats {
+        DeliverStats {
+            records: self.records + o.records,
+            delivered: self.delivered + o.delivered,
+            retried: self.retried + o.retried,
+            dead_lettered: self.dead_lettered + o.dead_lettered,
+            parked: self.parked + o.parked,
+            transactions: self.transactions + o.transactions,
+            aborted: self.aborted + o.aborted,
+        }
+    }
+}
+
 impl fmt::Display for DeliverStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -220,6 +237,13 @@ struct Deliverer {
     rights: ReadRights,
 }
 
+/// The consumer loop. Blocking: run it on a thread of its own.
+///
+/// Under the consumer protocol a heartbeat refused for lack of Read on the group stops the
+/// consumer for good (`kafka::group`, "Fatal errors"): the deliverer is then dropped, as a crash
+/// would drop it (its open hand-off transaction is aborted by the next registration of the same
+/// transactional id), the right named once per back-off step while the broker refuses the group,
+/// and made again once it does not.
 fn run_blocking(
     opts: DeliverOptions,
     rt: tokio::runtime::Handle,
@@ -227,6 +251,71 @@ fn run_blocking(
     health: Health,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<DeliverStats> {
+    let mut earlier = DeliverStats::default();
+    let mut carried: Option<(String, Setbacks)> = None;
+    loop {
+        let (right, stats, mut setbacks) =
+            match run_once(&opts, &rt, &client, &health, &stop, carried.take())? {
+                Ran::Done(stats) => return Ok(earlier + stats),
+                Ran::GroupRefused {
+                    right,
+                    stats,
+                    setbacks,
+                } => (right, stats, setbacks),
+            };
+        earlier = earlier + stats;
+        health.not_ready("Read on the group refused");
+        let granted = crate::kafka::group::wait_for_group_read(
+            &opts.kafka,
+            &opts.group_id,
+            &opts.buckets.topic,
+            &mut setbacks,
+            &stop,
+            || health.beat(),
+            |attempts, retry_in| {
+                crate::kafka::access::say_refused(
+                    &opts.kafka,
+                    &right,
+                    "the group consumer stopped (consumer protocol); made again once granted",
+                    attempts,
+                    retry_in,
+                )
+            },
+        );
+        if !granted {
+            info!(stats = %earlier, "alert-deliver stopped");
+            return Ok(earlier);
+        }
+        carried = Some((right, setbacks));
+    }
+}
+
+/// How one deliverer's run ended.
+enum Ran {
+    /// Stopped, with its counters.
+    Done(DeliverStats),
+    /// Its consumer was stopped for good by a refused Read on the group (`right`); the deliverer
+    /// is dropped, its counters and setbacks since its last commit kept.
+    GroupRefused {
+        right: String,
+        stats: DeliverStats,
+        setbacks: Setbacks,
+    },
+}
+
+/// One deliverer, from its clients to its end; `carried`: the right refused to the one it
+/// replaces and that one's setbacks, which it goes on from (its first commit says `authorised
+/// again`).
+fn run_once(
+    opts: &DeliverOptions,
+    rt: &tokio::runtime::Handle,
+    client: &reqwest::Client,
+    health: &Health,
+    stop: &Arc<AtomicBool>,
+    carried: Option<(String, Setbacks)>,
+) -> anyhow::Result<Ran> {
+    let opts = opts.clone();
+    let (rt, client) = (rt.clone(), client.clone());
     let mut cfg = opts.kafka.group_consumer(
         &opts.group_id,
         opts.group_instance_id.as_deref(),
@@ -270,7 +359,7 @@ fn run_blocking(
         abort_while: opts.test_abort_handoffs_while.clone(),
         hold_send_offsets: opts.test_hold_send_offsets.clone(),
         aborts_fail_fatally: opts.test_aborts_fail_fatally,
-        stop: Arc::clone(&stop),
+        stop: Arc::clone(stop),
         ..TestHooks::default()
     };
     let bucket_ends = opts
@@ -296,18 +385,33 @@ fn run_blocking(
         refused: BTreeSet::new(),
         rights,
     };
+    if let Some((right, setbacks)) = carried {
+        d.refused.insert(right);
+        d.setbacks = setbacks;
+    }
     health.ready();
     let watchdog = health.watchdog(
         crate::kafka::txn::stuck_bound(d.opts.transaction_timeout),
         crate::kafka::txn::EXIT_STUCK,
     );
-    let result = d.consume_until_stopped(&health, &stop);
+    let result = d.consume_until_stopped(health, stop);
     drop(watchdog);
+    if result
+        .as_ref()
+        .is_err_and(crate::kafka::group::is_group_refused)
+    {
+        let right = format!("Read on Group {}", d.opts.group_id);
+        return Ok(Ran::GroupRefused {
+            right,
+            stats: d.stats,
+            setbacks: d.setbacks,
+        });
+    }
     health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
     match result {
         Ok(()) => {
             info!(stats = %d.stats, "alert-deliver stopped");
-            Ok(d.stats)
+            Ok(Ran::Done(d.stats))
         }
         Err(e) => {
             warn!(error = format!("{e:#}"), stats = %d.stats, "alert-deliver failed");

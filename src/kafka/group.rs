@@ -26,9 +26,10 @@
 //! One more is fatal under the consumer protocol only: GROUP_AUTHORIZATION_FAILED in answer to a
 //! heartbeat (Read on the group taken away while the stage runs), which the classic protocol
 //! reports and retries. That one is an operator's doing, undone by granting the right again, so
-//! the pipeline and alert-sink do not stop on it: they drop the consumer (and what it held, as a
+//! no stage stops on it: they drop the consumer (and what it held, as a
 //! crash would), wait until the broker grants the group again ([`wait_for_group_read`]) and make
-//! it again. Their new member gets the partitions when the broker expires the old one, which
+//! it again (alert-deliver drops and makes again its whole deliverer, its transactional producer
+//! with it). Their new member gets the partitions when the broker expires the old one, which
 //! could not leave without the right: its session after its last heartbeat.
 
 use crate::backoff::Setbacks;
@@ -187,10 +188,9 @@ fn explain(code: RDKafkaErrorCode) -> String {
         RDKafkaErrorCode::GroupAuthorizationFailed => format!(
             "{code}: Read on the consumer group was refused (an ACL removed while running?); \
              under --group-protocol consumer librdkafka makes a refused heartbeat fatal, where \
-             the classic protocol backs off and goes on (the pipeline and alert-sink make their \
-             consumer again once it is granted; alert-deliver stops): grant Read on the group \
-             again (scripts/acls.sh names each stage's rights); a stage started again names a \
-             right still missing"
+             the classic protocol backs off and goes on (each stage makes its consumer again \
+             once it is granted): grant Read on the group again (scripts/acls.sh names each \
+             stage's rights); a stage started again names a right still missing"
         ),
         other => other.to_string(),
     }
