@@ -393,93 +393,163 @@ fn deliver_retry_write_revoked_while_running_aborts_reports_and_resumes() {
     deliver_write_revoked("sec-deliver-revoke-retry", "retry-write", 500, "retry.1s");
 }
 
-/// Read on the retry buckets taken away while alert-deliver runs, with a subscriber that answers
-/// 500 to everything: the records in the first bucket cannot be fetched. It names the refusal (log
-/// and metric) and keeps running, and new notifications still reach the first bucket; granted
-/// again, each notification reaches the second bucket exactly once. (Write on the buckets stays,
-/// so Describe does too and no metadata request tells which topic refuses: the refusal is named
-/// with the topics it may be, once: `ReadRights`.)
-#[test]
-#[ignore = "needs the secured broker: run scripts/test.sh"]
-fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
-    let s = secure();
-    let d = Deployment::new(&s, "sec-deliver-revoke-read", 1);
-    let admin = s.kafka("admin");
-    s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
-    let feed = Feed::new(&admin).expect("feed");
-    let load = |seqs: std::ops::Range<u64>| {
-        feed.send_raw(&d.output, &notifications(seqs))
+/// alert-deliver as User:deliver with every right, its one subscriber answering 500 to
+/// everything, so each notification it reads is handed to the first retry bucket: the setting of
+/// the tests that take one of its rights away while it runs.
+struct FailingDeliver {
+    s: common::secure::Secure,
+    d: Deployment,
+    admin: price_alerts::kafka::KafkaConfig,
+    feed: Feed,
+    _hook: Webhook,
+    /// The running process; taken by [`FailingDeliver::stop`].
+    p: Option<common::Pipeline>,
+    addr: String,
+    log: std::path::PathBuf,
+    group: String,
+}
+
+impl FailingDeliver {
+    fn start(test: &str) -> Self {
+        Self::start_with(test, &[])
+    }
+
+    /// [`FailingDeliver::start`] with `more` arguments for alert-deliver.
+    fn start_with(test: &str, more: &[String]) -> Self {
+        let s = secure();
+        let d = Deployment::new(&s, test, 1);
+        let admin = s.kafka("admin");
+        s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
+        let feed = Feed::new(&admin).expect("feed");
+        let hook = Webhook::up(Behaviour::Status(500));
+        let subscriptions = d.subscriptions(&[("hook", hook.url())]);
+        let (p, addr, log) = deliver_logged_with(&s, &d, &subscriptions, more);
+        let group = format!("{}-deliver", d.app);
+        FailingDeliver {
+            s,
+            d,
+            admin,
+            feed,
+            _hook: hook,
+            p: Some(p),
+            addr,
+            log,
+            group,
+        }
+    }
+
+    /// Loads the notifications `seqs` ([`notifications`]).
+    fn load(&self, seqs: std::ops::Range<u64>) {
+        self.feed
+            .send_raw(&self.d.output, &notifications(seqs))
             .expect("loading notifications");
-    };
-    let hook = Webhook::up(Behaviour::Status(500));
-    let subscriptions = d.subscriptions(&[("hook", hook.url())]);
-    let first = format!("{}.retry.1s", d.output);
-    let second = format!("{}.retry.2s", d.output);
-    let group = format!("{}-deliver", d.app);
-    let (mut p, addr, log) = deliver_logged(&s, &d, &subscriptions);
-    // Each id's hand-offs into `topic` from the bucket before it. (With the circuit open, a record
-    // due in the last bucket goes round it again, untried, with `retry.untried.passes` counting:
-    // by design, not a duplicate.)
-    let per_id = |topic: &str| {
+    }
+
+    /// The retry bucket of `delay` (`1s`, `2s`).
+    fn bucket(&self, delay: &str) -> String {
+        format!("{}.retry.{delay}", self.d.output)
+    }
+
+    /// Each id's hand-offs into `topic` from the topic before it. (With the circuit open, a
+    /// record due in the last bucket goes round it again, untried, with `retry.untried.passes`
+    /// counting: by design, not a duplicate.)
+    fn per_id(&self, topic: &str) -> BTreeMap<String, usize> {
         let mut n: BTreeMap<String, usize> = BTreeMap::new();
-        for ((id, _, passes), k) in handoffs(&admin, topic) {
+        for ((id, _, passes), k) in handoffs(&self.admin, topic) {
             if passes == "0" {
                 *n.entry(id).or_default() += k;
             }
         }
         n
-    };
-    let wait = |p: &mut common::Pipeline, what: &str, done: &dyn Fn() -> bool| {
+    }
+
+    /// The group's committed offset of the notifications' one partition.
+    fn main_committed(&self) -> Vec<Option<i64>> {
+        committed_offsets(&self.admin, &self.group, &self.d.output).expect("committed offsets")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `done`, failing if alert-deliver exits meanwhile.
+    fn wait(&mut self, what: &str, done: &dyn Fn(&Self) -> bool) {
         let deadline = Instant::now() + EXIT;
-        while !done() {
-            assert!(Instant::now() < deadline, "never: {what}");
+        while !done(self) {
+            assert!(Instant::now() < deadline, "never: {what}: {}", self.log());
             assert!(
-                matches!(p.child.try_wait(), Ok(None)),
-                "alert-deliver stopped instead of waiting for the right"
+                self.p
+                    .as_mut()
+                    .is_some_and(|p| matches!(p.child.try_wait(), Ok(None))),
+                "alert-deliver stopped instead of waiting for the right: {}",
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-    };
-    let main_committed = |to: i64| {
-        committed_offsets(&admin, &group, &d.output).expect("committed offsets") == vec![Some(to)]
-    };
+    }
 
-    load(1..6);
-    wait(
-        &mut p,
-        "five notifications handed to the first bucket",
-        &|| main_committed(5),
-    );
-    s.acls_all(&[d.deliver_acls("remove", &["--only", "retry-read"])]);
-    load(6..11);
-    wait(
-        &mut p,
-        "ten notifications handed to the first bucket",
-        &|| main_committed(10),
-    );
-    wait(&mut p, "the refused Read reported", &|| {
-        price_alerts::metrics::scrape(&addr, price_alerts::metrics::NOT_AUTHORISED) >= 1.0
+    /// SIGTERM; it must exit 0. Returns its log, checked for the passwords.
+    fn stop(&mut self) -> String {
+        let p = self.p.take().expect("running");
+        p.signal("TERM");
+        assert!(p.wait(EXIT).success(), "stopped cleanly");
+        let log = self.log();
+        self.s.assert_no_password("alert-deliver", &log);
+        log
+    }
+}
+
+/// The ids of the notifications `seqs`, once each.
+fn once_each(seqs: std::ops::Range<u64>) -> BTreeMap<String, usize> {
+    seqs.map(|seq| (format!("SYM0:{seq}:100:up"), 1)).collect()
+}
+
+/// Read on the retry buckets taken away while alert-deliver runs ([`FailingDeliver`]): the records
+/// in the first bucket cannot be fetched. It names the refusal (log and metric) and keeps running,
+/// and new notifications still reach the first bucket; granted again, each notification reaches
+/// the second bucket exactly once. (Write on the buckets stays, so Describe does too and no
+/// metadata request tells which topic refuses: the refusal is named with the topics it may be,
+/// once: `ReadRights`.)
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
+    let mut t = FailingDeliver::start("sec-deliver-revoke-read");
+    let (first, second) = (t.bucket("1s"), t.bucket("2s"));
+    t.load(1..6);
+    t.wait("five notifications handed to the first bucket", &|t| {
+        t.main_committed() == vec![Some(5)]
+    });
+    t.s.acls_all(&[t.d.deliver_acls("remove", &["--only", "retry-read"])]);
+    t.load(6..11);
+    t.wait("ten notifications handed to the first bucket", &|t| {
+        t.main_committed() == vec![Some(10)]
+    });
+    t.wait("the refused Read reported", &|t| {
+        price_alerts::metrics::scrape(&t.addr, price_alerts::metrics::NOT_AUTHORISED) >= 1.0
     });
     assert!(
-        per_id(&second).len() < 10,
+        t.per_id(&second).len() < 10,
         "the first bucket's records cannot all have moved on"
     );
 
-    s.acls_all(&[d.deliver_acls("apply", &["--only", "retry-read"])]);
-    wait(&mut p, "every notification in the second bucket", &|| {
-        per_id(&second).len() == 10
+    t.s.acls_all(&[t.d.deliver_acls("apply", &["--only", "retry-read"])]);
+    t.wait("every notification in the second bucket", &|t| {
+        t.per_id(&second).len() == 10
     });
-    p.signal("TERM");
-    assert!(p.wait(EXIT).success(), "stopped cleanly");
-    let ids: BTreeMap<String, usize> = (1..11)
-        .map(|seq| (format!("SYM0:{seq}:100:up"), 1))
-        .collect();
-    assert_eq!(per_id(&first), ids, "each notification in {first} once");
-    assert_eq!(per_id(&second), ids, "each notification in {second} once");
+    let printed = t.stop();
+    assert_eq!(
+        t.per_id(&first),
+        once_each(1..11),
+        "each notification in {first} once"
+    );
+    assert_eq!(
+        t.per_id(&second),
+        once_each(1..11),
+        "each notification in {second} once"
+    );
     // "Read on Topic <first> or <second>", or with the notifications topic first when no
     // notification arrived between the refusal and its tracing.
-    assert_log_names_refusal_and_recovery(&s, "alert-deliver", &log, &first);
-    let printed = std::fs::read_to_string(&log).expect("the log");
+    assert_log_names_refusal_and_recovery(&t.s, "alert-deliver", &t.log, &first);
     assert!(
         printed
             .lines()
@@ -488,102 +558,58 @@ fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
     );
 }
 
-/// Read on its group taken away while alert-deliver runs, with a subscriber that answers 500 to
-/// everything (so each notification is handed to the first bucket, in a transaction whose offsets
-/// need the group): no hand-off commits meanwhile, alert-deliver stays up and names the right
-/// (log and metric); granted again, each notification is in the first bucket exactly once. Under
-/// the consumer protocol librdkafka makes the refused heartbeat fatal, and the deliverer makes its
-/// consumer again once the group is granted, as the pipeline and alert-sink do.
+/// Read on its group taken away while alert-deliver runs ([`FailingDeliver`]) under the consumer
+/// protocol, whose librdkafka makes the refused heartbeat fatal: no hand-off commits meanwhile,
+/// alert-deliver stays up, names the right (log and metric) and makes its consumer again once
+/// the group is granted, as the pipeline and alert-sink do; each notification is then in the
+/// first bucket exactly once. Under classic only: a refusal that lasts long enough ends in a
+/// fenced hand-off and exit 1 (docs/deliver.md, "Known defects"), so this test names its
+/// protocol rather than taking the suite's.
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
-fn deliver_group_read_revoked_while_running_reports_and_resumes() {
-    let s = secure();
-    let d = Deployment::new(&s, "sec-deliver-no-group", 1);
-    let admin = s.kafka("admin");
-    s.acls_all(&[d.deliver_acls("apply", &["--dlq-gauges"])]);
-    let feed = Feed::new(&admin).expect("feed");
-    let load = |seqs: std::ops::Range<u64>| {
-        feed.send_raw(&d.output, &notifications(seqs))
-            .expect("loading notifications");
-    };
-    let hook = Webhook::up(Behaviour::Status(500));
-    let subscriptions = d.subscriptions(&[("hook", hook.url())]);
-    let first = format!("{}.retry.1s", d.output);
-    let group = format!("{}-deliver", d.app);
-    let (mut p, addr, log) = deliver_logged(&s, &d, &subscriptions);
-    let first_handoffs = || {
-        let mut n: BTreeMap<String, usize> = BTreeMap::new();
-        for ((id, _, passes), k) in handoffs(&admin, &first) {
-            if passes == "0" {
-                *n.entry(id).or_default() += k;
-            }
-        }
-        n
-    };
-    let wait = |p: &mut common::Pipeline, what: &str, done: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + EXIT;
-        while !done() {
-            assert!(
-                Instant::now() < deadline,
-                "never: {what}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            assert!(
-                matches!(p.child.try_wait(), Ok(None)),
-                "alert-deliver stopped instead of waiting for the right: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    let main_committed =
-        || committed_offsets(&admin, &group, &d.output).expect("committed offsets");
-
-    load(1..6);
-    wait(
-        &mut p,
-        "five notifications handed to the first bucket",
-        &|| main_committed() == vec![Some(5)],
-    );
-    s.acls_all(&[d.deliver_acls("remove", &["--only", "group-read"])]);
-    load(6..11);
+fn deliver_group_read_revoked_while_running_reports_and_resumes_under_the_consumer_protocol() {
+    let consumer = ["--group-protocol".to_owned(), "consumer".to_owned()];
+    let mut t = FailingDeliver::start_with("sec-deliver-no-group", &consumer);
+    let first = t.bucket("1s");
+    t.load(1..6);
+    t.wait("five notifications handed to the first bucket", &|t| {
+        t.main_committed() == vec![Some(5)]
+    });
+    t.s.acls_all(&[t.d.deliver_acls("remove", &["--only", "group-read"])]);
+    t.load(6..11);
     let series = format!(
-        "{}{{right=\"Read on Group {group}\"}}",
-        price_alerts::metrics::NOT_AUTHORISED
+        "{}{{right=\"Read on Group {}\"}}",
+        price_alerts::metrics::NOT_AUTHORISED,
+        t.group
     );
-    wait(&mut p, "the refused Read on the group reported", &|| {
-        price_alerts::metrics::scrape(&addr, &series) >= 1.0
+    t.wait("the refused Read on the group reported", &|t| {
+        price_alerts::metrics::scrape(&t.addr, &series) >= 1.0
     });
     // A window with the right still refused: nothing commits past the first five, and the
     // deliverer stays up (checked by `wait`).
     let started = Instant::now();
-    wait(&mut p, "a refused window", &|| {
-        started.elapsed() >= REFUSED_WINDOW
-    });
+    t.wait("a refused window", &|_| started.elapsed() >= REFUSED_WINDOW);
     assert_eq!(
-        main_committed(),
+        t.main_committed(),
         vec![Some(5)],
         "no hand-off committed while the group was refused"
     );
 
-    s.acls_all(&[d.deliver_acls("apply", &["--only", "group-read"])]);
-    wait(
-        &mut p,
-        "ten notifications handed to the first bucket",
-        &|| main_committed() == vec![Some(10)],
+    t.s.acls_all(&[t.d.deliver_acls("apply", &["--only", "group-read"])]);
+    t.wait("ten notifications handed to the first bucket", &|t| {
+        t.main_committed() == vec![Some(10)]
+    });
+    let printed = t.stop();
+    assert_eq!(
+        t.per_id(&first),
+        once_each(1..11),
+        "each notification in {first} once"
     );
-    p.signal("TERM");
-    assert!(p.wait(EXIT).success(), "stopped cleanly");
-    let ids: BTreeMap<String, usize> = (1..11)
-        .map(|seq| (format!("SYM0:{seq}:100:up"), 1))
-        .collect();
-    assert_eq!(first_handoffs(), ids, "each notification in {first} once");
-    let printed = std::fs::read_to_string(&log).expect("the log");
-    s.assert_no_password("alert-deliver", &printed);
+    let right = format!("Read on Group {}", t.group);
     assert!(
         printed
             .lines()
-            .any(|l| l.contains("not authorised") && l.contains(&format!("Read on Group {group}"))),
+            .any(|l| l.contains("not authorised") && l.contains(&right)),
         "the log names the refused right: {printed}"
     );
 }
@@ -701,9 +727,21 @@ fn deliver_logged(
     d: &Deployment,
     subscriptions: &std::path::Path,
 ) -> (common::Pipeline, String, std::path::PathBuf) {
+    deliver_logged_with(s, d, subscriptions, &[])
+}
+
+/// [`deliver_logged`] with `more` arguments.
+fn deliver_logged_with(
+    s: &common::secure::Secure,
+    d: &Deployment,
+    subscriptions: &std::path::Path,
+    more: &[String],
+) -> (common::Pipeline, String, std::path::PathBuf) {
     let addr = common::free_addr();
     let log = std::env::temp_dir().join(format!("{}.log", d.app));
-    let mut c = d.deliver(s, subscriptions, &["--metrics-addr", &addr]);
+    let mut args = vec!["--metrics-addr", &addr];
+    args.extend(more.iter().map(String::as_str));
+    let mut c = d.deliver(s, subscriptions, &args);
     c.stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"));
     let p = common::Pipeline::from(c.spawn().expect("starting alert-deliver"), "0");
