@@ -2,7 +2,7 @@
 # scripts/test.sh: runs every test of the project, the broker tests included, against real Apache
 # Kafka brokers, side by side:
 #   - the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3: chaos, restore,
-#     restore_leader, coordinator), one `cargo test` of two threads;
+#     restore_leader, coordinator, doc_runs_cluster), one `cargo test` of two threads;
 #   - beside them, two lanes of per-test processes, two at a time each, for every other test: the
 #     unit tests, the broker tests on the local single broker (scripts/kafka.sh up), and (lane a)
 #     the security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM users, an
@@ -126,7 +126,7 @@ if [ $# -gt 0 ]; then
 fi
 # The tests that need the 3-broker cluster; every other test file runs on the single broker (the
 # security tests on the secured one).
-cluster_tests=(chaos restore restore_leader coordinator)
+cluster_tests=(chaos restore restore_leader coordinator doc_runs_cluster)
 single_args=(--lib --bins)
 for f in tests/*.rs bench/tests/*.rs; do
   name=$(basename "$f" .rs)

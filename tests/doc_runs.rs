@@ -9,14 +9,19 @@
 //!   brokers and PostgreSQL it starts and stops: `scripts/kafka.sh up --brokers 3`, `down --secure
 //!   --wipe`, …) or `.ci/run` (`scripts/test.sh`). Those are the commands that start, stop or wipe
 //!   whole environments, which must not run beside the other tests;
+//! - a test of the cluster's lane, which may take a broker of the 3-broker cluster down
+//!   ([`doc_commands::lane_test`] says which): `tests/doc_runs_cluster.rs` (`scripts/kafka.sh
+//!   broker 2 kill`, `broker 2 start`, a cluster broker's log followed), and `tests/chaos.rs`'s
+//!   short run, which is the page's pipeline-only chaos command with its counts and durations
+//!   turned down to the short run's;
 //! - the two broker tests below, which run every other one against the suite's broker (and
 //!   PostgreSQL), and fail on the first that does not exit 0. A command the page shows as partial
 //!   (`...`) cannot be run, so it fails here too: show it whole or put it in prose.
 //!
 //! The benchmarks' commands are bench/tests/doc_runs.rs's. [`NOT_YET_RUN`] lists the few
-//! shown commands nothing runs yet (the 3-broker chaos runs, the secured broker's config files),
-//! each with why; [`every_shown_command_has_a_runner`] fails when an entry there is no longer
-//! shown, and a new command that nothing can run fails the broker tests.
+//! shown commands nothing runs yet (the long and the all-stage chaos runs, the secured broker's
+//! config files), each with why; [`every_shown_command_has_a_runner`] fails when an entry there is
+//! no longer shown, and a new command that nothing can run fails the broker tests.
 //!
 //! # How a command is run
 //! - Each code block is one example, its commands run in order in a folder of their own (with
@@ -48,7 +53,7 @@
 mod common;
 mod doc_commands;
 
-use doc_commands::Shown;
+use doc_commands::{LaneTest, Shown};
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -82,52 +87,36 @@ const NOT_YET_RUN: &[(&str, &str, &str)] = &[
     ),
     (
         "docs/testing.md",
-        "scripts/kafka.sh broker 2 kill",
-        "kills a broker of the shared 3-broker cluster: only the cluster lane's tests may, \
-         through tests/common/cluster.rs",
-    ),
-    (
-        "docs/testing.md",
-        "scripts/kafka.sh broker 2 start",
-        "as `broker 2 kill`",
-    ),
-    (
-        "docs/testing.md",
-        "scripts/kafka.sh logs --brokers 3 --broker 2 -f",
-        "follows a log for ever (`-f`)",
-    ),
-    (
-        "docs/testing.md",
         "alert-chaos --group-protocol consumer --seed 4401 --span 450s --ticks 180000 \
          --coordinator-kills 3 --database-downs 0 --limit 25m --work-dir /tmp/chaos-consumer-4401",
-        "a chaos run on the 3-broker cluster (its broker bounces and kills), 9 minutes",
+        "an all-stage chaos run with coordinator kills on the 3-broker cluster, 9 minutes; turned \
+         down to one kill it is tests/chaos.rs's coordinator-kill test, about 5 minutes, which \
+         scripts/test.sh skips for time",
     ),
     (
         "docs/testing.md",
         "alert-chaos",
-        "the short all-stage chaos run on the 3-broker cluster; tests/chaos.rs runs the \
-         pipeline-only one",
+        "the short all-stage chaos run on the 3-broker cluster, as shown (nothing to turn down): \
+         a 60 s span through three stages with PostgreSQL shutdowns, on top of the \
+         pipeline-only short run the suite's cluster lane runs (tests/chaos.rs, from the page's \
+         pipeline-only command), which the lane's time does not allow",
     ),
     (
         "docs/testing.md",
         "alert-chaos --ticks 500000 --symbols 200 --partitions 12 --span 20m --kills 15 --terms 5 \
          --zombies 2 --hard-bounces 2 --clean-bounces 2 --database-downs 3 --limit 90m \
          --work-dir /tmp/chaos-all-long",
-        "a chaos run on the 3-broker cluster, 25 minutes",
+        "an all-stage chaos run on the 3-broker cluster, 25 minutes; turned down it is the short \
+         all-stage run, `alert-chaos` above",
     ),
     (
         "docs/testing.md",
         "alert-chaos --seed 20261130 --ticks 1000000 --symbols 200 --partitions 12 --instances 6 \
          --span 20m --kills 22 --terms 22 --zombies 2 --hard-bounces 3 --clean-bounces 3 \
          --static-membership --limit 90m --work-dir /tmp/chaos-long --pipeline-only",
-        "a chaos run on the 3-broker cluster, 34 minutes",
-    ),
-    (
-        "docs/testing.md",
-        "alert-chaos --pipeline-only --live-rules --alert-changes 150 --ticks 200000 --symbols 200 \
-         --partitions 12 --span 6m --kills 8 --terms 4 --zombies 2 --hard-bounces 2 \
-         --clean-bounces 2 --limit 25m --work-dir /tmp/chaos-live-long",
-        "a chaos run on the 3-broker cluster, 9 minutes",
+        "a chaos run on the 3-broker cluster, 34 minutes; turned down it would be a second short \
+         run (static membership) beside tests/chaos.rs's, about two more minutes in the cluster \
+         lane, the suite's longest",
     ),
 ];
 
@@ -157,6 +146,8 @@ enum Runner {
     Itself,
     /// Nothing yet: [`NOT_YET_RUN`].
     NotYet(&'static str),
+    /// A test of the cluster's lane ([`doc_commands::lane_test`]).
+    Lane(LaneTest),
     /// The broker tests here.
     Here,
 }
@@ -191,6 +182,9 @@ fn runner(shown: &Shown, runners: &[ScriptCommands]) -> Runner {
     {
         return Runner::NotYet(why);
     }
+    if let Some(test) = doc_commands::lane_test(shown) {
+        return Runner::Lane(test);
+    }
     for (name, commands) in runners {
         if let Some(line) = doc_commands::runs_verbatim(commands, shown) {
             return Runner::Script(name, line);
@@ -223,6 +217,8 @@ fn every_shown_command_has_a_runner() {
             Runner::Script(name, _) => format!("run by {name}"),
             Runner::Itself => "a runner script itself".to_owned(),
             Runner::NotYet(_) => "not yet run".to_owned(),
+            Runner::Lane(LaneTest::ClusterBrokers) => "run by tests/doc_runs_cluster.rs".to_owned(),
+            Runner::Lane(LaneTest::ShortChaos) => "run turned down by tests/chaos.rs".to_owned(),
             Runner::Here => "run by tests/doc_runs.rs".to_owned(),
         };
         *counts.entry(key).or_default() += 1;
