@@ -137,8 +137,11 @@ fn follow_until_first_line(cluster: &Cluster, shown: &Shown) {
     let stdout = child.stdout.take().expect("piped");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let first = std::io::BufReader::new(stdout).lines().next();
-        let _ = tx.send(first);
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next());
+        // Read on until it is killed: a pipe closed here would end it (SIGPIPE) at its next line,
+        // and it would look as if it had ended by itself.
+        lines.for_each(drop);
     });
     let first = rx.recv_timeout(FIRST_LINE);
     let still_running = matches!(child.try_wait(), Ok(None));
