@@ -2,7 +2,7 @@
 # scripts/test.sh: runs every test of the project, the broker tests included, against real Apache
 # Kafka brokers, side by side:
 #   - the tests of the local 3-broker cluster (scripts/kafka.sh up --brokers 3: chaos, restore,
-#     restore_leader, coordinator), one `cargo test` of two threads;
+#     restore_leader, coordinator, doc_runs_cluster), one `cargo test` of two threads;
 #   - beside them, two lanes of per-test processes, two at a time each, for every other test: the
 #     unit tests, the broker tests on the local single broker (scripts/kafka.sh up), and (lane a)
 #     the security and OIDC tests on the local SECURED broker (scripts/kafka.sh up --secure: SASL_SSL, SCRAM users, an
@@ -126,7 +126,7 @@ if [ $# -gt 0 ]; then
 fi
 # The tests that need the 3-broker cluster; every other test file runs on the single broker (the
 # security tests on the secured one).
-cluster_tests=(chaos restore restore_leader coordinator)
+cluster_tests=(chaos restore restore_leader coordinator doc_runs_cluster)
 single_args=(--lib --bins)
 for f in tests/*.rs bench/tests/*.rs; do
   name=$(basename "$f" .rs)
@@ -151,8 +151,9 @@ for name in "${cluster_tests[@]}"; do cluster_args+=(--test "$name"); done
 # 30-40 on the two cores for minutes (the samples named dozens of short-lived Kafka tool JVMs,
 # scripts/acls.sh's); three tests failed. The secured broker's tests stay two at a time, as before.
 # doc_runs (the pages' commands, tests/ and bench/tests/: about 40 s for the processor's in two
-# tests, 150 s for the benchmarks' in four, deliver-bench's 105 s the longest) goes to lane a too:
-# lane b is the longer.
+# tests, 12-20 s for security.md's examples on the secured broker, 150 s for the benchmarks' in
+# four, deliver-bench's 105 s the longest) goes to lane a too: lane b is the longer. The pages'
+# commands on a cluster broker are doc_runs_cluster's, in the cluster lane (about 20 s).
 lane_a_tests=(security failures replay oidc doc_runs)
 pool_test_timeout=${POOL_TEST_TIMEOUT:-900}
 # The longest tests of lanes a and b, longest first (60-190 s each in fresh-clone runs): each lane

@@ -7,6 +7,11 @@
 //! exactly-once is checked as the runner does (offsets, verifier, hanging transactions, DLQ).
 //! The short run joins live alerts (the rules topic) and changes 40 of them while it plays.
 //!
+//! It is a command docs/testing.md shows (issue 45: every shown command runs): the long
+//! pipeline-only run with live alerts, parsed by alert-chaos's own parser, with every count and
+//! duration dropped so that they are alert-chaos's defaults, the short run's
+//! ([`NOT_FROM_THE_PAGE`]). tests/doc_runs.rs counts that command as run here.
+//!
 //! Under both group protocols: the suite's (`GROUP_PROTOCOL`, classic by default) and KIP-848's
 //! consumer protocol (`…_under_the_consumer_protocol`), where no client session is given, a
 //! SIGKILLed instance's partitions wait for the broker's 45 s session and the zombie is paused
@@ -30,9 +35,13 @@
 //! instance stuck) and runs only when asked for: see its doc.
 
 mod common;
+mod doc_commands;
 
+use clap::Parser as _;
 use common::cluster::{cluster, cluster_to_myself};
 use common::suite_protocol;
+use doc_commands::{LaneTest, Shown};
+use price_alerts::cli::chaos::ChaosArgs;
 use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::tools::chaos::plan::Stage;
 use price_alerts::tools::chaos::stages::GroupProtocols;
@@ -66,19 +75,140 @@ fn short_chaos_on_three_brokers_loses_and_doubles_nothing_under_the_consumer_pro
     short_chaos(GroupProtocol::Consumer);
 }
 
+/// What the short run takes from the command docs/testing.md shows (issue 45): all of it but
+/// these, each dropped with its value so that it takes alert-chaos's default, which is the short
+/// run's ([`ChaosOptions::short`]): its counts and durations (a shown run takes 9 to 34 minutes,
+/// the short one about two), its work folder and seed (the test's: `CHAOS_SEED` or random), and
+/// what the test gives instead: the cluster, the binary, the group protocol.
+const NOT_FROM_THE_PAGE: &[&str] = &[
+    "--ticks",
+    "--symbols",
+    "--partitions",
+    "--instances",
+    "--span",
+    "--kills",
+    "--terms",
+    "--zombies",
+    "--hard-bounces",
+    "--clean-bounces",
+    "--coordinator-kills",
+    "--coordinator-down",
+    "--database-downs",
+    "--sink-instances",
+    "--deliver-instances",
+    "--subscriber-outage",
+    "--alert-changes",
+    "--limit",
+    "--work-dir",
+    "--seed",
+    "--bootstrap",
+    "--brokers",
+    "--kafka-sh",
+    "--pipeline",
+    "--group-protocol",
+    "--pipeline-group-protocol",
+];
+
+/// The alert-chaos command of the pages that the short run is: the one
+/// [`doc_commands::lane_test`] gives to [`LaneTest::ShortChaos`] (a pipeline-only run with live
+/// alerts, docs/testing.md's long one), so that tests/doc_runs.rs counts it as run.
+fn shown_short_run() -> Shown {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let binaries = doc_commands::binaries(&root.join("src/bin"));
+    let shown: Vec<Shown> = doc_commands::shown_commands(&root, &binaries)
+        .into_iter()
+        .filter(|s| doc_commands::lane_test(s) == Some(LaneTest::ShortChaos))
+        .collect();
+    assert_eq!(
+        shown.len(),
+        1,
+        "one shown command for the short run, not {shown:#?}"
+    );
+    shown.into_iter().next().expect("one")
+}
+
+/// The short run's options: `shown`'s arguments but [`NOT_FROM_THE_PAGE`], parsed by
+/// alert-chaos's own parser, with the test's cluster, pipeline binary, seed and group protocol.
+fn short_run_options(shown: &Shown, seed: u64, protocol: GroupProtocol) -> ChaosOptions {
+    assert!(
+        shown.env.is_empty() && !shown.partial,
+        "{shown}: show the run whole, without environment words"
+    );
+    let mut args: Vec<String> = Vec::new();
+    let mut words = shown.args.iter();
+    while let Some(w) = words.next() {
+        let flag = w.split_once('=').map_or(w.as_str(), |(f, _)| f);
+        if NOT_FROM_THE_PAGE.contains(&flag) {
+            if !w.contains('=') {
+                words.next();
+            }
+        } else {
+            args.push(w.clone());
+        }
+    }
+    let cluster = cluster();
+    let protocol = match protocol {
+        GroupProtocol::Classic => "classic",
+        GroupProtocol::Consumer => "consumer",
+    };
+    args.extend(
+        [
+            "--bootstrap",
+            &cluster.kafka.bootstrap,
+            "--brokers",
+            &cluster.brokers.to_string(),
+            "--kafka-sh",
+            &cluster.kafka_sh.display().to_string(),
+            "--pipeline",
+            env!("CARGO_BIN_EXE_alert-pipeline"),
+            "--seed",
+            &seed.to_string(),
+            "--group-protocol",
+            protocol,
+        ]
+        .map(str::to_owned),
+    );
+    eprintln!("{shown}\n    run as: alert-chaos {}", args.join(" "));
+    ChaosArgs::try_parse_from(std::iter::once("alert-chaos".to_owned()).chain(args))
+        .unwrap_or_else(|e| panic!("{shown}: alert-chaos refuses it: {e}"))
+        .options()
+        .unwrap_or_else(|e| panic!("{shown}: no run options: {e:#}"))
+}
+
+/// Without a broker: the page's command gives the short run, and only its mode comes from the
+/// page (a pipeline-only run with live alerts).
+#[test]
+fn the_short_run_is_the_pages_command_with_the_short_runs_sizes() {
+    let shown = shown_short_run();
+    let opts = short_run_options(&shown, 7, GroupProtocol::Classic);
+    let short = ChaosOptions::short(cluster(), opts.pipeline.clone(), 7);
+    assert_eq!(
+        (opts.ticks, opts.symbols, opts.partitions, opts.instances),
+        (
+            short.ticks,
+            short.symbols,
+            short.partitions,
+            short.instances
+        )
+    );
+    assert_eq!((opts.span, opts.limit), (short.span, short.limit));
+    assert_eq!(opts.faults, short.faults);
+    assert_eq!(opts.work_dir, short.work_dir);
+    assert!(opts.downstream.is_none(), "the pipeline alone");
+    assert_eq!(opts.alert_changes, Some(40), "live alerts, 40 changes");
+    assert_eq!(
+        opts.group_protocols,
+        GroupProtocols::all(GroupProtocol::Classic)
+    );
+}
+
 fn short_chaos(protocol: GroupProtocol) {
     // Both runs bounce brokers of the one cluster: one at a time.
     let _cluster = cluster_to_myself();
     let seed = seed();
-    let mut opts = ChaosOptions::short(
-        cluster(),
-        PathBuf::from(env!("CARGO_BIN_EXE_alert-pipeline")),
-        seed,
-    );
-    opts.group_protocols = GroupProtocols::all(protocol);
     // Live alerts (issue 42): the rules in the rules topic, 40 alert changes during the chaos;
     // the file's path stays covered by the pipeline's and the failure tests.
-    opts.alert_changes = Some(40);
+    let opts = short_run_options(&shown_short_run(), seed, protocol);
     let report = chaos::run(&opts).expect("the chaos run is carried out");
     println!("{report}");
     let ran: Vec<(Stage, GroupProtocol)> = report

@@ -9,14 +9,22 @@
 //!   brokers and PostgreSQL it starts and stops: `scripts/kafka.sh up --brokers 3`, `down --secure
 //!   --wipe`, …) or `.ci/run` (`scripts/test.sh`). Those are the commands that start, stop or wipe
 //!   whole environments, which must not run beside the other tests;
+//! - a test of the cluster's lane, which may take a broker of the 3-broker cluster down
+//!   ([`doc_commands::lane_test`] says which): `tests/doc_runs_cluster.rs` (`scripts/kafka.sh
+//!   broker 2 kill`, `broker 2 start`, a cluster broker's log followed), and `tests/chaos.rs`'s
+//!   short run, which is the page's pipeline-only chaos command with its counts and durations
+//!   turned down to the short run's;
+//! - [`the_secured_examples_run`], on the secured broker (lane a, beside tests/security.rs): a
+//!   command for a secured cluster (`--bootstrap kafka-1:9094`), with the config file the page
+//!   shows just before it;
 //! - the two broker tests below, which run every other one against the suite's broker (and
 //!   PostgreSQL), and fail on the first that does not exit 0. A command the page shows as partial
 //!   (`...`) cannot be run, so it fails here too: show it whole or put it in prose.
 //!
 //! The benchmarks' commands are bench/tests/doc_runs.rs's. [`NOT_YET_RUN`] lists the few
-//! shown commands nothing runs yet (the 3-broker chaos runs, the secured broker's config files),
-//! each with why; [`every_shown_command_has_a_runner`] fails when an entry there is no longer
-//! shown, and a new command that nothing can run fails the broker tests.
+//! shown commands nothing runs yet (the long chaos runs and the all-stage ones), each with why;
+//! [`every_shown_command_has_a_runner`] fails when an entry there is no longer shown, and a new
+//! command that nothing can run fails the broker tests.
 //!
 //! # How a command is run
 //! - Each code block is one example, its commands run in order in a folder of their own (with
@@ -34,7 +42,10 @@
 //!   disturb no other test beside them.
 //! - Placeholders, from [`placeholder_value`]: `NAME` (a subscriber), `BROKERS`, a listen address
 //!   `127.0.0.1:PORT` (a free port, the same within a block), `$(scripts/postgres.sh url)` (the
-//!   test's database). Any other `$VAR` or `<…>` fails the test: add its value there.
+//!   test's database), and for the secured examples the broker `kafka-1:PORT`, the config file's
+//!   and the CA's paths under `/etc/price-alerts/` and the token endpoint's URL; a secret the page
+//!   elides (`"…"`) is the broker's own ([`SecuredBroker::secret`]). Any other `$VAR` or `<…>`
+//!   fails the test: add its value there.
 //! - `target/release/NAME` and `NAME` run the test build of NAME (target/debug): the same code.
 //! - A daemon (alert-pipeline, alert-sink and alert-deliver without `--exit-when-idle`,
 //!   test-subscriber) is started and waited for until it is ready: `/readyz` answers 200 when the
@@ -43,12 +54,13 @@
 //!   until the block's last command has run. Every other command must exit 0 by itself.
 //!
 //! Broker tests: `#[ignore]`d under a plain `cargo test`; scripts/test.sh runs them (lane a),
-//! with `KAFKA_BOOTSTRAP` and `DATABASE_URL`.
+//! with `KAFKA_BOOTSTRAP` and `DATABASE_URL`, and the secured broker's `KAFKA_SECURE_*`.
 
 mod common;
 mod doc_commands;
 
-use doc_commands::Shown;
+use doc_commands::{LaneTest, Shown};
+use price_alerts::kafka::topics::{self, DropTopics, Topics};
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -69,65 +81,38 @@ const RUNNERS: &[&str] = &["scripts/demo.sh", "scripts/test.sh", ".ci/run"];
 /// [`every_shown_command_has_a_runner`].
 const NOT_YET_RUN: &[(&str, &str, &str)] = &[
     (
-        "docs/security.md",
-        "alert-pipeline --bootstrap kafka-1:9095 --config /etc/price-alerts/kafka.toml --rules rules.toml",
-        "needs the secured broker's OAUTHBEARER listener and a token endpoint, with the page's \
-         config file; tests/oidc.rs runs the binaries so, not this command",
-    ),
-    (
-        "docs/security.md",
-        "alert-pipeline --bootstrap kafka-1:9094 --config /etc/price-alerts/kafka.toml --rules rules.toml",
-        "needs the secured broker and the page's config file; tests/security.rs runs the \
-         binaries so, not this command",
-    ),
-    (
-        "docs/testing.md",
-        "scripts/kafka.sh broker 2 kill",
-        "kills a broker of the shared 3-broker cluster: only the cluster lane's tests may, \
-         through tests/common/cluster.rs",
-    ),
-    (
-        "docs/testing.md",
-        "scripts/kafka.sh broker 2 start",
-        "as `broker 2 kill`",
-    ),
-    (
-        "docs/testing.md",
-        "scripts/kafka.sh logs --brokers 3 --broker 2 -f",
-        "follows a log for ever (`-f`)",
-    ),
-    (
         "docs/testing.md",
         "alert-chaos --group-protocol consumer --seed 4401 --span 450s --ticks 180000 \
          --coordinator-kills 3 --database-downs 0 --limit 25m --work-dir /tmp/chaos-consumer-4401",
-        "a chaos run on the 3-broker cluster (its broker bounces and kills), 9 minutes",
+        "an all-stage chaos run with coordinator kills on the 3-broker cluster, 9 minutes; turned \
+         down to one kill it is tests/chaos.rs's coordinator-kill test, about 5 minutes, which \
+         scripts/test.sh skips for time",
     ),
     (
         "docs/testing.md",
         "alert-chaos",
-        "the short all-stage chaos run on the 3-broker cluster; tests/chaos.rs runs the \
-         pipeline-only one",
+        "the short all-stage chaos run on the 3-broker cluster, as shown (nothing to turn down): \
+         158 s by hand on 2026-12-06 (78 s of chaos, load 18-22 from a suite beside it, VERDICT \
+         exactly once), on top of the pipeline-only short run the suite's cluster lane runs \
+         already (tests/chaos.rs, 107 s, from the page's pipeline-only command): more than the \
+         two minutes the lane may grow",
     ),
     (
         "docs/testing.md",
         "alert-chaos --ticks 500000 --symbols 200 --partitions 12 --span 20m --kills 15 --terms 5 \
          --zombies 2 --hard-bounces 2 --clean-bounces 2 --database-downs 3 --limit 90m \
          --work-dir /tmp/chaos-all-long",
-        "a chaos run on the 3-broker cluster, 25 minutes",
+        "an all-stage chaos run on the 3-broker cluster, 25 minutes; turned down it is the short \
+         all-stage run, `alert-chaos` above",
     ),
     (
         "docs/testing.md",
         "alert-chaos --seed 20261130 --ticks 1000000 --symbols 200 --partitions 12 --instances 6 \
          --span 20m --kills 22 --terms 22 --zombies 2 --hard-bounces 3 --clean-bounces 3 \
          --static-membership --limit 90m --work-dir /tmp/chaos-long --pipeline-only",
-        "a chaos run on the 3-broker cluster, 34 minutes",
-    ),
-    (
-        "docs/testing.md",
-        "alert-chaos --pipeline-only --live-rules --alert-changes 150 --ticks 200000 --symbols 200 \
-         --partitions 12 --span 6m --kills 8 --terms 4 --zombies 2 --hard-bounces 2 \
-         --clean-bounces 2 --limit 25m --work-dir /tmp/chaos-live-long",
-        "a chaos run on the 3-broker cluster, 9 minutes",
+        "a chaos run on the 3-broker cluster, 34 minutes; turned down it would be a second short \
+         run (static membership) beside tests/chaos.rs's, about two more minutes in the cluster \
+         lane, the suite's longest",
     ),
 ];
 
@@ -157,8 +142,19 @@ enum Runner {
     Itself,
     /// Nothing yet: [`NOT_YET_RUN`].
     NotYet(&'static str),
+    /// A test of the cluster's lane ([`doc_commands::lane_test`]).
+    Lane(LaneTest),
+    /// The secured broker's test here: a command for a secured cluster ([`secured`]).
+    Secured,
     /// The broker tests here.
     Here,
+}
+
+/// Whether a shown command is one for a secured cluster: it names the pages' production broker,
+/// `kafka-1:PORT` (docs/security.md's examples), whose listeners [`placeholder_value`] gives
+/// the secured broker's.
+fn secured(shown: &Shown) -> bool {
+    shown.args.iter().any(|a| a.starts_with("kafka-1:"))
 }
 
 /// The command as [`Shown`] prints it, without its `page:line: `.
@@ -190,6 +186,12 @@ fn runner(shown: &Shown, runners: &[ScriptCommands]) -> Runner {
         .find(|(page, cmd, _)| *page == shown.page && *cmd == rendered(shown))
     {
         return Runner::NotYet(why);
+    }
+    if let Some(test) = doc_commands::lane_test(shown) {
+        return Runner::Lane(test);
+    }
+    if secured(shown) {
+        return Runner::Secured;
     }
     for (name, commands) in runners {
         if let Some(line) = doc_commands::runs_verbatim(commands, shown) {
@@ -223,6 +225,9 @@ fn every_shown_command_has_a_runner() {
             Runner::Script(name, _) => format!("run by {name}"),
             Runner::Itself => "a runner script itself".to_owned(),
             Runner::NotYet(_) => "not yet run".to_owned(),
+            Runner::Lane(LaneTest::ClusterBrokers) => "run by tests/doc_runs_cluster.rs".to_owned(),
+            Runner::Lane(LaneTest::ShortChaos) => "run turned down by tests/chaos.rs".to_owned(),
+            Runner::Secured => "run by tests/doc_runs.rs on the secured broker".to_owned(),
             Runner::Here => "run by tests/doc_runs.rs".to_owned(),
         };
         *counts.entry(key).or_default() += 1;
@@ -283,6 +288,8 @@ struct Place {
     dir: PathBuf,
     prefix: String,
     database_url: Option<String>,
+    /// The secured broker, for the secured examples ([`Runner::Secured`]).
+    secured: Option<SecuredBroker>,
     /// The free address each shown listen address stands for, within the place.
     addrs: Mutex<BTreeMap<String, String>>,
 }
@@ -298,6 +305,7 @@ impl Place {
             dir,
             prefix: prefix.to_owned(),
             database_url,
+            secured: None,
             addrs: Mutex::new(BTreeMap::new()),
         }
     }
@@ -342,6 +350,20 @@ fn placeholder_value(place: &Place, word: &str) -> Option<String> {
         // A subscriber of the world's subscriptions (the one that answers 400: its dead letters).
         "NAME" => "ops-desk".to_owned(),
         "BROKERS" => common::kafka().bootstrap.clone(),
+        // The secured examples (docs/security.md): the secured broker's SCRAM and OAUTHBEARER
+        // listeners, the config file the command names (written from the page's block,
+        // [`write_secured_config`]), the broker's CA, and the test's token endpoint.
+        "kafka-1:9094" => place.secured.as_ref()?.bootstrap.clone(),
+        "kafka-1:9095" => place.secured.as_ref()?.oauth_bootstrap.clone(),
+        "/etc/price-alerts/kafka.toml" => {
+            place.secured.as_ref()?;
+            place.dir.join("kafka.toml").display().to_string()
+        }
+        "/etc/price-alerts/ca.pem" => {
+            let ca = place.secured.as_ref()?.state.join("tls/ca.pem");
+            ca.display().to_string()
+        }
+        "https://idp.example.com/oauth2/token" => place.secured.as_ref()?.token_url.clone(),
         "$(scripts/postgres.sh url)" => place.database_url.clone()?,
         w if w.starts_with("127.0.0.1:") && w[10..].parse::<u16>().is_ok() => place
             .addrs
@@ -539,14 +561,17 @@ fn metrics_addr(place: &Place, shown: &Shown) -> Option<String> {
 }
 
 /// Runs one block's commands in order in `place`; fails on the first that does not exit 0.
-fn run_block(place: &Place, block: &[&Shown]) {
+/// Returns what each printed, as (the command, its output).
+fn run_block(place: &Place, block: &[&Shown]) -> Vec<(String, Arc<Mutex<String>>)> {
     let mut background: Vec<Running> = Vec::new();
+    let mut outputs = Vec::new();
     for shown in block {
         let what = shown.to_string();
         eprintln!("doc_runs: {what}");
         let started = Instant::now();
         let needle = daemon(shown);
         let mut running = Running::start(command_of(place, shown), what.clone(), needle);
+        outputs.push((what.clone(), running.output.clone()));
         if needle.is_some() {
             match metrics_addr(place, shown) {
                 Some(addr) => running.wait_ready(|_| common::http_get(&addr, "/readyz").0 == 200),
@@ -568,14 +593,20 @@ fn run_block(place: &Place, block: &[&Shown]) {
     for running in background {
         running.stop();
     }
+    outputs
 }
 
-/// The blocks of the shown commands the tests here run, in page order.
+/// The blocks of the shown commands the tests here run on the suite's broker, in page order.
 fn blocks_here() -> Vec<Vec<Shown>> {
+    blocks_run_by(Runner::Here)
+}
+
+/// The blocks of the shown commands `who` runs, in page order.
+fn blocks_run_by(who: Runner) -> Vec<Vec<Shown>> {
     let runners = runner_commands();
     let mut blocks: Vec<Vec<Shown>> = Vec::new();
     for s in all_shown() {
-        if runner(&s, &runners) != Runner::Here {
+        if runner(&s, &runners) != who {
             continue;
         }
         match blocks.last_mut() {
@@ -767,6 +798,179 @@ fn the_blocks_on_a_running_system_run() {
     drop(world);
     eprintln!(
         "doc_runs: {} blocks in {:.1?}",
+        blocks.len(),
+        started.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The secured examples
+
+/// The secured broker of scripts/test.sh (`scripts/kafka.sh up --secure`), as the secured
+/// examples' placeholders need it.
+struct SecuredBroker {
+    /// The SCRAM listener (`KAFKA_SECURE_BOOTSTRAP`).
+    bootstrap: String,
+    /// The OAUTHBEARER listener (`KAFKA_SECURE_OAUTH_BOOTSTRAP`).
+    oauth_bootstrap: String,
+    /// The broker's state folder (`KAFKA_SECURE_DIR`): its CA, its users' passwords and OIDC
+    /// client secrets.
+    state: PathBuf,
+    /// The test's token endpoint, signing with the broker's trusted key.
+    token_url: String,
+}
+
+impl SecuredBroker {
+    /// The secret the page elides (`"…"`) as the value of `property`, for the principal the file
+    /// names: the SCRAM password of its `sasl.username`, or the OIDC client secret of its
+    /// `sasl.oauthbearer.client.id`, as `up --secure` wrote them.
+    fn secret(&self, property: &str, file: &BTreeMap<String, String>) -> String {
+        let (name_property, suffix) = match property {
+            "sasl.password" => ("sasl.username", "password"),
+            "sasl.oauthbearer.client.secret" => ("sasl.oauthbearer.client.id", "oidc-secret"),
+            _ => panic!("the page elides {property}: say here which secret stands for it"),
+        };
+        let name = file
+            .get(name_property)
+            .unwrap_or_else(|| panic!("{property} elided, but no {name_property} in the file"));
+        let path = self
+            .state
+            .join("credentials")
+            .join(format!("{name}.{suffix}"));
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("the broker's {suffix} of {name}: {e}"))
+            .trim()
+            .to_owned()
+    }
+}
+
+/// Writes the config file a secured example names (`--config FILE`): the page's code block just
+/// before the command's (a `[librdkafka]` table), each value given this place's
+/// ([`placeholder_value`]: the CA, the token endpoint) and each elided secret (`"…"`) the
+/// broker's ([`SecuredBroker::secret`]). Created owner-only (mode 600), as the page says and the
+/// binaries require of a file that holds a secret; never printed.
+fn write_secured_config(place: &Place, shown: &Shown) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let broker = place.secured.as_ref().expect("a secured place");
+    let at = shown.args.iter().position(|a| a == "--config");
+    let Some(path) = at.and_then(|i| shown.args.get(i + 1)) else {
+        return;
+    };
+    let text = std::fs::read_to_string(root().join(&shown.page)).expect("the page");
+    let blocks = doc_commands::code_blocks(&text);
+    let own = blocks
+        .iter()
+        .position(|(start, _)| *start == shown.block)
+        .expect("the command's block");
+    let lines: Vec<&str> = match own.checked_sub(1).map(|i| &blocks[i].1) {
+        Some(lines) if lines.first().is_some_and(|(_, l)| l == "[librdkafka]") => {
+            lines.iter().map(|(_, l)| l.as_str()).collect()
+        }
+        _ => panic!("{shown}: no [librdkafka] block just before it, for {path}"),
+    };
+    // `"property" = "value"` lines, as (property, value); the others (the table, comments) kept.
+    let pair = |line: &str| -> Option<(String, String)> {
+        let (k, v) = line.split_once(" = ")?;
+        let unquote = |x: &str| Some(x.trim().strip_prefix('"')?.strip_suffix('"')?.to_owned());
+        Some((unquote(k)?, unquote(v)?))
+    };
+    let file: BTreeMap<String, String> = lines.iter().filter_map(|l| pair(l)).collect();
+    let mut written = String::new();
+    for line in &lines {
+        match pair(line) {
+            Some((property, value)) => {
+                let value = match value.as_str() {
+                    "…" | "..." => broker.secret(&property, &file),
+                    v => placeholder_value(place, v).unwrap_or_else(|| v.to_owned()),
+                };
+                assert!(
+                    !value.contains(['"', '\\']),
+                    "{property}: a value that needs escaping in TOML"
+                );
+                written.push_str(&format!("\"{property}\" = \"{value}\"\n"));
+            }
+            None => {
+                written.push_str(line);
+                written.push('\n');
+            }
+        }
+    }
+    let path = PathBuf::from(place.word(path));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+    std::io::Write::write_all(&mut f, written.as_bytes()).expect("writing the config file");
+}
+
+/// The secured examples of docs/security.md, each block as the others here: the page's config
+/// file written ([`write_secured_config`]), the command run with the secured broker's
+/// listener for `kafka-1:PORT` and the repository's `config/rules.toml` as its `rules.toml`,
+/// waited for until ready, SIGTERM, exit 0. The principal (User:pipeline, the SCRAM user and the
+/// OIDC client id alike) has exactly the ACLs `scripts/acls.sh` grants its role on the names the
+/// command runs with, on topics the super-user created (the page's "No Create"); nothing it
+/// printed holds a password or secret of the broker.
+#[test]
+#[ignore = "needs the secured broker: run scripts/test.sh"]
+fn the_secured_examples_run() {
+    let started = Instant::now();
+    let oidc = common::oidc::oidc("docsecure");
+    let endpoint = oidc.endpoint(Duration::from_secs(300));
+    let prefix = common::prefix("docsecure");
+    let admin = oidc.scram.kafka("admin");
+    let _topics = DropTopics::with_prefix(&admin, &prefix);
+    let blocks = blocks_run_by(Runner::Secured);
+    assert!(!blocks.is_empty(), "found the secured examples");
+    // The names every block runs with: the pipeline's defaults in this test's prefix.
+    let (app, input, output) = (
+        format!("{prefix}price-alerts"),
+        format!("{prefix}market-updates"),
+        format!("{prefix}notifications"),
+    );
+    futures::executor::block_on(topics::ensure(
+        &admin,
+        &Topics::with(input.clone(), output.clone(), &app),
+        Some(2),
+    ))
+    .expect("the super-user creates the topics");
+    oidc.scram.acls_all(&[vec![
+        "apply", "pipeline", "--app-id", &app, "--input", &input, "--output", &output,
+    ]]);
+    eprintln!("doc_runs: topics and ACLs in {:.1?}", started.elapsed());
+    for block in &blocks {
+        let mut place = Place::new(&format!("b{}", block[0].line), &prefix, None);
+        place.secured = Some(SecuredBroker {
+            bootstrap: oidc.scram.bootstrap.clone(),
+            oauth_bootstrap: oidc.oauth.bootstrap.clone(),
+            state: oidc.scram.dir.clone(),
+            token_url: endpoint.token_url(),
+        });
+        std::fs::copy(
+            root().join("config/rules.toml"),
+            place.dir.join("rules.toml"),
+        )
+        .expect("the rules beside the command");
+        for shown in block {
+            write_secured_config(&place, shown);
+        }
+        for (what, output) in run_block(&place, &block.iter().collect::<Vec<_>>()) {
+            oidc.assert_no_secret(&what, &output.lock().expect("output"), &[]);
+        }
+    }
+    // The OAUTHBEARER example logged in with a token of the test's endpoint, not by chance.
+    let oauth = blocks
+        .iter()
+        .flatten()
+        .any(|s| s.args.iter().any(|a| a == "kafka-1:9095"));
+    let counts = endpoint.counts();
+    assert!(
+        !oauth || counts.issued.get("pipeline").copied().unwrap_or(0) >= 1,
+        "the OAUTHBEARER example got its token from the endpoint: {counts:?}"
+    );
+    eprintln!(
+        "doc_runs: {} secured blocks in {:.1?}",
         blocks.len(),
         started.elapsed()
     );

@@ -76,8 +76,9 @@ const SIZES: &[(&str, &[(&str, &str)])] = &[
 const NOT_YET_RUN: &[(&str, &str)] = &[(
     "rebalance-bench",
     "each run waits out a session timeout per SIGKILL, the consumer protocol's the broker's 45 s \
-     (no client knob): about 75 s per protocol at --repeats 1; bench/tests/rebalance_bench.rs \
-     runs its scenarios in the suite",
+     (no client knob): at --repeats 1 its default command took 145 s and its consumer-only one \
+     75 s (2026-12-06: 50 s of it the SIGKILL's settling), so its three shown commands would add \
+     about 220 s to lane a; bench/tests/rebalance_bench.rs runs its scenarios in the suite",
 )];
 
 /// How long one turned-down command may take.

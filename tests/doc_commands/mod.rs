@@ -4,7 +4,8 @@
 //! bench crate) and `tests/doc_runs.rs`, which runs them: it takes each command with its code block
 //! ([`Shown::block`]) and whether it goes to the background ([`Shown::background`]), the `scripts/`
 //! invocations ([`shown_scripts`]), and finds the ones a runner script runs verbatim
-//! ([`script_commands`], [`runs_verbatim`]). Nothing here runs a command.
+//! ([`script_commands`], [`runs_verbatim`]), and which need a test of the cluster's lane
+//! ([`lane_test`]). Nothing here runs a command.
 //!
 //! What counts as a shown command: a line of a fenced code block, or of an indented one (four
 //! spaces or more outside a fence), of README.md, docs/*.md or bench/README.md, its `\`
@@ -520,6 +521,34 @@ pub fn runs_verbatim(commands: &[(usize, Vec<String>)], shown: &Shown) -> Option
         .iter()
         .find(|(_, words)| *words == want)
         .map(|(line, _)| *line)
+}
+
+/// A test outside `tests/doc_runs.rs` that runs shown commands, because they need a lane of
+/// scripts/test.sh of their own: the 3-broker cluster's, where one test at a time may take a
+/// broker down (`tests/common/cluster.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneTest {
+    /// `tests/doc_runs_cluster.rs`: a cluster broker killed, stopped or started, a cluster log.
+    ClusterBrokers,
+    /// `tests/chaos.rs`'s short run, which takes its mode from the command (its counts and
+    /// durations the short run's).
+    ShortChaos,
+}
+
+/// Which lane test runs `shown`, if one does. tests/doc_runs.rs (which names every command's
+/// runner) and each lane test ask this same question, so a command one of them counts as run
+/// is one the other runs.
+pub fn lane_test(shown: &Shown) -> Option<LaneTest> {
+    let has = |w: &str| shown.args.iter().any(|a| a == w);
+    let first = shown.args.first().map(String::as_str);
+    match (shown.binary.as_str(), first) {
+        ("scripts/kafka.sh", Some("broker")) => Some(LaneTest::ClusterBrokers),
+        ("scripts/kafka.sh", Some("logs")) if has("--brokers") => Some(LaneTest::ClusterBrokers),
+        ("alert-chaos", _) if has("--pipeline-only") && has("--live-rules") => {
+            Some(LaneTest::ShortChaos)
+        }
+        _ => None,
+    }
 }
 
 /// The clap parser of each binary of the processor (`src/bin/`), as the binary builds it; `None`
