@@ -383,7 +383,7 @@ fn command_of(place: &Place, shown: &Shown) -> Command {
         root().join(&shown.binary)
     } else {
         args = with_defaults_in_place(place, &shown.binary, args);
-        bin_dir().join(&shown.binary)
+        doc_commands::bin_dir().join(&shown.binary)
     };
     let mut cmd = Command::new(program);
     cmd.args(&args)
@@ -425,15 +425,6 @@ fn with_defaults_in_place(place: &Place, binary: &str, args: Vec<String>) -> Vec
         out.extend(defaults(&sub));
     }
     out
-}
-
-/// `target/debug`, where cargo put the binaries this test runs (beside its `deps/`).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .to_path_buf()
 }
 
 /// A started command, its output copied to the test's stderr (tagged with its page line) and kept.
@@ -636,7 +627,7 @@ impl World {
         let db = common::postgres::TestDb::create("doc_runs");
         let place = Place::new("world", prefix, Some(db.url.clone()));
         let bin = |name: &str, args: &[&str]| {
-            let mut c = Command::new(bin_dir().join(name));
+            let mut c = Command::new(doc_commands::bin_dir().join(name));
             c.args(args)
                 .current_dir(&place.dir)
                 .env_remove("RUST_LOG")

@@ -76,18 +76,7 @@ fn run(cluster: &Cluster, shown: &Shown) -> String {
     );
     let o = std::thread::spawn(move || std::io::read_to_string(&mut out).unwrap_or_default());
     let e = std::thread::spawn(move || std::io::read_to_string(&mut err).unwrap_or_default());
-    let deadline = Instant::now() + RUN_BOUND;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{shown}: still running after {RUN_BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = doc_commands::wait_bounded(&mut child, RUN_BOUND, &shown.to_string());
     let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
     eprintln!("{stderr}");
     assert!(

@@ -109,15 +109,6 @@ fn turned_down(shown: &Shown) -> Vec<String> {
     args
 }
 
-/// `target/debug`, where cargo put the benchmarks (and the processor's binaries they start).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
 /// The test's PostgreSQL: `DATABASE_URL`, or the URL scripts/postgres.sh wrote.
 fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| {
@@ -138,7 +129,7 @@ fn run(dir: &std::path::Path, shown: &Shown) {
     let what = format!("{shown}\n    run as: {} {}", shown.binary, args.join(" "));
     eprintln!("doc_runs: {what}");
     let started = Instant::now();
-    let mut cmd = Command::new(bin_dir().join(&shown.binary));
+    let mut cmd = Command::new(doc_commands::bin_dir().join(&shown.binary));
     cmd.args(&args)
         .current_dir(dir)
         .env_remove("RUST_LOG")
@@ -174,18 +165,7 @@ fn run(dir: &std::path::Path, shown: &Shown) {
         })
     })
     .collect();
-    let deadline = Instant::now() + RUN_BOUND;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {RUN_BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = doc_commands::wait_bounded(&mut child, RUN_BOUND, &what.to_string());
     let output: Vec<String> = readers
         .into_iter()
         .map(|r| r.join().unwrap_or_default())

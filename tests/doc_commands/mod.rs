@@ -312,12 +312,7 @@ fn assignment(word: &str) -> bool {
 
 /// The binary a command's words invoke, and its arguments, when it is one of `binaries`.
 fn invocation(words: &[String], binaries: &[String]) -> Option<(Env, String, Vec<String>)> {
-    let env: Env = words
-        .iter()
-        .take_while(|w| assignment(w))
-        .filter_map(|w| w.split_once('='))
-        .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        .collect();
+    let env = leading_env(words);
     invoked(&words[env.len()..], binaries).map(|(binary, args)| (env, binary, args))
 }
 
@@ -438,15 +433,20 @@ pub fn shown_scripts(root: &Path) -> Vec<Shown> {
     })
 }
 
-/// The script a command's words run (`scripts/kafka.sh`), after any assignments, and its
-/// arguments.
-fn script_invocation(words: &[String]) -> Option<(Env, String, Vec<String>)> {
-    let env: Env = words
+/// The `NAME=value` words a command's words start with.
+fn leading_env(words: &[String]) -> Env {
+    words
         .iter()
         .take_while(|w| assignment(w))
         .filter_map(|w| w.split_once('='))
         .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        .collect();
+        .collect()
+}
+
+/// The script a command's words run (`scripts/kafka.sh`), after any assignments, and its
+/// arguments.
+fn script_invocation(words: &[String]) -> Option<(Env, String, Vec<String>)> {
+    let env = leading_env(words);
     let rest = &words[env.len()..];
     let first = rest.first()?;
     let script = first.strip_prefix("./").unwrap_or(first);
@@ -735,4 +735,33 @@ pub fn missing_scripts(root: &Path) -> (usize, Vec<String>) {
         }
     }
     (seen, missing)
+}
+
+/// `target/<profile>`, where cargo put the binaries a test runs (beside its `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Waits for `child` to exit, for at most `bound`; past it, kills it and fails naming `what`.
+pub fn wait_bounded(
+    child: &mut std::process::Child,
+    bound: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {bound:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
