@@ -395,18 +395,23 @@ fn run_once(
         crate::kafka::txn::EXIT_STUCK,
     );
     let result = d.consume_until_stopped(health, stop);
-    drop(watchdog);
     if result
         .as_ref()
         .is_err_and(crate::kafka::group::is_group_refused)
     {
         let right = format!("Read on Group {}", d.opts.group_id);
+        let (stats, setbacks) = (d.stats, d.setbacks);
+        // Closing the dead consumer and the producer is librdkafka's: the watchdog still bounds
+        // it.
+        drop(d);
+        drop(watchdog);
         return Ok(Ran::GroupRefused {
             right,
-            stats: d.stats,
-            setbacks: d.setbacks,
+            stats,
+            setbacks,
         });
     }
+    drop(watchdog);
     health.not_ready(if result.is_ok() { "stopping" } else { "failed" });
     match result {
         Ok(()) => {

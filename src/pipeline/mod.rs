@@ -234,16 +234,19 @@ fn run_engine(
         .unwrap_or_else(|| crate::kafka::txn::stuck_bound(opts.engine.transaction_timeout));
     let watchdog = health.watchdog(bound, crate::kafka::txn::EXIT_STUCK);
     let result = process_until_stopped(&engine, opts, health, stop);
-    drop(watchdog);
     if let Some(right) = result.as_ref().err().and_then(|e| engine.group_refused(e)) {
         let (stats, setbacks) = (engine.stats()?, engine.setbacks()?);
+        // Closing the dead consumer and the producers is librdkafka's: the watchdog still bounds
+        // it.
         drop(engine);
+        drop(watchdog);
         return Ok(Ran::GroupRefused {
             right,
             stats,
             setbacks,
         });
     }
+    drop(watchdog);
     health.not_ready(match &result {
         Ok(()) => "stopping",
         Err(e)
