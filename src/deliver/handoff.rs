@@ -2,8 +2,8 @@
 //! that moves a batch on.
 //!
 //! ```text
-//!   begin ─► send each hand-off (next bucket | DLQ | parking lot) ─► send_offsets(every consumed
-//!   position of the batch, with the group metadata) ─► commit
+//!   begin ─► send each hand-off (next bucket | DLQ | parking lot) ─► drain ─► send_offsets(every
+//!   consumed position of the batch, with the group metadata) ─► commit
 //! ```
 //! A hand-off and the offset past the record it came from commit together or not at all, so a
 //! crash never loses a hand-off (the record is read again) nor doubles one (an aborted hand-off
@@ -11,6 +11,23 @@
 //! transactional errors mean is decided by [`crate::kafka::txn::classify`], the one
 //! function for it: the caller rewinds its partitions after an abortable error and stops on a
 //! fatal one.
+//!
+//! # The drain before the offsets
+//! The hand-offs are acknowledged before `send_offsets_to_transaction`, so their partitions are
+//! registered with the transaction (AddPartitionsToTxn answered) before its AddOffsetsToTxn can
+//! fail. librdkafka 2.12 takes an AddPartitionsToTxn response that arrives once the transaction
+//! has failed (state AbortableError) for outdated: it forgets the request
+//! (`rd_kafka_txn_handle_AddPartitionsToTxn`: "Ignoring outdated AddPartitionsToTxn response",
+//! and `txn_req_cnt--`), although the coordinator registered the partitions. When the
+//! AddOffsetsToTxn sent beside it was refused first (Read on the group taken away), the count of
+//! requests fell to 0 and the abort skipped EndTxn ("No partitions registered: not sending
+//! EndTxn"): the transaction stayed open on its coordinator, which timed it out and fenced the
+//! producer a transaction timeout later ("Completed rollback of ongoing transaction … due to
+//! timeout" in the broker's log). The next EndTxn, or the first AddOffsetsToTxn once the group was
+//! granted again, was refused as fenced and alert-deliver exited 1; the fence could not be taken
+//! for the coordinator's timeout ([`crate::kafka::txn::Fence`]), since the transaction it timed
+//! out had begun several hand-offs before the one refused. The drain costs nothing where a batch
+//! hands nothing off, and the commit drains anyway.
 //!
 //! A hand-off record keeps the notification's key (its symbol: a bucket is partitioned as the
 //! notifications are), value and headers (trace context), with the `retry.*` and `dlq.*` headers
@@ -22,7 +39,7 @@
 use super::buckets::{Buckets, RetryState};
 use crate::dlq::{copy_headers, Coordinates, Letter};
 use crate::kafka::tpl::positions_list;
-use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
+use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer, DRAIN_TIMEOUT};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::BaseRecord;
@@ -289,6 +306,11 @@ fn send_all(
     }
     let offsets =
         positions_list(&positions(batch.records)).map_err(|e| TxnError::new("offsets", e))?;
+    // Every AddPartitionsToTxn answered before the offsets go (module doc, `# The drain before
+    // the offsets`). A drain that does not finish changes nothing: the commit drains again.
+    if !batch.handoffs.is_empty() {
+        let _ = producer.flush(DRAIN_TIMEOUT);
+    }
     crate::kafka::hold::hold_before(
         hook.hold_send_offsets.as_deref(),
         "send_offsets_to_transaction",

@@ -45,10 +45,10 @@ use crate::kafka::access::{self, Needs, ReadRights};
 use crate::kafka::group::FatalConsumerError;
 use crate::kafka::read::{Ends, END_TIMEOUT};
 use crate::kafka::topics::{ensure_topic, partition_count_of, Cleanup, TopicSpec};
-use crate::kafka::txn::{TxnErrorClass, TxnProducer};
+use crate::kafka::txn::{TxnCause, TxnErrorClass, TxnProducer};
 use anyhow::{anyhow, bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, OwnedMessage};
 use rdkafka::{Message, Offset};
 use serde::Deserialize;
@@ -786,10 +786,22 @@ impl Deliverer {
             Err(Failed { error: e, refused }) if e.class == TxnErrorClass::Abortable => {
                 let backoff = self.setbacks.set_back();
                 self.backoff_until = Some(Instant::now() + backoff);
-                if refused.is_empty() {
+                let mut rights: BTreeSet<String> = refused
+                    .iter()
+                    .map(|topic| format!("Write on Topic {topic}"))
+                    .collect();
+                let group_refused = matches!(&e.cause, TxnCause::Kafka(k)
+                    if k.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed));
+                if group_refused {
+                    // AddOffsetsToTxn or TxnOffsetCommit: Kafka authorises both as Read on the
+                    // group, which a classic member's refused heartbeats name only at its
+                    // session's end.
+                    rights.insert(format!("Read on Group {}", self.opts.group_id));
+                }
+                if rights.is_empty() {
                     warn!(error = %e, records = records.len(), aborts_in_a_row = self.setbacks.in_a_row(), retry_in = ?backoff, "hand-off transaction aborted; the batch is read and delivered again");
                 } else {
-                    self.not_authorised(&refused, backoff);
+                    self.not_authorised(&rights, backoff);
                 }
                 m::aborted();
                 self.stats.aborted += 1;
@@ -866,21 +878,21 @@ impl Deliverer {
         Ok(())
     }
 
-    /// Says that the hand-off transaction aborted because Write was refused on `topics`: one
-    /// WARN line and one count of `alerts_not_authorised_total{right}` per right and abort, as the
-    /// pipeline says it, until a commit succeeds (`authorised again`). The batch is retried after
-    /// the growing back-off; nothing is skipped meanwhile.
-    fn not_authorised(&mut self, topics: &BTreeSet<String>, backoff: Duration) {
-        for topic in topics {
-            let right = format!("Write on Topic {topic}");
+    /// Says that the hand-off transaction aborted because `rights` were refused (Write on a
+    /// topic, Read on the group): one WARN line and one count of
+    /// `alerts_not_authorised_total{right}` per right and abort, as the pipeline says it, until a
+    /// commit succeeds (`authorised again`). The batch is retried after the growing back-off;
+    /// nothing is skipped meanwhile.
+    fn not_authorised(&mut self, rights: &BTreeSet<String>, backoff: Duration) {
+        for right in rights {
             crate::kafka::access::say_refused(
                 &self.opts.kafka,
-                &right,
+                right,
                 "hand-off transaction aborted and its batch rewound",
                 self.setbacks.in_a_row(),
                 backoff,
             );
-            self.refused.insert(right);
+            self.refused.insert(right.clone());
         }
     }
 
