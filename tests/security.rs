@@ -1429,7 +1429,8 @@ fn group_read_revoked_while_running_backs_off_reports_and_resumes() {
 /// aborts the batch at AddOffsetsToTxn; the rewind and the restores are refused too, so no
 /// transaction begins until the grant, and a transaction left open would be timed out by its
 /// coordinator, which fences the producer. It must not be: the pipeline keeps running through
-/// every refusal and grant, every tick is committed once, the output is exactly once, and the
+/// every refusal and grant, both of its producers commit after each grant, every tick is
+/// committed once, the output is exactly once, and the
 /// broker rolled back no transaction of its id for its timeout. The race is alert-deliver's
 /// (src/deliver/handoff.rs, "The drain before the offsets"): librdkafka 2.12 takes the
 /// AddPartitionsToTxn answered after the refused AddOffsetsToTxn for outdated and aborts
@@ -1534,6 +1535,19 @@ fn group_read_refused_past_the_transaction_timeout_leaves_no_transaction_open() 
             &next_offsets(&all),
             &format!("cycle {cycle}, after the grant"),
         );
+        // Two batches more, one after the other: the pipeline's two producers take batches in
+        // turn, so each begins a transaction after the grant, the one whose transaction was
+        // refused among them (a fenced one fails here, not at the next refusal, which the
+        // refused AddOffsetsToTxn would answer first).
+        for _ in 0..2 {
+            all.extend(quiet(seq, 1));
+            seq += 1;
+            wait_committed(
+                &mut p,
+                &next_offsets(&all),
+                &format!("cycle {cycle}, a batch after the grant"),
+            );
+        }
     }
     let ticks = scrape(price_alerts::metrics::TICKS_COMMITTED);
     p.signal("TERM");
