@@ -573,7 +573,11 @@ mod tests {
     fn began_ago(p: &TxnProducer, ago: Duration) {
         let at = Instant::now() - ago;
         let away = p.generation().away(at);
-        *p.began.lock().unwrap() = Some(Began { at, away });
+        *p.began.lock().unwrap() = Some(Began {
+            at,
+            away,
+            delivered: 0,
+        });
     }
 
     #[test]
@@ -603,6 +607,7 @@ mod tests {
         *p.began.lock().unwrap() = Some(Began {
             at,
             away: Duration::ZERO,
+            delivered: 0,
         });
         assert_eq!(p.fence(&g, now), Fence::WhileAway(Duration::from_secs(20)));
         let err = p
