@@ -64,8 +64,10 @@ pub const TXN_CALLS: &[&str] = &[
 ];
 
 /// The steps of a commit, the `step` label of [`COMMIT_STEP_SECONDS`]. Exactly-once: `state`
-/// (the batch's state records handed to the producer), `send_offsets` (AddOffsetsToTxn and
-/// TxnOffsetCommit), `end_transaction` (the records still in flight, then EndTxn). At least once:
+/// (the batch's state records handed to the producer), `flush` (the drain before the offsets of
+/// a batch none of whose records was acknowledged yet: `pipeline::commit`), `send_offsets`
+/// (AddOffsetsToTxn and TxnOffsetCommit), `end_transaction` (the records still in flight, then
+/// EndTxn). At least once:
 /// `flush` (the outputs, then the state records, acknowledged; twice a batch), `state`,
 /// `commit_offsets` (the group's OffsetCommit). Where a batch's time goes besides processing:
 /// pipeline-bench sets their sums against the run's time.

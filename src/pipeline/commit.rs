@@ -32,6 +32,28 @@
 //! partitions stay unrestored and unpositioned ([`super::state::StateStore`]), their records are
 //! dropped, and their restore, once the right is back, seeks them to the committed offsets first.
 //!
+//! # The drain before the offsets
+//! A batch whose records are all unacknowledged when it is staged (ticks that cross nothing: its
+//! only records are the changelog's, produced right before the offsets) is drained before
+//! `send_offsets_to_transaction`, so the partitions it writes are registered with the
+//! transaction (AddPartitionsToTxn answered) before its AddOffsetsToTxn can fail. librdkafka 2.12
+//! takes an AddPartitionsToTxn response that arrives once the transaction has failed for
+//! outdated and forgets the request, although the coordinator registered the partitions; with
+//! the AddOffsetsToTxn beside it refused first (Read on the group taken away), no request of the
+//! transaction counted any more and the abort skipped EndTxn ("No partitions registered: not
+//! sending EndTxn"). The transaction stayed open on its coordinator, which timed it out and fenced
+//! the producer a transaction timeout later ("Completed rollback of ongoing transaction … due to
+//! timeout" in the broker's log); the next EndTxn of that producer (the abort of the next refused
+//! batch, or a commit once the group was granted) was refused as fenced, a fence of a younger
+//! transaction, so fatal ([`crate::kafka::txn::Fence`]), and the pipeline exited 1
+//! (tests/security.rs, `group_read_refused_past_the_transaction_timeout_leaves_no_transaction_open`;
+//! alert-deliver had the same race: `crate::deliver::handoff`). While the group is refused nothing
+//! but the first batch reaches the offsets (the rewind and the restores are refused too), so no
+//! later transaction ended what that one left open. A batch with a record acknowledged already
+//! has a partition registered, which keeps EndTxn, and is not drained; the commit drains anyway,
+//! so the drain moves the wait for the acknowledgements before AddOffsetsToTxn rather than adding
+//! one.
+//!
 //! # Counting
 //! The batch's counts become [`Stats`] and metrics only when its transaction commits, so a redo
 //! after an abort is never counted twice.
@@ -45,7 +67,7 @@ use super::state::{PartitionState, StateStore};
 use crate::backoff::Setbacks;
 use crate::kafka::offsets::{seek_to_committed, GroupOffsets};
 use crate::kafka::tpl::position_list;
-use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer};
+use crate::kafka::txn::{TxnCause, TxnError, TxnErrorClass, TxnProducer, DRAIN_TIMEOUT};
 use crate::kafka::Isolation;
 use crate::metrics as m;
 use crate::rules::live::{PartitionJoin, JOIN_KEY};
@@ -459,6 +481,15 @@ impl Committer {
                     TxnCause::NoGroupMetadata,
                 )
             })?;
+            // Every AddPartitionsToTxn answered before the offsets go, unless a record of this
+            // transaction is acknowledged already (module doc, `# The drain before the offsets`).
+            // A drain that does not finish changes nothing: the commit drains again.
+            if !self.producer().partition_registered() {
+                m::commit_step("flush", || {
+                    let _ = self.producer().flush(DRAIN_TIMEOUT);
+                    Ok::<(), TxnError>(())
+                })?;
+            }
             // Off unless a test names the file. No stop flag here: a held engine is stopped by
             // the shutdown bound of the process.
             crate::kafka::hold::hold_before(

@@ -215,13 +215,25 @@ impl Deployment {
 
     /// The pipeline with the `[librdkafka]` file `config`.
     pub fn pipeline_with(&self, s: &Secure, config: &Path, more: &[&str]) -> Command {
+        self.pipeline_timed(s, config, "30s", more)
+    }
+
+    /// The pipeline with the `[librdkafka]` file `config` and `--transaction-timeout
+    /// txn_timeout` (the option takes one value: `more` cannot set it again).
+    pub fn pipeline_timed(
+        &self,
+        s: &Secure,
+        config: &Path,
+        txn_timeout: &str,
+        more: &[&str],
+    ) -> Command {
         let mut c = s.command_with(env!("CARGO_BIN_EXE_alert-pipeline"), config);
         c.arg("--rules")
             .arg(&self.rules_path)
             .args(self.name_args())
             // A stable id, so the transactional id is `<app>-0`, as the ACL tests name it.
             .args(["--instance-id", "0"])
-            .args(["--transaction-timeout", "30s"])
+            .args(["--transaction-timeout", txn_timeout])
             .args(more);
         c
     }

@@ -21,6 +21,9 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub struct DeliveryContext {
     failures: AtomicU64,
+    /// Records acknowledged so far: one acknowledged in a transaction shows that a partition of
+    /// it is registered with its coordinator ([`super::TxnProducer::partition_registered`]).
+    delivered: AtomicU64,
     pub(super) refused: Mutex<BTreeSet<String>>,
     pub(super) failed: Mutex<Failed>,
     /// The transaction coordinator's `host:port`, from librdkafka's statistics.
@@ -65,6 +68,9 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if result.is_ok() {
+            self.delivered.fetch_add(1, Ordering::Relaxed);
+        }
         if let Err((e, m)) = result {
             if matches!(
                 e.rdkafka_error_code(),
@@ -119,6 +125,11 @@ impl DeliveryContext {
     /// Delivery failures so far.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Records acknowledged so far.
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 
     pub(super) fn coordinator(&self) -> Option<String> {

@@ -52,6 +52,8 @@ use tracing::{debug, error, warn};
 struct Began {
     at: Instant,
     away: Duration,
+    /// Records its producer had acknowledged then ([`TxnProducer::partition_registered`]).
+    delivered: u64,
 }
 
 /// A producer whose transactional calls retry, classify and end by a deadline in one place.
@@ -252,6 +254,7 @@ impl TxnProducer {
             *began = Some(Began {
                 at,
                 away: generation.away(at),
+                delivered: generation.producer.context().delivered(),
             });
         }
         generation
@@ -481,6 +484,16 @@ impl TxnProducer {
     pub fn delivery_failures(&self) -> u64 {
         self.producer().context().failures()
     }
+
+    /// Whether a partition of the open transaction is surely registered with its coordinator: a
+    /// record of it was acknowledged, which librdkafka sends only once its AddPartitionsToTxn
+    /// was answered. Until then an abort after a failed AddOffsetsToTxn may skip EndTxn and
+    /// leave the transaction open on the coordinator (librdkafka 2.12; see the pipeline's
+    /// `commit` module doc, `# The drain before the offsets`): a caller drains first.
+    pub fn partition_registered(&self) -> bool {
+        let began = self.began.lock().ok().and_then(|b| *b);
+        began.is_some_and(|b| self.producer().context().delivered() > b.delivered)
+    }
 }
 
 /// The missing right behind a transactional error, if it is an authorisation failure:
@@ -560,7 +573,11 @@ mod tests {
     fn began_ago(p: &TxnProducer, ago: Duration) {
         let at = Instant::now() - ago;
         let away = p.generation().away(at);
-        *p.began.lock().unwrap() = Some(Began { at, away });
+        *p.began.lock().unwrap() = Some(Began {
+            at,
+            away,
+            delivered: 0,
+        });
     }
 
     #[test]
@@ -590,6 +607,7 @@ mod tests {
         *p.began.lock().unwrap() = Some(Began {
             at,
             away: Duration::ZERO,
+            delivered: 0,
         });
         assert_eq!(p.fence(&g, now), Fence::WhileAway(Duration::from_secs(20)));
         let err = p
