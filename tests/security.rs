@@ -567,49 +567,10 @@ fn deliver_retry_read_revoked_while_running_reports_and_resumes() {
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn deliver_group_read_revoked_while_running_reports_and_resumes_under_the_consumer_protocol() {
-    let consumer = ["--group-protocol".to_owned(), "consumer".to_owned()];
-    let mut t = FailingDeliver::start_with("sec-deliver-no-group", &consumer);
-    let first = t.bucket("1s");
-    t.load(1..6);
-    t.wait("five notifications handed to the first bucket", &|t| {
-        t.main_committed() == vec![Some(5)]
-    });
-    t.s.acls_all(&[t.d.deliver_acls("remove", &["--only", "group-read"])]);
-    t.load(6..11);
-    let series = format!(
-        "{}{{right=\"Read on Group {}\"}}",
-        price_alerts::metrics::NOT_AUTHORISED,
-        t.group
-    );
-    t.wait("the refused Read on the group reported", &|t| {
-        price_alerts::metrics::scrape(&t.addr, &series) >= 1.0
-    });
-    // A window with the right still refused: nothing commits past the first five, and the
-    // deliverer stays up (checked by `wait`).
-    let started = Instant::now();
-    t.wait("a refused window", &|_| started.elapsed() >= REFUSED_WINDOW);
-    assert_eq!(
-        t.main_committed(),
-        vec![Some(5)],
-        "no hand-off committed while the group was refused"
-    );
-
-    t.s.acls_all(&[t.d.deliver_acls("apply", &["--only", "group-read"])]);
-    t.wait("ten notifications handed to the first bucket", &|t| {
-        t.main_committed() == vec![Some(10)]
-    });
-    let printed = t.stop();
-    assert_eq!(
-        t.per_id(&first),
-        once_each(1..11),
-        "each notification in {first} once"
-    );
-    let right = format!("Read on Group {}", t.group);
-    assert!(
-        printed
-            .lines()
-            .any(|l| l.contains("not authorised") && l.contains(&right)),
-        "the log names the refused right: {printed}"
+    deliver_group_read_revoked(
+        "sec-deliver-no-group",
+        &["--group-protocol", "consumer"],
+        REFUSED_WINDOW,
     );
 }
 
@@ -626,7 +587,11 @@ fn deliver_group_read_revoked_while_running_reports_and_resumes_under_the_consum
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn deliver_group_read_revoked_past_its_session_reports_and_resumes_under_classic() {
-    deliver_group_read_revoked_long("sec-deliver-no-group-long", &[], LONG_REFUSAL);
+    deliver_group_read_revoked(
+        "sec-deliver-no-group-long",
+        &["--group-protocol", "classic"],
+        LONG_REFUSAL,
+    );
 }
 
 /// The same with a session longer than the refusal (`-X session.timeout.ms=120000`): the member
@@ -637,9 +602,14 @@ fn deliver_group_read_revoked_past_its_session_reports_and_resumes_under_classic
 #[test]
 #[ignore = "needs the secured broker: run scripts/test.sh"]
 fn deliver_group_read_revoked_within_a_long_session_reports_and_resumes_under_classic() {
-    deliver_group_read_revoked_long(
+    deliver_group_read_revoked(
         "sec-deliver-no-group-session",
-        &["-X", "session.timeout.ms=120000"],
+        &[
+            "--group-protocol",
+            "classic",
+            "-X",
+            "session.timeout.ms=120000",
+        ],
         LONG_REFUSAL,
     );
 }
@@ -764,12 +734,12 @@ fn refused_hand_offs_leave_no_transaction_open_to_fence_the_producer() {
     );
 }
 
-/// alert-deliver under classic with Read on its group refused for `window` ([`FailingDeliver`]
-/// with `more` arguments): it stays up, no hand-off commits meanwhile, the log names the right,
-/// and once granted each notification is in the first bucket exactly once.
-fn deliver_group_read_revoked_long(test: &str, more: &[&str], window: Duration) {
-    let mut args = vec!["--group-protocol".to_owned(), "classic".to_owned()];
-    args.extend(more.iter().map(|a| (*a).to_owned()));
+/// alert-deliver with Read on its group refused for `window` from the revoke, at least until the
+/// refusal is reported ([`FailingDeliver`] with `args`, which name the protocol): it stays up, no
+/// hand-off commits meanwhile, the log and the metric name the right, and once granted each
+/// notification is in the first bucket exactly once.
+fn deliver_group_read_revoked(test: &str, args: &[&str], window: Duration) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let mut t = FailingDeliver::start_with(test, &args);
     let first = t.bucket("1s");
     t.load(1..6);
