@@ -33,9 +33,7 @@
 # folder goes to /var/tmp/price-alerts-postgres-<hash of this checkout's path>/ instead.
 #
 # Environment variables read:
-#   PG_PORT            first port tried on the first `up`; default 15432, below Linux's
-#                      ephemeral range (32768-60999), where a client connection's local port
-#                      (a Kafka client's, say) could hold it as the server binds
+#   PG_PORT            first port tried on the first `up`; default 55432
 #   PG_BIN             folder of the server binaries; default the newest /usr/lib/postgresql/*/bin
 #   PG_START_TIMEOUT   seconds `up` waits for the server to accept connections; default 60
 #   PG_STOP_TIMEOUT    seconds `down` waits for the server to stop; default 60
@@ -49,7 +47,7 @@ PASSWORD_FILE="$STATE/password"
 URL_FILE="$STATE/url"
 LOG="$STATE/server.log"
 
-PG_PORT=${PG_PORT:-15432}
+PG_PORT=${PG_PORT:-55432}
 PG_START_TIMEOUT=${PG_START_TIMEOUT:-60}
 PG_STOP_TIMEOUT=${PG_STOP_TIMEOUT:-60}
 PG_USER=postgres
@@ -147,22 +145,15 @@ port_open() { # PORT
   timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
 }
 
-# Whether a local socket holds 127.0.0.1:PORT: a listener, or a connection whose local port it
-# is (a client's ephemeral port), on which the server's bind fails ("Address already in use").
-port_taken() { # PORT
-  port_open "$1" && return 0
-  command -v ss >/dev/null 2>&1 && [[ -n $(ss -Htan "( sport = :$1 )" 2>/dev/null) ]]
-}
-
 choose_port() {
   local p
   if [[ -f $PORT_FILE ]]; then
     p=$(cat "$PORT_FILE")
-    if ! port_taken "$p"; then echo "$p"; return 0; fi
+    if ! port_open "$p"; then echo "$p"; return 0; fi
     log "port $p (used before) is taken now: choosing another"
   fi
   for ((p = PG_PORT; p < PG_PORT + 200; p++)); do
-    if ! port_taken "$p"; then echo "$p" >"$PORT_FILE"; echo "$p"; return 0; fi
+    if ! port_open "$p"; then echo "$p" >"$PORT_FILE"; echo "$p"; return 0; fi
   done
   die "no free port in $PG_PORT..$((PG_PORT + 199)): set PG_PORT"
 }
@@ -255,30 +246,19 @@ cmd_up() {
   else
     [[ -f $DATA/PG_VERSION ]] || init_cluster
     ensure_password
+    port=$(choose_port)
+    if [[ -f $LOG ]]; then mv -f "$LOG" "$LOG.1" 2>/dev/null || true; fi
+    prepare_state # the log file again, owned by the server's user
     local ssl=off
     [[ -f $DATA/server.key ]] && ssl=on
-    local attempt
-    for attempt in 1 2 3; do
-      port=$(choose_port)
-      if [[ -f $LOG ]]; then mv -f "$LOG" "$LOG.1" 2>/dev/null || true; fi
-      prepare_state # the log file again, owned by the server's user
-      # -o: the settings that differ from initdb's postgresql.conf, given on every start so the
-      # port can change: TCP on 127.0.0.1 only, no Unix socket (its path could be too long).
-      # 9>&-: the server must not inherit (and so hold forever) this script's lock.
-      if as_server "$BIN/pg_ctl" -D "$DATA" -l "$SERVER_LOG" -w -t "$PG_START_TIMEOUT" start \
-        -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c ssl=$ssl" >/dev/null 9>&-; then
-        break
-      fi
-      # A connection took the port between the choice and the bind: another port, twice at most.
-      if ((attempt < 3)) && grep -q 'could not bind' "$SERVER_LOG" 2>/dev/null; then
-        log "port $port was taken as the server bound it: choosing another"
-        rm -f "$PORT_FILE"
-        PG_PORT=$((port + 1))
-        continue
-      fi
+    # -o: the settings that differ from initdb's postgresql.conf, given on every start so the
+    # port can change: TCP on 127.0.0.1 only, no Unix socket (its path could be too long).
+    # 9>&-: the server must not inherit (and so hold forever) this script's lock.
+    if ! as_server "$BIN/pg_ctl" -D "$DATA" -l "$SERVER_LOG" -w -t "$PG_START_TIMEOUT" start \
+      -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c ssl=$ssl" >/dev/null 9>&-; then
       print_log_tail
       die "the server did not start on 127.0.0.1:$port within ${PG_START_TIMEOUT}s; its log: $LOG"
-    done
+    fi
     pid=$(running_pid) || { print_log_tail; die "the server exited right after starting; its log: $LOG"; }
     log "started PostgreSQL ($("$BIN/postgres" --version | sed 's/^[^0-9]*\([0-9.]*\).*/\1/'), pid $pid) on 127.0.0.1:$port"
   fi
