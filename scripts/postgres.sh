@@ -18,7 +18,7 @@
 #   scripts/postgres.sh psql [ARGS]      psql connected to the cluster, e.g.
 #                                          scripts/postgres.sh psql -c 'select count(*) from alerts'
 #
-# All state lives in .postgres/ (git-ignored):
+# All state lives in .postgres/ (git-ignored; PG_STATE names another folder):
 #   .postgres/data/          the cluster (owned by the user the server runs as)
 #   .postgres/server.log     the server's log (the previous run's is kept as server.log.1)
 #   .postgres/port           the TCP port chosen on first `up`: a free one from PG_PORT up (reused
@@ -33,6 +33,10 @@
 # folder goes to /var/tmp/price-alerts-postgres-<hash of this checkout's path>/ instead.
 #
 # Environment variables read:
+#   PG_STATE           the state folder (default .postgres/ at the repository's top): another
+#                      folder is another server, with its own data, port and password (the
+#                      all-stage chaos test runs one of its own, so that its shutdowns stop no
+#                      other test's server)
 #   PG_PORT            first port tried on the first `up`; default 55432
 #   PG_BIN             folder of the server binaries; default the newest /usr/lib/postgresql/*/bin
 #   PG_START_TIMEOUT   seconds `up` waits for the server to accept connections; default 60
@@ -41,7 +45,8 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
-STATE="$ROOT/.postgres"
+STATE=${PG_STATE:-$ROOT/.postgres}
+[[ $STATE == /* ]] || STATE="$PWD/$STATE"
 PORT_FILE="$STATE/port"
 PASSWORD_FILE="$STATE/password"
 URL_FILE="$STATE/url"
@@ -104,7 +109,7 @@ data_dir() {
     echo "$STATE/data"
   else
     local hash
-    hash=$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)
+    hash=$(printf '%s' "$STATE" | sha256sum | cut -c1-12)
     echo "/var/tmp/price-alerts-postgres-$hash/data"
   fi
 }

@@ -59,6 +59,11 @@ pub struct ChaosArgs {
     /// scripts/postgres.sh, which shuts PostgreSQL down and starts it (the database faults).
     #[arg(long, default_value = "scripts/postgres.sh")]
     pub postgres_sh: PathBuf,
+    /// scripts/postgres.sh's state folder: a server of the run's own (its data, port and
+    /// password), which it must have started (`PG_STATE=DIR scripts/postgres.sh up`); default the
+    /// checkout's .postgres/.
+    #[arg(long, env = "PG_STATE")]
+    pub postgres_state: Option<PathBuf>,
     /// The PostgreSQL server (the run creates its own database there; default: what
     /// `scripts/postgres.sh url` prints).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -174,13 +179,14 @@ impl ChaosArgs {
         } else {
             let database_url = match self.database_url {
                 Some(url) => url,
-                None => postgres_url(&self.postgres_sh)?,
+                None => postgres_url(&self.postgres_sh, self.postgres_state.as_deref())?,
             };
             let dir = here.parent().unwrap_or(std::path::Path::new("."));
             let mut o =
                 ChaosOptions::short_all_stages(cluster, dir, seed, self.postgres_sh, database_url);
             o.pipeline = pipeline;
             if let Some(d) = &mut o.downstream {
+                d.postgres_state = self.postgres_state;
                 d.sink = self.sink.unwrap_or_else(|| d.sink.clone());
                 d.deliver = self.deliver.unwrap_or_else(|| d.deliver.clone());
                 d.sink_instances = self.sink_instances.unwrap_or(d.sink_instances);
@@ -218,9 +224,12 @@ impl ChaosArgs {
 }
 
 /// The URL `scripts/postgres.sh url` prints.
-fn postgres_url(postgres_sh: &std::path::Path) -> anyhow::Result<String> {
+fn postgres_url(
+    postgres_sh: &std::path::Path,
+    state: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
     use anyhow::Context as _;
-    let out = std::process::Command::new(postgres_sh)
+    let out = crate::tools::chaos::database::postgres_command(postgres_sh, state)
         .arg("url")
         .output()
         .with_context(|| format!("running {} url", postgres_sh.display()))?;

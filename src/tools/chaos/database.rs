@@ -18,7 +18,7 @@ use crate::sink::db;
 use crate::sink::options::{DatabaseUrl, DbOptions, TlsOptions};
 use anyhow::{bail, Context as _};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -31,10 +31,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Database {
     /// scripts/postgres.sh, which stops and starts the server.
     pub postgres_sh: PathBuf,
+    /// The script's state folder (`PG_STATE`): a server of its own, or `None`, the checkout's.
+    pub postgres_state: Option<PathBuf>,
     /// The server's URL (any database: the run's is created beside it).
     pub admin_url: String,
     /// The run's database.
     pub name: String,
+}
+
+/// scripts/postgres.sh as a command, on the server of `state` (`PG_STATE`) when given.
+pub fn postgres_command(postgres_sh: &Path, state: Option<&Path>) -> Command {
+    let mut cmd = Command::new(postgres_sh);
+    if let Some(state) = state {
+        cmd.env("PG_STATE", state);
+    }
+    cmd
 }
 
 /// One immediate shutdown, as it happened.
@@ -94,7 +105,7 @@ impl Database {
 
     /// Runs scripts/postgres.sh with `args`; returns what it logged (stderr).
     fn script(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.postgres_sh)
+        let out = postgres_command(&self.postgres_sh, self.postgres_state.as_deref())
             .args(args)
             .output()
             .with_context(|| format!("running {}", self.postgres_sh.display()))?;

@@ -45,6 +45,9 @@ pub struct DownstreamOptions {
     pub deliver: PathBuf,
     /// scripts/postgres.sh, which shuts the server down and starts it.
     pub postgres_sh: PathBuf,
+    /// scripts/postgres.sh's state folder (`PG_STATE`): a server of the run's own, so that its
+    /// shutdowns stop no other user's; `None`: the checkout's server.
+    pub postgres_state: Option<PathBuf>,
     /// The server's URL; the run creates its own database there.
     pub database_url: String,
     pub sink_instances: usize,
@@ -88,6 +91,7 @@ impl Downstream {
     ) -> anyhow::Result<Self> {
         let db = Database {
             postgres_sh: opts.postgres_sh.clone(),
+            postgres_state: opts.postgres_state.clone(),
             admin_url: opts.database_url.clone(),
             name: name.to_owned(),
         };
