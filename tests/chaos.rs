@@ -1,38 +1,44 @@
-//! The short chaos run on the local 3-broker cluster (`scripts/kafka.sh up --brokers 3`, which
-//! scripts/test.sh starts): three pipeline instances (dynamic membership: see
-//! `ChaosOptions::short` for why) over a live stream with fault injection,
+//! The short chaos runs on the local 3-broker cluster (`scripts/kafka.sh up --brokers 3`, which
+//! scripts/test.sh starts): instances of each stage over a live stream with fault injection,
 //! SIGKILLs and SIGTERMs of instances, a zombie paused beyond its transaction timeout, a hard and
 //! a clean broker bounce (the first of a transaction coordinator, the second of the group
-//! coordinator). Then
-//! exactly-once is checked as the runner does (offsets, verifier, hanging transactions, DLQ).
-//! The short run joins live alerts (the rules topic) and changes 40 of them while it plays.
+//! coordinator). Then exactly-once is checked as the runner does (offsets, verifier, hanging
+//! transactions, DLQ; in an all-stage run also the `alerts` table and each subscriber's keys).
 //!
-//! It is a command docs/testing.md shows (issue 45: every shown command runs): the long
-//! pipeline-only run with live alerts, parsed by alert-chaos's own parser, with every count and
-//! duration dropped so that they are alert-chaos's defaults, the short run's
-//! ([`NOT_FROM_THE_PAGE`]). tests/doc_runs.rs counts that command as run here.
+//! # Every shown chaos command runs here (issue 45)
+//! Each `alert-chaos` command the pages show is run turned down: parsed by alert-chaos's own
+//! parser without its counts, durations, work folder and seed ([`NOT_FROM_THE_PAGE`]), which
+//! take alert-chaos's defaults, the short run's, and without what the test gives (cluster,
+//! binaries, PostgreSQL, group protocol). What is left is the run's [`Mode`]: its stages, its
+//! rules (the file or the rules topic) and its membership. The suite makes one short run of each
+//! mode a page shows ([`SUITE_RUNS`]):
+//! - every stage with the rules file: `alert-chaos` as docs/testing.md shows it (also the long
+//!   all-stage run and the coordinator-kill runs turned down), on a PostgreSQL of its own
+//!   ([`OwnPostgres`]), whose two immediate shutdowns stop no other test's server;
+//! - the pipeline alone with live alerts (the long run with live alerts turned down): the rules
+//!   in the rules topic and 40 alert changes while the faults play.
 //!
-//! Under both group protocols: the suite's (`GROUP_PROTOCOL`, classic by default) and KIP-848's
-//! consumer protocol (`…_under_the_consumer_protocol`), where no client session is given, a
-//! SIGKILLed instance's partitions wait for the broker's 45 s session and the zombie is paused
-//! past it. The two take turns at the cluster. scripts/test.sh skips the second by name, for
-//! time (169 s against the classic one's 128 s, 2026-12-06, on the cluster lane, the suite's
-//! longest): `GROUP_PROTOCOL=consumer scripts/test.sh` runs the first under the consumer protocol,
-//! and by hand `cargo test --test chaos short_chaos -- --include-ignored` runs both.
+//! No page shows a chaos run with static membership: under the classic protocol it can leave a
+//! partition without an owner for good (docs/pipeline.md, "Group membership"; about one short
+//! run in four), so a short run of it would fail the suite by that known hazard one time in
+//! four. tests/membership.rs shows the hazard and that the metrics report it; the long static
+//! run of 2026-11-30 is a record in bench/RESULTS.md.
+//!
+//! [`every_shown_chaos_command_is_a_suite_run_turned_down`] fails for a shown command of a mode
+//! the suite does not run, or one whose turned-down run is not the short run; tests/doc_runs.rs
+//! counts every shown `alert-chaos` command as run here ([`LaneTest::Chaos`]). The coordinator
+//! kills of docs/testing.md's runs are judged by tests/coordinator.rs (each stage's call inside
+//! the lost coordinator) and, by hand, by [`a_coordinator_kill_leaves_no_instance_stuck`].
+//!
+//! Under the suite's group protocol (`GROUP_PROTOCOL`, classic by default). The live run has a
+//! twin under KIP-848's consumer protocol (`…_under_the_consumer_protocol`), where no client
+//! session is given, a SIGKILLed instance's partitions wait for the broker's 45 s session and the
+//! zombie is paused past it; scripts/test.sh skips it by name, for time (169 s against the
+//! classic one's 128 s, 2026-12-06): `GROUP_PROTOCOL=consumer scripts/test.sh` runs every short
+//! run under the consumer protocol, and by hand `cargo test --test chaos short -- --include-ignored`
+//! runs them all. The runs take turns at the cluster.
 //!
 //! The seed is printed; `CHAOS_SEED=<seed>` replays the same stream and schedule.
-//!
-//! Why the suite runs the pipeline-only short run and not the all-stage one (`alert-chaos`'s
-//! default, which also carries notifications through alert-sink and alert-deliver): in a
-//! fresh-clone run of scripts/test.sh the all-stage run found alert-deliver's group making no
-//! progress after a hard bounce of the group coordinator (both deliverers and two pipeline
-//! instances hung until their shutdown timeout, the pipeline output still exactly once). That is
-//! the transactional hang of issue 20 (librdkafka #5456/#5511: no deadline on the hand-off's
-//! transactional calls yet). Until that issue gives every transactional call a deadline, the
-//! all-stage run is `alert-chaos` without `--pipeline-only`, run by hand (docs/testing.md,
-//! "Chaos").
-//! The second test, the all-stage run with a coordinator kill, shows that hang as a check (an
-//! instance stuck) and runs only when asked for: see its doc.
 
 mod common;
 mod doc_commands;
@@ -45,7 +51,7 @@ use price_alerts::cli::chaos::ChaosArgs;
 use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::tools::chaos::plan::Stage;
 use price_alerts::tools::chaos::stages::GroupProtocols;
-use price_alerts::tools::chaos::{self, ChaosOptions};
+use price_alerts::tools::chaos::{self, database, ChaosOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,7 +68,126 @@ fn seed() -> u64 {
 #[test]
 #[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
 fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
-    short_chaos(suite_protocol());
+    short_chaos(SUITE_RUNS[1], suite_protocol());
+}
+
+/// The short all-stage run, as the page's `alert-chaos` shows it: the pipeline's faults in every
+/// stage (3 SIGKILLs, 3 SIGTERMs and a zombie each), two broker bounces, two immediate shutdowns
+/// of PostgreSQL and a subscriber failing for a while; exactly once checked in the notifications,
+/// the `alerts` table and every subscriber's accepted keys. On a PostgreSQL of its own
+/// ([`OwnPostgres`]): lanes a and b use the checkout's beside it.
+#[test]
+#[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
+fn short_all_stage_chaos_on_three_brokers_loses_and_doubles_nothing() {
+    let _cluster = cluster_to_myself();
+    let seed = seed();
+    let postgres = OwnPostgres::up(seed);
+    let more = [
+        "--database-url".to_owned(),
+        postgres.url.clone(),
+        "--postgres-state".to_owned(),
+        postgres.state.display().to_string(),
+    ];
+    let protocol = suite_protocol();
+    let opts = short_run_options(&shown_run(SUITE_RUNS[0]), seed, protocol, &more);
+    let report = chaos::run(&opts).expect("the chaos run is carried out");
+    println!("{report}");
+    let ran: Vec<(Stage, GroupProtocol)> = report
+        .group_protocols
+        .iter()
+        .map(|(s, p, _)| (*s, *p))
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            (Stage::Pipeline, protocol),
+            (Stage::Sink, protocol),
+            (Stage::Deliver, protocol)
+        ],
+        "every stage, under the protocol asked for"
+    );
+    for (stage, fig) in &report.stages {
+        assert_eq!(
+            (fig.sigkills, fig.sigterms, fig.sigstops),
+            (3, 3, 1),
+            "every planned fault of the {stage:?} stage was fired"
+        );
+    }
+    assert_eq!(report.stages.len(), 3, "{:?}", report.stages);
+    assert_eq!(
+        report.bounces.len(),
+        2,
+        "both planned broker bounces happened"
+    );
+    let downstream = report.downstream.as_ref().expect("an all-stage report");
+    assert_eq!(
+        downstream.database_downs.len(),
+        2,
+        "both planned PostgreSQL shutdowns happened"
+    );
+    let checks = &downstream.checks;
+    assert!(
+        report.verify.expected > 1_000 && checks.table.expected == report.verify.expected,
+        "the stream crosses often, and the table expects every notification: {} and {}",
+        report.verify.expected,
+        checks.table.expected
+    );
+    assert_eq!(checks.subscribers.len(), 2, "both subscribers were checked");
+    assert!(
+        report.ok(),
+        "exactly-once did not hold through every stage (seed {seed}); instance logs in {}",
+        opts.work_dir.display()
+    );
+}
+
+/// A PostgreSQL server of a test's own: scripts/postgres.sh with its own state folder
+/// (`PG_STATE`), stopped and deleted when dropped, also after a failed run.
+struct OwnPostgres {
+    state: PathBuf,
+    url: String,
+}
+
+impl OwnPostgres {
+    fn script() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh")
+    }
+
+    fn up(seed: u64) -> Self {
+        let state =
+            std::env::temp_dir().join(format!("chaos-postgres-{seed}-{}", std::process::id()));
+        // Its own start timeout bounds the start (PG_START_TIMEOUT, 60 s).
+        let out = database::postgres_command(&Self::script(), Some(&state))
+            .arg("up")
+            .output()
+            .expect("scripts/postgres.sh runs");
+        let own = OwnPostgres {
+            state,
+            url: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        };
+        assert!(
+            out.status.success() && own.url.starts_with("postgres://"),
+            "scripts/postgres.sh up (PG_STATE={}): {}; {}",
+            own.state.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        own
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let stopped = database::postgres_command(&Self::script(), Some(&self.state))
+            .args(["down", "--wipe"])
+            .status();
+        if !matches!(stopped, Ok(s) if s.success()) {
+            eprintln!(
+                "scripts/postgres.sh down --wipe (PG_STATE={}): {stopped:?}",
+                self.state.display()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
 }
 
 /// The same under KIP-848's consumer protocol: no client session is given, a SIGKILLed
@@ -72,7 +197,7 @@ fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
 #[test]
 #[ignore = "needs the 3-broker cluster; skipped by scripts/test.sh for time: run by hand"]
 fn short_chaos_on_three_brokers_loses_and_doubles_nothing_under_the_consumer_protocol() {
-    short_chaos(GroupProtocol::Consumer);
+    short_chaos(SUITE_RUNS[1], GroupProtocol::Consumer);
 }
 
 /// What the short run takes from the command docs/testing.md shows (issue 45): all of it but
@@ -107,29 +232,91 @@ const NOT_FROM_THE_PAGE: &[&str] = &[
     "--pipeline",
     "--group-protocol",
     "--pipeline-group-protocol",
+    "--sink-group-protocol",
+    "--deliver-group-protocol",
+    "--sink",
+    "--deliver",
+    "--buckets",
+    "--postgres-sh",
+    "--postgres-state",
+    "--database-url",
 ];
 
-/// The alert-chaos command of the pages that the short run is: the one
-/// [`doc_commands::lane_test`] gives to [`LaneTest::ShortChaos`] (a pipeline-only run with live
-/// alerts, docs/testing.md's long one), so that tests/doc_runs.rs counts it as run.
-fn shown_short_run() -> Shown {
+/// A short run's mode: what of a shown command is left once [`NOT_FROM_THE_PAGE`] is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mode {
+    /// alert-sink, alert-deliver and PostgreSQL too (not `--pipeline-only`).
+    all_stages: bool,
+    /// Live alerts (`--live-rules`), not the rules file.
+    live_rules: bool,
+    /// `--static-membership`.
+    static_membership: bool,
+}
+
+impl Mode {
+    fn of(opts: &ChaosOptions) -> Self {
+        Mode {
+            all_stages: opts.downstream.is_some(),
+            live_rules: opts.alert_changes.is_some(),
+            static_membership: opts.static_membership,
+        }
+    }
+}
+
+/// The suite's two short runs (scripts/test.sh, the cluster lane): every stage with the rules
+/// file, as the page's `alert-chaos` shows it; the pipeline alone with live alerts.
+const SUITE_RUNS: [Mode; 2] = [
+    Mode {
+        all_stages: true,
+        live_rules: false,
+        static_membership: false,
+    },
+    Mode {
+        all_stages: false,
+        live_rules: true,
+        static_membership: false,
+    },
+];
+
+/// Every alert-chaos command the pages show ([`doc_commands::lane_test`] gives them to
+/// [`LaneTest::Chaos`], so that tests/doc_runs.rs counts them as run here).
+fn shown_runs() -> Vec<Shown> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let binaries = doc_commands::binaries(&root.join("src/bin"));
-    let shown: Vec<Shown> = doc_commands::shown_commands(&root, &binaries)
+    doc_commands::shown_commands(&root, &binaries)
         .into_iter()
-        .filter(|s| doc_commands::lane_test(s) == Some(LaneTest::ShortChaos))
-        .collect();
-    assert_eq!(
-        shown.len(),
-        1,
-        "one shown command for the short run, not {shown:#?}"
-    );
-    shown.into_iter().next().expect("one")
+        .filter(|s| doc_commands::lane_test(s) == Some(LaneTest::Chaos))
+        .collect()
+}
+
+/// The shown command the suite's run of `mode` is: the shortest shown of that mode, the one
+/// least turned down (every one of them gives the same run:
+/// [`every_shown_chaos_command_is_a_suite_run_turned_down`]).
+fn shown_run(mode: Mode) -> Shown {
+    shown_runs()
+        .into_iter()
+        .filter(|s| {
+            Mode::of(&short_run_options(
+                s,
+                7,
+                GroupProtocol::Classic,
+                &parse_only(),
+            )) == mode
+        })
+        .min_by_key(|s| s.args.len())
+        .unwrap_or_else(|| panic!("no page shows an alert-chaos command of {mode:?}"))
 }
 
 /// The short run's options: `shown`'s arguments but [`NOT_FROM_THE_PAGE`], parsed by
-/// alert-chaos's own parser, with the test's cluster, pipeline binary, seed and group protocol.
-fn short_run_options(shown: &Shown, seed: u64, protocol: GroupProtocol) -> ChaosOptions {
+/// alert-chaos's own parser, with the test's cluster, binaries, seed and group protocol, and
+/// `more`: an all-stage run's PostgreSQL (`--database-url`, and its own server's
+/// `--postgres-state`), or [`parse_only`]'s.
+fn short_run_options(
+    shown: &Shown,
+    seed: u64,
+    protocol: GroupProtocol,
+    more: &[String],
+) -> ChaosOptions {
     assert!(
         shown.env.is_empty() && !shown.partial,
         "{shown}: show the run whole, without environment words"
@@ -151,6 +338,12 @@ fn short_run_options(shown: &Shown, seed: u64, protocol: GroupProtocol) -> Chaos
         GroupProtocol::Classic => "classic",
         GroupProtocol::Consumer => "consumer",
     };
+    let bin = |name: &str| {
+        PathBuf::from(env!("CARGO_BIN_EXE_alert-pipeline"))
+            .with_file_name(name)
+            .display()
+            .to_string()
+    };
     args.extend(
         [
             "--bootstrap",
@@ -160,7 +353,7 @@ fn short_run_options(shown: &Shown, seed: u64, protocol: GroupProtocol) -> Chaos
             "--kafka-sh",
             &cluster.kafka_sh.display().to_string(),
             "--pipeline",
-            env!("CARGO_BIN_EXE_alert-pipeline"),
+            &bin("alert-pipeline"),
             "--seed",
             &seed.to_string(),
             "--group-protocol",
@@ -168,47 +361,88 @@ fn short_run_options(shown: &Shown, seed: u64, protocol: GroupProtocol) -> Chaos
         ]
         .map(str::to_owned),
     );
-    eprintln!("{shown}\n    run as: alert-chaos {}", args.join(" "));
+    args.extend(
+        [
+            "--sink",
+            &bin("alert-sink"),
+            "--deliver",
+            &bin("alert-deliver"),
+        ]
+        .map(str::to_owned),
+    );
+    args.extend(more.iter().cloned());
+    // The database URL holds the server's password: not printed.
+    let printed: Vec<&str> = args
+        .iter()
+        .scan(false, |url_next, a| {
+            let word = if *url_next { "…" } else { a.as_str() };
+            *url_next = a == "--database-url";
+            Some(word)
+        })
+        .collect();
+    eprintln!("{shown}\n    run as: alert-chaos {}", printed.join(" "));
     ChaosArgs::try_parse_from(std::iter::once("alert-chaos".to_owned()).chain(args))
         .unwrap_or_else(|e| panic!("{shown}: alert-chaos refuses it: {e}"))
         .options()
         .unwrap_or_else(|e| panic!("{shown}: no run options: {e:#}"))
 }
 
-/// Without a broker: the page's command gives the short run, and only its mode comes from the
-/// page (a pipeline-only run with live alerts).
-#[test]
-fn the_short_run_is_the_pages_command_with_the_short_runs_sizes() {
-    let shown = shown_short_run();
-    let opts = short_run_options(&shown, 7, GroupProtocol::Classic);
-    let short = ChaosOptions::short(cluster(), opts.pipeline.clone(), 7);
-    assert_eq!(
-        (opts.ticks, opts.symbols, opts.partitions, opts.instances),
-        (
-            short.ticks,
-            short.symbols,
-            short.partitions,
-            short.instances
-        )
-    );
-    assert_eq!((opts.span, opts.limit), (short.span, short.limit));
-    assert_eq!(opts.faults, short.faults);
-    assert_eq!(opts.work_dir, short.work_dir);
-    assert!(opts.downstream.is_none(), "the pipeline alone");
-    assert_eq!(opts.alert_changes, Some(40), "live alerts, 40 changes");
-    assert_eq!(
-        opts.group_protocols,
-        GroupProtocols::all(GroupProtocol::Classic)
-    );
+/// Options that stand for a PostgreSQL where nothing runs: only to see what a command makes.
+fn parse_only() -> Vec<String> {
+    vec![
+        "--database-url".to_owned(),
+        "postgres://nobody@127.0.0.1:1/none".to_owned(),
+    ]
 }
 
-fn short_chaos(protocol: GroupProtocol) {
-    // Both runs bounce brokers of the one cluster: one at a time.
+/// Without a broker: every alert-chaos command a page shows, turned down, is one of the suite's
+/// runs: the short run's sizes and faults, and a mode of [`SUITE_RUNS`].
+#[test]
+fn every_shown_chaos_command_is_a_suite_run_turned_down() {
+    let shown = shown_runs();
+    assert!(shown.len() >= SUITE_RUNS.len(), "{shown:#?}");
+    for s in &shown {
+        let opts = short_run_options(s, 7, GroupProtocol::Classic, &parse_only());
+        let mode = Mode::of(&opts);
+        assert!(
+            SUITE_RUNS.contains(&mode),
+            "{s}: its mode {mode:?} is no short run of the suite ({SUITE_RUNS:?})"
+        );
+        let short = ChaosOptions::short(cluster(), opts.pipeline.clone(), 7);
+        assert_eq!(
+            (opts.ticks, opts.symbols, opts.partitions, opts.instances),
+            (
+                short.ticks,
+                short.symbols,
+                short.partitions,
+                short.instances
+            ),
+            "{s}"
+        );
+        assert_eq!((opts.span, opts.limit), (short.span, short.limit), "{s}");
+        assert_eq!(opts.work_dir, short.work_dir, "{s}");
+        assert_eq!(
+            opts.group_protocols,
+            GroupProtocols::all(GroupProtocol::Classic),
+            "{s}"
+        );
+        if mode.live_rules {
+            assert_eq!(opts.alert_changes, Some(40), "{s}: 40 alert changes");
+        }
+        assert_eq!(opts.faults, short.faults, "{s}");
+    }
+    for mode in SUITE_RUNS {
+        shown_run(mode);
+    }
+}
+
+/// A pipeline-only short run of `mode`.
+fn short_chaos(mode: Mode, protocol: GroupProtocol) {
+    // The runs bounce brokers of the one cluster: one at a time.
     let _cluster = cluster_to_myself();
     let seed = seed();
-    // Live alerts (issue 42): the rules in the rules topic, 40 alert changes during the chaos;
-    // the file's path stays covered by the pipeline's and the failure tests.
-    let opts = short_run_options(&shown_short_run(), seed, protocol);
+    let opts = short_run_options(&shown_run(mode), seed, protocol, &parse_only());
+    assert_eq!(Mode::of(&opts), mode);
     let report = chaos::run(&opts).expect("the chaos run is carried out");
     println!("{report}");
     let ran: Vec<(Stage, GroupProtocol)> = report
@@ -217,11 +451,13 @@ fn short_chaos(protocol: GroupProtocol) {
         .map(|(s, p, _)| (*s, *p))
         .collect();
     assert_eq!(ran, [(Stage::Pipeline, protocol)], "the protocol asked for");
-    let changes = report.alert_changes.expect("a live-alerts run");
-    assert!(
-        changes.total() >= 30,
-        "alerts were changed while the chaos played: {changes:?}"
-    );
+    if mode.live_rules {
+        let changes = report.alert_changes.expect("a live-alerts run");
+        assert!(
+            changes.total() >= 30,
+            "alerts were changed while the chaos played: {changes:?}"
+        );
+    }
     let fig = &report.figures;
     assert_eq!(
         (fig.sigkills, fig.sigterms, fig.sigstops),

@@ -12,8 +12,8 @@
 //! - a test of the cluster's lane, which may take a broker of the 3-broker cluster down
 //!   ([`doc_commands::lane_test`] says which): `tests/doc_runs_cluster.rs` (`scripts/kafka.sh
 //!   broker 2 kill`, `broker 2 start`, a cluster broker's log followed), and `tests/chaos.rs`'s
-//!   short run, which is the page's pipeline-only chaos command with its counts and durations
-//!   turned down to the short run's;
+//!   short runs, one for each mode of the pages' `alert-chaos` commands, which run each of them
+//!   with its counts and durations turned down to the short run's;
 //! - [`the_secured_examples_run`], on the secured broker (lane a, beside tests/security.rs): a
 //!   command for a secured cluster (`--bootstrap kafka-1:9094`), with the config file the page
 //!   shows just before it;
@@ -21,8 +21,8 @@
 //!   PostgreSQL), and fail on the first that does not exit 0. A command the page shows as partial
 //!   (`...`) cannot be run, so it fails here too: show it whole or put it in prose.
 //!
-//! The benchmarks' commands are bench/tests/doc_runs.rs's. [`NOT_YET_RUN`] lists the few
-//! shown commands nothing runs yet (the long chaos runs and the all-stage ones), each with why;
+//! The benchmarks' commands are bench/tests/doc_runs.rs's. [`NOT_YET_RUN`] would list a shown
+//! command nothing can run yet, with why (none is, now);
 //! [`every_shown_command_has_a_runner`] fails when an entry there is no longer shown, and a new
 //! command that nothing can run fails the broker tests.
 //!
@@ -79,42 +79,7 @@ const RUNNERS: &[&str] = &["scripts/demo.sh", "scripts/test.sh", ".ci/run"];
 /// Shown commands nothing runs yet, as (page, the command as [`Shown`] prints it after its
 /// `page:line: `, why). Each must still be shown: an entry whose command left the page fails
 /// [`every_shown_command_has_a_runner`].
-const NOT_YET_RUN: &[(&str, &str, &str)] = &[
-    (
-        "docs/testing.md",
-        "alert-chaos --group-protocol consumer --seed 4401 --span 450s --ticks 180000 \
-         --coordinator-kills 3 --database-downs 0 --limit 25m --work-dir /tmp/chaos-consumer-4401",
-        "an all-stage chaos run with coordinator kills on the 3-broker cluster, 9 minutes; turned \
-         down to one kill it is tests/chaos.rs's coordinator-kill test, about 5 minutes, which \
-         scripts/test.sh skips for time",
-    ),
-    (
-        "docs/testing.md",
-        "alert-chaos",
-        "the short all-stage chaos run on the 3-broker cluster, as shown (nothing to turn down): \
-         158 s by hand on 2026-12-06 (78 s of chaos, load 18-22 from a suite beside it, VERDICT \
-         exactly once), on top of the pipeline-only short run the suite's cluster lane runs \
-         already (tests/chaos.rs, 107 s, from the page's pipeline-only command): more than the \
-         two minutes the lane may grow",
-    ),
-    (
-        "docs/testing.md",
-        "alert-chaos --ticks 500000 --symbols 200 --partitions 12 --span 20m --kills 15 --terms 5 \
-         --zombies 2 --hard-bounces 2 --clean-bounces 2 --database-downs 3 --limit 90m \
-         --work-dir /tmp/chaos-all-long",
-        "an all-stage chaos run on the 3-broker cluster, 25 minutes; turned down it is the short \
-         all-stage run, `alert-chaos` above",
-    ),
-    (
-        "docs/testing.md",
-        "alert-chaos --seed 20261130 --ticks 1000000 --symbols 200 --partitions 12 --instances 6 \
-         --span 20m --kills 22 --terms 22 --zombies 2 --hard-bounces 3 --clean-bounces 3 \
-         --static-membership --limit 90m --work-dir /tmp/chaos-long --pipeline-only",
-        "a chaos run on the 3-broker cluster, 34 minutes; turned down it would be a second short \
-         run (static membership) beside tests/chaos.rs's, about two more minutes in the cluster \
-         lane, the suite's longest",
-    ),
-];
+const NOT_YET_RUN: &[(&str, &str, &str)] = &[];
 
 /// The daemons among the processor's binaries and the log line that says one is ready, when the
 /// command shows no `--metrics-addr` to ask `/readyz`.
@@ -226,7 +191,7 @@ fn every_shown_command_has_a_runner() {
             Runner::Itself => "a runner script itself".to_owned(),
             Runner::NotYet(_) => "not yet run".to_owned(),
             Runner::Lane(LaneTest::ClusterBrokers) => "run by tests/doc_runs_cluster.rs".to_owned(),
-            Runner::Lane(LaneTest::ShortChaos) => "run turned down by tests/chaos.rs".to_owned(),
+            Runner::Lane(LaneTest::Chaos) => "run turned down by tests/chaos.rs".to_owned(),
             Runner::Secured => "run by tests/doc_runs.rs on the secured broker".to_owned(),
             Runner::Here => "run by tests/doc_runs.rs".to_owned(),
         };

@@ -530,9 +530,9 @@ pub fn runs_verbatim(commands: &[(usize, Vec<String>)], shown: &Shown) -> Option
 pub enum LaneTest {
     /// `tests/doc_runs_cluster.rs`: a cluster broker killed, stopped or started, a cluster log.
     ClusterBrokers,
-    /// `tests/chaos.rs`'s short run, which takes its mode from the command (its counts and
-    /// durations the short run's).
-    ShortChaos,
+    /// `tests/chaos.rs`'s short runs: each `alert-chaos` command is run turned down (its counts
+    /// and durations the short run's) by the short run of its mode (the stages, the rules).
+    Chaos,
 }
 
 /// Which lane test runs `shown`, if one does. tests/doc_runs.rs (which names every command's
@@ -544,9 +544,7 @@ pub fn lane_test(shown: &Shown) -> Option<LaneTest> {
     match (shown.binary.as_str(), first) {
         ("scripts/kafka.sh", Some("broker")) => Some(LaneTest::ClusterBrokers),
         ("scripts/kafka.sh", Some("logs")) if has("--brokers") => Some(LaneTest::ClusterBrokers),
-        ("alert-chaos", _) if has("--pipeline-only") && has("--live-rules") => {
-            Some(LaneTest::ShortChaos)
-        }
+        ("alert-chaos", _) => Some(LaneTest::Chaos),
         _ => None,
     }
 }
