@@ -150,9 +150,11 @@ port_open() { # PORT
 
 # Whether a socket holds 127.0.0.1:PORT so that the server's bind would fail: a listener, or a
 # connection whose local port it is (a client's ephemeral port). Sockets in TIME-WAIT do not
-# count: the server's listener (SO_REUSEADDR) binds over them, and every connection the server
-# closed itself (all those open at a crash, `down --immediate`) waits a minute in TIME-WAIT on its
-# port; counting them moved a restarted cluster away from the port its clients were given.
+# count: every connection a server closed itself (all those open at a crash, `down --immediate`)
+# waits a minute in TIME-WAIT on its port, and the server's listener (SO_REUSEADDR) binds over
+# those; counting them moved a restarted cluster away from the port its clients were given. (A
+# client's own TIME-WAIT socket, without SO_REUSEADDR, does refuse the bind: the retry in cmd_up
+# moves the server then.)
 port_taken() { # PORT
   port_open "$1" && return 0
   command -v ss >/dev/null 2>&1 || return 1
