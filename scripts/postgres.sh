@@ -21,8 +21,9 @@
 # All state lives in .postgres/ (git-ignored; PG_STATE names another folder):
 #   .postgres/data/          the cluster (owned by the user the server runs as)
 #   .postgres/server.log     the server's log (the previous run's is kept as server.log.1)
-#   .postgres/port           the TCP port chosen on first `up`: a free one from PG_PORT up (reused
-#                            later while it stays free)
+#   .postgres/port           the TCP port chosen on first `up`: a free one from PG_PORT up; every
+#                            later start keeps it unless the server cannot bind it (then `up` moves
+#                            to a free port and says so)
 #   .postgres/password       the password of the `postgres` superuser, random, made on first `up`
 #   .postgres/url            the DATABASE_URL: postgres://postgres:<password>@127.0.0.1:<port>/postgres
 #   .postgres/server.crt, .postgres/server.key   a self-signed certificate for 127.0.0.1, so TLS
@@ -37,7 +38,9 @@
 #                      folder is another server, with its own data, port and password (the
 #                      all-stage chaos test runs one of its own, so that its shutdowns stop no
 #                      other test's server)
-#   PG_PORT            first port tried on the first `up`; default 55432
+#   PG_PORT            first port tried on the first `up`; default 15432, below Linux's
+#                      ephemeral range (32768-60999), in which a client connection's local port
+#                      (a Kafka client's, say) can hold the port as the server binds it
 #   PG_BIN             folder of the server binaries; default the newest /usr/lib/postgresql/*/bin
 #   PG_START_TIMEOUT   seconds `up` waits for the server to accept connections; default 60
 #   PG_STOP_TIMEOUT    seconds `down` waits for the server to stop; default 60
@@ -52,7 +55,7 @@ PASSWORD_FILE="$STATE/password"
 URL_FILE="$STATE/url"
 LOG="$STATE/server.log"
 
-PG_PORT=${PG_PORT:-55432}
+PG_PORT=${PG_PORT:-15432}
 PG_START_TIMEOUT=${PG_START_TIMEOUT:-60}
 PG_STOP_TIMEOUT=${PG_STOP_TIMEOUT:-60}
 PG_USER=postgres
@@ -150,17 +153,34 @@ port_open() { # PORT
   timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
 }
 
-choose_port() {
-  local p
-  if [[ -f $PORT_FILE ]]; then
+# Whether a socket holds 127.0.0.1:PORT so that the server's bind would fail: a listener, or a
+# connection whose local port it is (a client's ephemeral port). Sockets in TIME-WAIT do not
+# count: every connection a server closed itself (all those open at a crash, `down --immediate`)
+# waits a minute in TIME-WAIT on its port, and the server's listener (SO_REUSEADDR) binds over
+# those; counting them moved a restarted cluster away from the port its clients were given. (A
+# client's own TIME-WAIT socket, without SO_REUSEADDR, does refuse the bind: the retry in cmd_up
+# moves the server then.)
+port_taken() { # PORT
+  port_open "$1" && return 0
+  command -v ss >/dev/null 2>&1 || return 1
+  [[ -n $(ss -Htan state all exclude time-wait "( sport = :$1 )" 2>/dev/null) ]]
+}
+
+# The port to start on: the cluster's own (.postgres/port) unless something listens there now, else
+# a free one from FROM (default PG_PORT) up. The cluster's own port is not checked further: what
+# its last server left on it (TIME-WAIT, FIN-WAIT-2) is no obstacle, and a bind that fails all the
+# same moves the server (cmd_up).
+choose_port() { # [FROM]
+  local p from=${1:-$PG_PORT}
+  if [[ -z ${1:-} && -f $PORT_FILE ]]; then
     p=$(cat "$PORT_FILE")
     if ! port_open "$p"; then echo "$p"; return 0; fi
     log "port $p (used before) is taken now: choosing another"
   fi
-  for ((p = PG_PORT; p < PG_PORT + 200; p++)); do
-    if ! port_open "$p"; then echo "$p" >"$PORT_FILE"; echo "$p"; return 0; fi
+  for ((p = from; p < from + 200; p++)); do
+    if ! port_taken "$p"; then echo "$p"; return 0; fi
   done
-  die "no free port in $PG_PORT..$((PG_PORT + 199)): set PG_PORT"
+  die "no free port in $from..$((from + 199)): set PG_PORT"
 }
 
 ensure_password() {
@@ -251,19 +271,32 @@ cmd_up() {
   else
     [[ -f $DATA/PG_VERSION ]] || init_cluster
     ensure_password
-    port=$(choose_port)
-    if [[ -f $LOG ]]; then mv -f "$LOG" "$LOG.1" 2>/dev/null || true; fi
-    prepare_state # the log file again, owned by the server's user
     local ssl=off
     [[ -f $DATA/server.key ]] && ssl=on
-    # -o: the settings that differ from initdb's postgresql.conf, given on every start so the
-    # port can change: TCP on 127.0.0.1 only, no Unix socket (its path could be too long).
-    # 9>&-: the server must not inherit (and so hold forever) this script's lock.
-    if ! as_server "$BIN/pg_ctl" -D "$DATA" -l "$SERVER_LOG" -w -t "$PG_START_TIMEOUT" start \
-      -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c ssl=$ssl" >/dev/null 9>&-; then
+    local attempt from=
+    for attempt in 1 2 3; do
+      port=$(choose_port ${from:+"$from"})
+      if [[ -f $LOG ]]; then mv -f "$LOG" "$LOG.1" 2>/dev/null || true; fi
+      prepare_state # the log file again, owned by the server's user
+      # -o: the settings that differ from initdb's postgresql.conf, given on every start so the
+      # port can change: TCP on 127.0.0.1 only, no Unix socket (its path could be too long).
+      # 9>&-: the server must not inherit (and so hold forever) this script's lock.
+      if as_server "$BIN/pg_ctl" -D "$DATA" -l "$SERVER_LOG" -w -t "$PG_START_TIMEOUT" start \
+        -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c ssl=$ssl" >/dev/null 9>&-; then
+        break
+      fi
+      # A socket holds the port though nothing listened there: a client connection's local port
+      # (on the cluster's own port, or taken between the check and the bind). Another port,
+      # twice at most.
+      if ((attempt < 3)) && grep -q 'could not bind' "$SERVER_LOG" 2>/dev/null; then
+        log "the server could not bind 127.0.0.1:$port ($(grep -m 1 -o 'could not bind.*' "$SERVER_LOG")): moving to another port"
+        from=$((port + 1))
+        continue
+      fi
       print_log_tail
       die "the server did not start on 127.0.0.1:$port within ${PG_START_TIMEOUT}s; its log: $LOG"
-    fi
+    done
+    echo "$port" >"$PORT_FILE"
     pid=$(running_pid) || { print_log_tail; die "the server exited right after starting; its log: $LOG"; }
     log "started PostgreSQL ($("$BIN/postgres" --version | sed 's/^[^0-9]*\([0-9.]*\).*/\1/'), pid $pid) on 127.0.0.1:$port"
   fi

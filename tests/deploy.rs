@@ -289,6 +289,57 @@ fn compose_runs_the_kafka_version_the_scripts_run() {
     assert_eq!(named, 1, "one place names the Kafka image");
 }
 
+/// The host's port of the compose project's PostgreSQL is where `secrets host-url` points, and
+/// below Linux's ephemeral range (32768-60999), as scripts/postgres.sh's default: a port in that
+/// range can be held by a host client connection's local port, and the mapping's bind then fails.
+#[test]
+fn compose_publishes_postgres_where_host_url_points_below_the_ephemeral_range() {
+    let postgres = files::compose_services()
+        .into_iter()
+        .find(|s| s.name == "postgres")
+        .expect("a postgres service");
+    let published: Vec<u16> = files::strings(&postgres.raw["ports"])
+        .iter()
+        .filter_map(|p| {
+            p.strip_prefix("127.0.0.1:")?
+                .strip_suffix(":5432")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(
+        published.len(),
+        1,
+        "{}: postgres publishes 5432 on one port of 127.0.0.1",
+        files::COMPOSE
+    );
+    let secrets = "deploy/compose/secrets.sh";
+    let host_url_ports: Vec<u16> = files::text(secrets)
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            l.split("@127.0.0.1:")
+                .nth(1)?
+                .split('/')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(
+        host_url_ports,
+        published,
+        "{secrets}: host-url points where {} publishes PostgreSQL",
+        files::COMPOSE
+    );
+    assert!(
+        published[0] < 32768,
+        "{}: PostgreSQL's host port {} lies in the ephemeral range",
+        files::COMPOSE,
+        published[0]
+    );
+}
+
 #[test]
 fn no_secret_is_written_in_the_manifests_or_compose() {
     let secret_env = binaries::secret_env_names();

@@ -9,7 +9,7 @@
 #                       holding a password.
 # Runs as root (to give each file its owner); run again, it keeps what exists.
 #
-#   docker compose run --rm -T secrets host-url   prints the URL from the host (127.0.0.1:55432),
+#   docker compose run --rm -T secrets host-url   prints the URL from the host (127.0.0.1:15432),
 #                                                  for the tests and tools run outside the containers
 set -eu
 dir=/run/secrets/price-alerts
@@ -27,5 +27,5 @@ if [ ! -s "$dir/postgres-password" ]; then
   mv "$dir/postgres-password.new" "$dir/postgres-password"
 fi
 if [ "${1:-}" = host-url ]; then
-  printf 'postgres://postgres:%s@127.0.0.1:55432/postgres\n' "$(cat "$dir/postgres-password")"
+  printf 'postgres://postgres:%s@127.0.0.1:15432/postgres\n' "$(cat "$dir/postgres-password")"
 fi
