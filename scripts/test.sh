@@ -371,27 +371,23 @@ while [ $# -gt 0 ]; do
 done
 pool_jobs "${lane_a[@]}" >"$logs/jobs-a"
 pool_jobs "${lane_b[@]}" >"$logs/jobs-b"
+# Moves the jobs matching PATTERN from lane FROM's list to the front of lane TO's.
+move_jobs() { # PATTERN FROM TO
+  grep -q "$1" "$logs/jobs-$2" || return 0
+  { grep "$1" "$logs/jobs-$2"; cat "$logs/jobs-$3"; } >"$logs/jobs-$3.new"
+  grep -v "$1" "$logs/jobs-$2" >"$logs/jobs-$2.new" || true
+  mv "$logs/jobs-$3.new" "$logs/jobs-$3"
+  mv "$logs/jobs-$2.new" "$logs/jobs-$2"
+}
 # The pipeline's consumer-protocol tests (issue 44; 20-90 s each, most of it the broker's 45 s
 # session) go to lane a, first: lane b, the longer of the two (541 against 584 s in a fresh-clone run on 2026-12-06),
 # would end about two minutes later with them, lane a with them about one.
-consumer_protocol=$'\tpipeline\t[^\t]*_under_the_consumer_protocol\t'
-if grep -q "$consumer_protocol" "$logs/jobs-b"; then
-  { grep "$consumer_protocol" "$logs/jobs-b"; cat "$logs/jobs-a"; } >"$logs/jobs-a.new"
-  grep -v "$consumer_protocol" "$logs/jobs-b" >"$logs/jobs-b.new" || true
-  mv "$logs/jobs-a.new" "$logs/jobs-a"
-  mv "$logs/jobs-b.new" "$logs/jobs-b"
-fi
+move_jobs $'\tpipeline\t[^\t]*_under_the_consumer_protocol\t' b a
 # bench/tests/doc_runs.rs's run of rebalance-bench's commands (about 115 s, most of it the
 # sessions its SIGKILLs wait out) goes the other way, to lane b, first: it took the place of
 # bench/tests/rebalance_bench.rs's scenario test there (about 105 s), so the lanes keep the
 # balance measured with that one.
-rebalance_runs=$'\tdoc_runs\trebalance_bench_commands_run\t'
-if grep -q "$rebalance_runs" "$logs/jobs-a"; then
-  { grep "$rebalance_runs" "$logs/jobs-a"; cat "$logs/jobs-b"; } >"$logs/jobs-b.new"
-  grep -v "$rebalance_runs" "$logs/jobs-a" >"$logs/jobs-a.new" || true
-  mv "$logs/jobs-a.new" "$logs/jobs-a"
-  mv "$logs/jobs-b.new" "$logs/jobs-b"
-fi
+move_jobs $'\tdoc_runs\trebalance_bench_commands_run\t' a b
 tests_from=$SECONDS
 run_lane cluster "${cluster_args[@]}" & cluster_pid=$!
 run_pool a 2 "$logs/jobs-a" & lane_a_pid=$!

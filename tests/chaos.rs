@@ -51,7 +51,7 @@ use price_alerts::cli::chaos::ChaosArgs;
 use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::tools::chaos::plan::Stage;
 use price_alerts::tools::chaos::stages::GroupProtocols;
-use price_alerts::tools::chaos::{self, database, ChaosOptions};
+use price_alerts::tools::chaos::{self, database, ChaosOptions, ChaosReport};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -90,13 +90,7 @@ fn short_all_stage_chaos_on_three_brokers_loses_and_doubles_nothing() {
     ];
     let protocol = suite_protocol();
     let opts = short_run_options(&shown_run(SUITE_RUNS[0]), seed, protocol, &more);
-    let report = chaos::run(&opts).expect("the chaos run is carried out");
-    println!("{report}");
-    let ran: Vec<(Stage, GroupProtocol)> = report
-        .group_protocols
-        .iter()
-        .map(|(s, p, _)| (*s, *p))
-        .collect();
+    let (report, ran) = run_short(&opts);
     assert_eq!(
         ran,
         [
@@ -138,6 +132,18 @@ fn short_all_stage_chaos_on_three_brokers_loses_and_doubles_nothing() {
         "exactly-once did not hold through every stage (seed {seed}); instance logs in {}",
         opts.work_dir.display()
     );
+}
+
+/// Carries out a short run and prints its report; with each stage's group protocol as it ran.
+fn run_short(opts: &ChaosOptions) -> (ChaosReport, Vec<(Stage, GroupProtocol)>) {
+    let report = chaos::run(opts).expect("the chaos run is carried out");
+    println!("{report}");
+    let ran = report
+        .group_protocols
+        .iter()
+        .map(|(s, p, _)| (*s, *p))
+        .collect();
+    (report, ran)
 }
 
 /// A PostgreSQL server of a test's own: scripts/postgres.sh with its own state folder
@@ -443,13 +449,7 @@ fn short_chaos(mode: Mode, protocol: GroupProtocol) {
     let seed = seed();
     let opts = short_run_options(&shown_run(mode), seed, protocol, &parse_only());
     assert_eq!(Mode::of(&opts), mode);
-    let report = chaos::run(&opts).expect("the chaos run is carried out");
-    println!("{report}");
-    let ran: Vec<(Stage, GroupProtocol)> = report
-        .group_protocols
-        .iter()
-        .map(|(s, p, _)| (*s, *p))
-        .collect();
+    let (report, ran) = run_short(&opts);
     assert_eq!(ran, [(Stage::Pipeline, protocol)], "the protocol asked for");
     if mode.live_rules {
         let changes = report.alert_changes.expect("a live-alerts run");
