@@ -472,6 +472,115 @@ fn the_groups_offsets_reach_the_stored_ones_when_nothing_more_arrives() {
     assert_stored_exactly(&sink.db, &input);
 }
 
+/// The sink's watchdog bound in [`a_stalled_loop_ends_the_process_with_status_75_within_its_bound`]
+/// (`--test-watchdog-bound`; 90 s by default): seconds, so the test sees the exit soon.
+const WATCHDOG: Duration = Duration::from_secs(5);
+
+/// A sink whose loop stops beating (here held for good after its first database commit by
+/// `--test-hold`, as a librdkafka call that never returns would hold it: librdkafka #5456,
+/// #5511) is ended by its watchdog with status 75 (EXIT_STUCK: a supervisor restarts it) a bound
+/// after its last beat, saying so, as alert-pipeline and alert-deliver are; `/healthz` shows the
+/// time since the last progress growing meanwhile. Before the sink had a watchdog, nothing ended
+/// it: it ran, stalled, until killed.
+#[test]
+#[ignore = "needs a Kafka broker and PostgreSQL: run scripts/test.sh"]
+fn a_stalled_loop_ends_the_process_with_status_75_within_its_bound() {
+    let _cluster = ClusterUse::shared();
+    let input = notifications(10, 2_000, 51);
+    let prefix = common::prefix("sink-watchdog");
+    let _topics = common::drop_topics(&prefix);
+    let topic = format!("{prefix}notifications");
+    create_topic(&topic, 2);
+    let sink = SinkRun::new("sink_watchdog", &topic);
+    let records: Vec<_> = input.iter().map(record).collect();
+    load_slowly(topic.clone(), records, 1, Duration::ZERO)
+        .join()
+        .expect("loader");
+    let file = std::env::temp_dir().join(format!("{prefix}hold"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let bound = format!("{}s", WATCHDOG.as_secs());
+    let mut child = sink
+        .command(
+            "0",
+            &s(&[
+                "--metrics-addr",
+                &addr,
+                "--test-watchdog-bound",
+                &bound,
+                "--test-hold",
+                "after-db-commit:1",
+                "--test-hold-file",
+                file.to_str().unwrap(),
+            ]),
+        )
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting alert-sink");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let said = thread::spawn(move || {
+        use std::io::BufRead as _;
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("[sink] {line}");
+            lines.push(line);
+        }
+        lines
+    });
+    let mut p = common::Pipeline::from(child, "0");
+    wait_hold(&file, &mut p);
+    let held = Instant::now();
+    // Within its bound, with room for a loaded 2-core machine; the time since the last progress
+    // that /healthz gave, at most, meanwhile.
+    let mut last_progress_ms = 0;
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        let (code, body) = common::http_get(&addr, "/healthz");
+        if code != 0 {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            last_progress_ms =
+                last_progress_ms.max(v["last_progress_ms_ago"].as_u64().unwrap_or(0));
+        }
+        if held.elapsed() > WATCHDOG + EXIT {
+            p.signal("KILL");
+            panic!(
+                "the stalled sink still runs {:?} after its loop stopped (bound {WATCHDOG:?}); \
+                 /healthz said no progress for {last_progress_ms} ms",
+                held.elapsed()
+            );
+        }
+        thread::sleep(Duration::from_millis(100)); // sampling /healthz until the exit
+    };
+    let took = held.elapsed();
+    let said = said.join().expect("the stderr reader");
+    println!("exited {status} {took:?} after the hold; /healthz said up to {last_progress_ms} ms");
+    assert_eq!(status.code(), Some(75), "{said:#?}");
+    // Not before its bound (the last beat came just before the hold file; polled every 20 ms).
+    assert!(
+        took + Duration::from_secs(1) >= WATCHDOG,
+        "exited {took:?} after the hold, before its bound {WATCHDOG:?}"
+    );
+    assert!(
+        last_progress_ms + 1_500 >= WATCHDOG.as_millis() as u64,
+        "/healthz never showed the stall growing towards the bound: {last_progress_ms} ms"
+    );
+    // The line written straight to stderr (the log line before it goes through the log
+    // writer's queue, which the exit may not let it leave).
+    let stuck = said
+        .iter()
+        .find(|l| l.contains("stuck: no progress for"))
+        .unwrap_or_else(|| panic!("no line said why it exited: {said:#?}"));
+    assert!(
+        stuck.contains(&format!("(bound {} s)", WATCHDOG.as_secs()))
+            && stuck.contains("exiting with status 75"),
+        "{stuck}"
+    );
+}
+
 /// The password in a `postgres://user:password@host/db` URL (what no output may show).
 fn password_of(url: &str) -> String {
     url.split("://")

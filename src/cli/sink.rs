@@ -174,6 +174,10 @@ pub struct SinkArgs {
     /// TEST ONLY: the file written when the hold is reached.
     #[arg(long, hide = true)]
     pub test_hold_file: Option<PathBuf>,
+    /// TEST ONLY: the watchdog exits the process after this long without progress, instead of
+    /// after its bound (90 s with the default timeouts).
+    #[arg(long, hide = true, value_parser = duration)]
+    pub test_watchdog_bound: Option<Duration>,
 }
 
 /// What alert-sink does besides sinking.
@@ -243,6 +247,7 @@ impl SinkArgs {
             shutdown_timeout: self.shutdown_timeout,
             exit_when_idle: self.exit_when_idle,
             test_hold,
+            test_watchdog_bound: self.test_watchdog_bound,
         })
     }
 }
@@ -350,6 +355,34 @@ mod tests {
         for f in [secret, open, plain, empty] {
             let _ = std::fs::remove_dir_all(f.parent().unwrap());
         }
+    }
+
+    /// The sink's watchdog counts it stuck after the other stages' 90 s with the default
+    /// timeouts, and after its longest legitimate stretch without a beat (and a margin) with
+    /// longer ones; `--test-watchdog-bound` is for tests.
+    #[test]
+    fn the_watchdog_bound_covers_the_longest_stretch_without_a_beat() {
+        use crate::sink::run::watchdog_bound;
+        let parse = |more: &[&str]| {
+            SinkArgs::try_parse_from(
+                [&["alert-sink", "--database-url", "postgres://h/d"], more].concat(),
+            )
+            .unwrap()
+            .options()
+            .unwrap()
+        };
+        let default = parse(&[]);
+        assert_eq!(watchdog_bound(&default), Duration::from_secs(90));
+        assert_eq!(
+            watchdog_bound(&default),
+            crate::kafka::txn::stuck_bound(crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT)
+        );
+        assert_eq!(default.test_watchdog_bound, None);
+        // 5 s + 1 s to connect, five writes or reads of 30 s, 10 s of margin.
+        let slow = parse(&["--write-timeout", "30s"]);
+        assert_eq!(watchdog_bound(&slow), Duration::from_secs(166));
+        let test = parse(&["--test-watchdog-bound", "5s"]);
+        assert_eq!(test.test_watchdog_bound, Some(Duration::from_secs(5)));
     }
 
     #[test]

@@ -223,6 +223,9 @@ pub struct SinkOptions {
     pub exit_when_idle: Option<Duration>,
     /// TEST ONLY: stop dead at a given point of a given batch.
     pub test_hold: Option<TestHold>,
+    /// TEST ONLY: the watchdog's bound instead of [`crate::sink::run::watchdog_bound`]: a test
+    /// sees in seconds that a stalled loop ends the process.
+    pub test_watchdog_bound: Option<Duration>,
 }
 
 /// Takes libpq's TLS parameters (which tokio-postgres does not know) out of a URL's query.

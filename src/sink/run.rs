@@ -19,6 +19,21 @@
 //! Shutdown is a parameter: [`run`] takes any future. On shutdown the loop stops polling, writes the
 //! open batch (if the database answers; otherwise its records stay unstored and are read again by
 //! the next owner), leaves the group and returns; past the shutdown timeout [`run`] returns an error.
+//!
+//! # The watchdog
+//! Every call of the loop has a deadline of its own (the write timeout, the connect timeout, the
+//! poll slice), but a librdkafka call can still block for ever (librdkafka #5456, #5511), and
+//! so can the close that a consumer's drop runs. Nothing else would end such a stall: the async
+//! side waits for the thread without a bound until a shutdown is requested (only then does the
+//! shutdown timeout reach it), and `/healthz` only says it. So, as in alert-pipeline and
+//! alert-deliver, a watchdog ([`Health::watchdog`]) is armed once the start-up is over and the
+//! thread starts, and ends the process with [`EXIT_STUCK`] (75: a supervisor restarts it) when the
+//! thread has not beaten for [`watchdog_bound`]: over the loop, the drop of a consumer stopped by
+//! a refused group read (the wait for the right beats), the close, and the drop of the consumer
+//! after it. On a requested shutdown the shutdown timeout (30 s by default) normally ends a stuck
+//! close first (status 3); the watchdog is what bounds it when the sink stops by itself
+//! (`--exit-when-idle`) or on an error. A redo after the restart is harmless: the rows and the
+//! offsets are stored together.
 
 use super::db;
 use super::metrics as m;
@@ -31,7 +46,9 @@ use super::store::Store;
 use crate::backoff::Setbacks;
 use crate::health::Health;
 use crate::kafka::access::{self, Needs};
+use crate::kafka::config::DEFAULT_TRANSACTION_TIMEOUT;
 use crate::kafka::group::{is_group_refused, wait_for_group_read, FatalConsumerError};
+use crate::kafka::txn::{stuck_bound, CALL_MARGIN, EXIT_STUCK};
 use anyhow::{bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -43,6 +60,28 @@ use tracing::{info, warn};
 
 /// Longest single poll: bounds how late a batch, a reconnection or a stop request is noticed.
 const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// The watchdog's bound (module doc, `# The watchdog`): how long the sink's thread may go without
+/// a beat before it counts as stuck where no deadline of its own reaches.
+///
+/// The sink has no transactions: what bounds it is the longest stretch its loop legitimately
+/// goes without a beat, every step of it on a timeout of the sink's own. One iteration of the loop
+/// at worst reconnects after an outage (the connection, `--db-connect-timeout` + 1 s; then the
+/// stored offsets read, the seek to them and the waiting batch, `--write-timeout` each), then polls
+/// into a rebalance whose callbacks write the revoked partitions' batch and read the assigned
+/// ones' stored offsets (`--write-timeout` each), and asks the broker about a refused right (2 s).
+/// With the defaults that is 6 s + 5 × 10 s = 56 s, under the other stages' default bound
+/// ([`stuck_bound`] of the default transaction timeout: 90 s), which the sink keeps, so that every
+/// stage counts as stuck after the same time; longer timeouts raise it to that stretch and
+/// [`CALL_MARGIN`] (10 s, more than the probe). The close is shorter (the batch, `--write-timeout`;
+/// leaving the group, 5 s), and a wait for a refused group read beats every 100 ms between checks
+/// of 10 s at most. Preparing the statements on a reconnection has no deadline of its own: this
+/// bound is its bound.
+pub fn watchdog_bound(opts: &SinkOptions) -> Duration {
+    let reconnect = opts.db.connect_timeout + Duration::from_secs(1);
+    let longest = reconnect + opts.write_timeout.saturating_mul(5);
+    stuck_bound(DEFAULT_TRANSACTION_TIMEOUT).max(longest + CALL_MARGIN)
+}
 
 /// Runs the sink until `shutdown` resolves (or it idles out, or fails), reporting its liveness and
 /// readiness to `health`.
@@ -121,6 +160,13 @@ fn run_blocking(
         cfg.set("fetch.wait.max.ms", "20");
     }
     let shared = Shared::new(opts, rt, store, health);
+    // Armed here, once the start-up waits (connection, migrations, access check) are over, and
+    // kept until the consumer is dropped: module doc, `# The watchdog`.
+    let bound = shared
+        .opts
+        .test_watchdog_bound
+        .unwrap_or_else(|| watchdog_bound(&shared.opts));
+    let watchdog = shared.health.watchdog(bound, EXIT_STUCK);
     let mut refusals = Setbacks::default();
     let (consumer, result) = loop {
         let consumer: BaseConsumer<SinkContext> = cfg
@@ -146,6 +192,7 @@ fn run_blocking(
             let dropped = st.revoked(&owned);
             (owned, dropped)
         };
+        // Closing the dead consumer is librdkafka's: the watchdog still bounds it.
         drop(consumer);
         warn!(
             partitions = ?owned,
@@ -177,7 +224,11 @@ fn run_blocking(
     let stats = shared.stats(&*shared.lock()?);
     match result {
         Ok(()) => {
-            close(&shared, &consumer)?;
+            let closed = close(&shared, &consumer);
+            // The consumer's own close (in its drop, librdkafka's) is still under the watchdog.
+            drop(consumer);
+            drop(watchdog);
+            closed?;
             let stats = shared.stats(&*shared.lock()?);
             info!(
                 records = stats.records,
@@ -194,6 +245,9 @@ fn run_blocking(
                 records = stats.records,
                 "alert-sink failed"
             );
+            // As above: a failed consumer's close is bounded too.
+            drop(consumer);
+            drop(watchdog);
             Err(e)
         }
     }

@@ -385,7 +385,8 @@ impl<'a> DeadLetterColumns<'a> {
 }
 
 /// TEST ONLY: writes the batch's offsets to the hold file and stops this thread for good, so the
-/// test can SIGKILL the process at exactly this point.
+/// test can SIGKILL the process at exactly this point. The loop beats no more: a test that does
+/// not kill it sees the watchdog end it after its bound ([`super::run::watchdog_bound`]).
 pub fn hold_if(hold: Option<(&TestHold, u64)>, at: HoldAt, batch: &Batch) {
     let Some((h, n)) = hold else { return };
     if h.at != at || h.batch != n {
