@@ -584,15 +584,19 @@ impl Drop for Thaw {
 }
 
 /// A classic group as DescribeGroups answers it: its state and how many members it has (None if
-/// the broker did not answer). DescribeGroups does not describe consumer-protocol groups.
+/// the broker did not answer). A group the broker does not have (never made, or an empty one
+/// its cleanup deleted) is `Dead` with no member, as Kafka names it; librdkafka lists nothing for
+/// it. DescribeGroups does not describe consumer-protocol groups.
 pub fn classic_group(group: &str) -> Option<(String, usize)> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let client: BaseConsumer = kafka().admin().create().expect("a client");
     let list = client
         .fetch_group_list(Some(group), Duration::from_secs(10))
         .ok()?;
-    let g = list.groups().first()?;
-    Some((g.state().to_string(), g.members().len()))
+    Some(match list.groups().first() {
+        Some(g) => (g.state().to_string(), g.members().len()),
+        None => ("Dead".to_owned(), 0),
+    })
 }
 
 /// Starts a stage with `spawn` and stops it with SIGTERM `rounds` times (each must exit within
