@@ -166,7 +166,7 @@ impl Health {
                 stalled.as_secs_f64(),
                 bound.as_secs()
             );
-            std::process::exit(i32::from(exit_status));
+            crate::exit::exit(i32::from(exit_status));
         })
     }
 

@@ -36,7 +36,8 @@
 //! Leaves every layer uses:
 //! - [`metrics`]: every metric, in one place (it imports only [`labels`]);
 //!   [`labels`]: bounded label values; [`backoff`]: retry delays; [`trace`]: trace context
-//!   (traceparent, correlation-id, event-id) carried to what a tick makes.
+//!   (traceparent, correlation-id, event-id) carried to what a tick makes; [`exit`]: a
+//!   watchdog's exit that flushes the queued log lines first.
 //!
 //! Kafka plumbing:
 //! - [`kafka`]: one client configuration for every client, secrets, the start-up connect and
@@ -73,6 +74,7 @@ pub mod cli;
 pub mod deliver;
 pub mod dlq;
 pub mod duration;
+pub mod exit;
 pub mod health;
 pub mod kafka;
 pub mod labels;

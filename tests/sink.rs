@@ -568,8 +568,7 @@ fn a_stalled_loop_ends_the_process_with_status_75_within_its_bound() {
         last_progress_ms + 1_500 >= WATCHDOG.as_millis() as u64,
         "/healthz never showed the stall growing towards the bound: {last_progress_ms} ms"
     );
-    // The line written straight to stderr (the log line before it goes through the log
-    // writer's queue, which the exit may not let it leave).
+    // The line written straight to stderr.
     let stuck = said
         .iter()
         .find(|l| l.contains("stuck: no progress for"))
@@ -578,6 +577,13 @@ fn a_stalled_loop_ends_the_process_with_status_75_within_its_bound() {
         stuck.contains(&format!("(bound {} s)", WATCHDOG.as_secs()))
             && stuck.contains("exiting with status 75"),
         "{stuck}"
+    );
+    // And the log line, which the exit must not drop from the log writer's queue: a log
+    // collector sees only the structured lines.
+    assert!(
+        said.iter().any(|l| l.contains("ERROR")
+            && l.contains("the processing loop made no progress within its bound")),
+        "the watchdog's log line was lost at the exit: {said:#?}"
     );
 }
 

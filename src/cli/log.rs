@@ -6,17 +6,24 @@
 //!   escape codes.
 //! - Lines are handed to a writer thread through a bounded queue and dropped when it is full
 //!   (lossy), so a slow or stuck reader never blocks the processing loop; a closed stderr is
-//!   swallowed, never a panic.
+//!   swallowed, never a panic. A watchdog's exit flushes the queue first ([`crate::exit`]).
 
 use std::io::{self, IsTerminal as _, Write};
-use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
+use tracing_appender::non_blocking::NonBlockingBuilder;
 
 /// Log lines that may wait for the writer thread before new ones are dropped.
 const QUEUED_LINES: usize = 10_000;
 
-/// Keeps the log writer thread alive; dropping it flushes what is queued (briefly).
+/// Keeps the log writer thread alive; dropping it flushes what is queued (briefly). The writer's
+/// guard itself is kept by [`crate::exit`], so that a watchdog's exit flushes it too.
 pub struct LogGuard {
-    _worker: Option<WorkerGuard>,
+    _private: (),
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        crate::exit::release();
+    }
 }
 
 /// Installs the subscriber (once per process; a second call is a no-op) and returns the guard
@@ -37,9 +44,10 @@ pub fn init_logging() -> LogGuard {
         .with_writer(writer)
         .try_init()
         .is_ok();
-    LogGuard {
-        _worker: installed.then_some(worker),
+    if installed {
+        crate::exit::flush_at_exit(worker);
     }
+    LogGuard { _private: () }
 }
 
 /// stderr whose errors are swallowed: a reader that went away must cost log lines, not the

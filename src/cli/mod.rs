@@ -240,7 +240,7 @@ pub async fn shutdown_signal_bounded(bound: Duration) {
         std::thread::sleep(bound + SHUTDOWN_MARGIN);
         tracing::error!(bound = ?bound, "shutdown did not finish within its bound; exiting");
         crate::errln!("shutdown did not finish within {bound:?}; exiting with status {EXIT_SHUTDOWN_TIMEOUT}");
-        std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
+        crate::exit::exit(EXIT_SHUTDOWN_TIMEOUT);
     });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the shutdown watchdog; the shutdown bound is not enforced");
