@@ -329,8 +329,42 @@ fn sigkill_mid_stream_loses_and_doubles_nothing_under_the_consumer_protocol() {
     sigkill_mid_stream(GroupProtocol::Consumer, 1);
 }
 
+/// Holds the instance right before a send_offsets_to_transaction whose transaction has
+/// notifications in the log (uncommitted output above `hidden`); a batch without one is released
+/// and the next one held. Returns the uncommitted output less one, so that the kill loop sees it
+/// grown and kills at once, still held.
+fn held_with_output(run: &Run, hold: &std::path::Path, hidden: u64) -> u64 {
+    let held = price_alerts::kafka::hold::held_path(hold);
+    let deadline = Instant::now() + CAUGHT_UP;
+    loop {
+        let _ = std::fs::remove_file(&held);
+        std::fs::write(hold, b"hold").expect("the hold file");
+        while !held.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the instance never held before send_offsets"
+            );
+            std::thread::sleep(Duration::from_millis(20)); // polling the hook's file
+        }
+        let now = uncommitted_output(run);
+        if now > hidden {
+            return now - 1;
+        }
+        // A batch without notifications: let it commit, hold the next.
+        std::fs::remove_file(hold).expect("releasing the hold");
+        while held.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the instance never left its hold"
+            );
+            std::thread::sleep(Duration::from_millis(20)); // polling the hook's file
+        }
+    }
+}
+
 /// `kills` SIGKILLs of the one instance, each in an open transaction with output in the log, each
-/// followed at once by a restart with the same instance id.
+/// followed at once by a restart with the same instance id: the first one held right before
+/// send_offsets_to_transaction, the others at a random moment.
 fn sigkill_mid_stream(protocol: GroupProtocol, kills_wanted: u32) {
     // A stream long enough for the kills on a loaded machine (each needs a transaction with
     // output open, so a live stream): 48,000 ticks over a minute, hurried once the kills are
@@ -356,6 +390,17 @@ fn sigkill_mid_stream(protocol: GroupProtocol, kills_wanted: u32) {
         .chain(restart_membership(protocol))
         .map(|a| a.to_string())
         .collect();
+    // The first kill lands where the instance is held right before send_offsets_to_transaction
+    // (the hidden --test-hold-send-offsets hook, with a batch's notifications acknowledged in the
+    // log): surely in an open transaction with output. A kill at a random moment can fall while
+    // the transaction is already committing: the output seen uncommitted a moment before is then
+    // committed, nothing is aborted, and the run shows no kill in an open transaction (one
+    // fresh-clone run of the one-kill consumer twin, 2026-12-06). The later kills stay random.
+    let hold = std::env::temp_dir().join(format!("{}hold-send-offsets", run.prefix));
+    run.extra.extend([
+        "--test-hold-send-offsets".to_owned(),
+        hold.display().to_string(),
+    ]);
     run.create_topics(6);
     let started = Instant::now();
     let hurry = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -372,6 +417,9 @@ fn sigkill_mid_stream(protocol: GroupProtocol, kills_wanted: u32) {
     let mut p = run.spawn("0");
     while kills < kills_wanted {
         committed = wait_progress(&run, committed, 1_000);
+        if kills == 0 {
+            hidden = held_with_output(&run, &hold, hidden);
+        }
         // Kill while a transaction has output in the log: uncommitted output grew since the last
         // kill (what earlier kills left behind is aborted and never shrinks).
         let deadline = Instant::now() + CAUGHT_UP;
@@ -389,6 +437,9 @@ fn sigkill_mid_stream(protocol: GroupProtocol, kills_wanted: u32) {
         p.signal("KILL");
         let status = p.wait(EXIT);
         assert!(!status.success(), "SIGKILL ends the process abnormally");
+        // The restart is not held.
+        let _ = std::fs::remove_file(&hold);
+        let _ = std::fs::remove_file(price_alerts::kafka::hold::held_path(&hold));
         kills += 1;
         println!("kill {kills} at committed position {committed}, {hidden} uncommitted notifications in the log");
         // The same instance id: the restart fences the dead one and aborts its open transaction.
