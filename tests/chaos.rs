@@ -14,7 +14,7 @@
 //! mode a page shows ([`SUITE_RUNS`]):
 //! - every stage with the rules file: `alert-chaos` as docs/testing.md shows it (also the long
 //!   all-stage run and the coordinator-kill runs turned down), on a PostgreSQL of its own
-//!   ([`OwnPostgres`]), whose two immediate shutdowns stop no other test's server;
+//!   ([`OwnServer`]), whose two immediate shutdowns stop no other test's server;
 //! - the pipeline alone with live alerts (the long run with live alerts turned down): the rules
 //!   in the rules topic and 40 alert changes while the faults play.
 //!
@@ -45,13 +45,14 @@ mod doc_commands;
 
 use clap::Parser as _;
 use common::cluster::{cluster, cluster_to_myself};
+use common::postgres::OwnServer;
 use common::suite_protocol;
 use doc_commands::{LaneTest, Shown};
 use price_alerts::cli::chaos::ChaosArgs;
 use price_alerts::kafka::config::GroupProtocol;
 use price_alerts::tools::chaos::plan::Stage;
 use price_alerts::tools::chaos::stages::GroupProtocols;
-use price_alerts::tools::chaos::{self, database, ChaosOptions, ChaosReport};
+use price_alerts::tools::chaos::{self, ChaosOptions, ChaosReport};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -75,16 +76,17 @@ fn short_chaos_on_three_brokers_loses_and_doubles_nothing() {
 /// stage (3 SIGKILLs, 3 SIGTERMs and a zombie each), two broker bounces, two immediate shutdowns
 /// of PostgreSQL and a subscriber failing for a while; exactly once checked in the notifications,
 /// the `alerts` table and every subscriber's accepted keys. On a PostgreSQL of its own
-/// ([`OwnPostgres`]): lanes a and b use the checkout's beside it.
+/// ([`OwnServer`]): lanes a and b use the checkout's beside it.
 #[test]
 #[ignore = "needs the 3-broker cluster: run scripts/test.sh"]
 fn short_all_stage_chaos_on_three_brokers_loses_and_doubles_nothing() {
     let _cluster = cluster_to_myself();
     let seed = seed();
-    let postgres = OwnPostgres::up(seed);
+    let postgres = OwnServer::new(&format!("chaos-postgres-{seed}"));
+    let (url, _, _) = postgres.up(None);
     let more = [
         "--database-url".to_owned(),
-        postgres.url.clone(),
+        url,
         "--postgres-state".to_owned(),
         postgres.state.display().to_string(),
     ];
@@ -144,56 +146,6 @@ fn run_short(opts: &ChaosOptions) -> (ChaosReport, Vec<(Stage, GroupProtocol)>) 
         .map(|(s, p, _)| (*s, *p))
         .collect();
     (report, ran)
-}
-
-/// A PostgreSQL server of a test's own: scripts/postgres.sh with its own state folder
-/// (`PG_STATE`), stopped and deleted when dropped, also after a failed run.
-struct OwnPostgres {
-    state: PathBuf,
-    url: String,
-}
-
-impl OwnPostgres {
-    fn script() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh")
-    }
-
-    fn up(seed: u64) -> Self {
-        let state =
-            std::env::temp_dir().join(format!("chaos-postgres-{seed}-{}", std::process::id()));
-        // Its own start timeout bounds the start (PG_START_TIMEOUT, 60 s).
-        let out = database::postgres_command(&Self::script(), Some(&state))
-            .arg("up")
-            .output()
-            .expect("scripts/postgres.sh runs");
-        let own = OwnPostgres {
-            state,
-            url: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-        };
-        assert!(
-            out.status.success() && own.url.starts_with("postgres://"),
-            "scripts/postgres.sh up (PG_STATE={}): {}; {}",
-            own.state.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        own
-    }
-}
-
-impl Drop for OwnPostgres {
-    fn drop(&mut self) {
-        let stopped = database::postgres_command(&Self::script(), Some(&self.state))
-            .args(["down", "--wipe"])
-            .status();
-        if !matches!(stopped, Ok(s) if s.success()) {
-            eprintln!(
-                "scripts/postgres.sh down --wipe (PG_STATE={}): {stopped:?}",
-                self.state.display()
-            );
-        }
-        let _ = std::fs::remove_dir_all(&self.state);
-    }
 }
 
 /// The same under KIP-848's consumer protocol: no client session is given, a SIGKILLed

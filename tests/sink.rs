@@ -11,7 +11,7 @@
 mod common;
 
 use common::postgres::{
-    admin_url, free_port, options, state_dir, ClusterUse, Relay, SinkRun, TestDb,
+    admin_url, free_port, options, state_dir, ClusterUse, OwnServer, Relay, SinkRun, TestDb,
 };
 use common::{kafka, load_slowly, Run};
 use price_alerts::alert::{apply_rules, Notification, Outcome, Source};
@@ -705,72 +705,6 @@ fn postgres_crash_mid_run_pauses_and_resumes_without_loss_or_dead_letters() {
     assert_stored_exactly(&sink.db, &input);
 }
 
-/// A cluster of scripts/postgres.sh of a test's own: a copy of the script in a scratch folder, so
-/// its state (.postgres/ beside the copy: data, port, URL) is not the suite's cluster's. Stopped
-/// and wiped when dropped.
-struct OwnCluster {
-    root: std::path::PathBuf,
-}
-
-impl OwnCluster {
-    fn new(name: &str) -> Self {
-        let root = std::env::temp_dir().join(format!("price-alerts-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("scripts")).expect("the scratch folder");
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
-        std::fs::copy(script, root.join("scripts/postgres.sh")).expect("a copy of postgres.sh");
-        Self { root }
-    }
-
-    /// Runs the copy with `args` (and `PG_PORT=first_port` when given).
-    fn run(&self, args: &[&str], first_port: Option<u16>) -> std::process::Output {
-        let mut c = std::process::Command::new(self.root.join("scripts/postgres.sh"));
-        c.args(args);
-        if let Some(p) = first_port {
-            c.env("PG_PORT", p.to_string());
-        }
-        c.output().expect("scripts/postgres.sh")
-    }
-
-    /// `up`, which must succeed: the URL it printed, its port and what it logged.
-    fn up(&self, first_port: Option<u16>) -> (String, u16, String) {
-        let out = self.run(&["up"], first_port);
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            out.status.success(),
-            "postgres.sh up (PG_PORT={first_port:?}) failed: {log}"
-        );
-        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let port = url
-            .rsplit_once('@')
-            .and_then(|(_, at)| at.split('/').next())
-            .and_then(|host| host.rsplit_once(':'))
-            .and_then(|(_, p)| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in the URL {url:?}"));
-        (url, port, log)
-    }
-
-    fn down(&self, args: &[&str]) {
-        let out = self.run(&[&["down"], args].concat(), None);
-        assert!(
-            out.status.success(),
-            "postgres.sh down {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn port_file(&self) -> std::path::PathBuf {
-        self.root.join(".postgres/port")
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        let _ = self.run(&["down", "--wipe"], None);
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
 /// Whether the server at `url` answers a query (its password included).
 fn answers(url: &str) -> bool {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -798,7 +732,7 @@ fn postgres_sh_starts_beside_a_client_connection_holding_its_port() {
     let client = std::net::TcpStream::connect(peer.local_addr().unwrap()).expect("the client");
     let (_accepted, _) = peer.accept().expect("accept");
     let held = client.local_addr().unwrap().port();
-    let cluster = OwnCluster::new("pg-held-port");
+    let cluster = OwnServer::new("pg-held-port");
     let (url, port, log) = cluster.up(Some(held));
     assert_ne!(port, held, "started on the port a client holds? {log}");
     assert!(answers(&url), "the cluster answers at {url}: {log}");
@@ -830,7 +764,7 @@ fn postgres_sh_starts_beside_a_client_connection_holding_its_port() {
 #[test]
 #[ignore = "needs PostgreSQL's server binaries (scripts/postgres.sh installs them): run scripts/test.sh"]
 fn postgres_sh_restart_after_a_crash_keeps_its_port() {
-    let cluster = OwnCluster::new("pg-restart");
+    let cluster = OwnServer::new("pg-restart");
     let (url, port, _) = cluster.up(Some(free_port()));
     // A connection open at the crash, as the sink's is: the server closes it, and once this side
     // has read the end and closed too, the server's end waits in TIME-WAIT on the port.

@@ -480,3 +480,78 @@ fn host_port(url: &str) -> &str {
     let rest = url.rsplit_once('@').map_or(url, |(_, r)| r);
     rest.split(['/', '?']).next().unwrap_or(rest)
 }
+
+/// A server of scripts/postgres.sh of a test's own: the script with a state folder of its own
+/// (`PG_STATE`: data, port, password, URL), so it is not the suite's server, whose tests run
+/// beside. Stopped and wiped when dropped, also after a failed test.
+pub struct OwnServer {
+    pub state: PathBuf,
+}
+
+impl OwnServer {
+    pub fn new(name: &str) -> Self {
+        let state =
+            std::env::temp_dir().join(format!("price-alerts-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        Self { state }
+    }
+
+    /// Runs the script with `args` (and `PG_PORT=first_port` when given).
+    pub fn run(&self, args: &[&str], first_port: Option<u16>) -> std::process::Output {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres.sh");
+        let mut c =
+            price_alerts::tools::chaos::database::postgres_command(&script, Some(&self.state));
+        c.args(args);
+        if let Some(p) = first_port {
+            c.env("PG_PORT", p.to_string());
+        }
+        // Its own start and stop timeouts bound it (PG_START_TIMEOUT, PG_STOP_TIMEOUT: 60 s).
+        c.output().expect("scripts/postgres.sh")
+    }
+
+    /// `up`, which must succeed: the URL it printed, its port and what it logged.
+    pub fn up(&self, first_port: Option<u16>) -> (String, u16, String) {
+        let out = self.run(&["up"], first_port);
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "postgres.sh up (PG_STATE={}, PG_PORT={first_port:?}) failed: {log}",
+            self.state.display()
+        );
+        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let port = url
+            .rsplit_once('@')
+            .and_then(|(_, at)| at.split('/').next())
+            .and_then(|host| host.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in the URL the script printed"));
+        (url, port, log)
+    }
+
+    pub fn down(&self, args: &[&str]) {
+        let out = self.run(&[&["down"], args].concat(), None);
+        assert!(
+            out.status.success(),
+            "postgres.sh down {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn port_file(&self) -> PathBuf {
+        self.state.join("port")
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let out = self.run(&["down", "--wipe"], None);
+        if !out.status.success() {
+            eprintln!(
+                "scripts/postgres.sh down --wipe (PG_STATE={}): {}",
+                self.state.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
